@@ -1,0 +1,33 @@
+"""The pure-tensor core of PPO: every formula once, shared by the language-model and gym trainers.
+
+Nothing here knows about models, tokenizers or files; every function takes and returns tensors.
+"""
+
+from ppo_rlhf.core.gae import gae_advantages, masked_gae
+from ppo_rlhf.core.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    KL_ESTIMATORS,
+    full_kl,
+    kl_penalty,
+)
+from ppo_rlhf.core.losses import entropy_from_logits, explained_variance, policy_loss, value_loss
+from ppo_rlhf.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KL_ESTIMATORS",
+    "entropy_from_logits",
+    "explained_variance",
+    "full_kl",
+    "gae_advantages",
+    "kl_penalty",
+    "masked_gae",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss",
+    "value_loss",
+]

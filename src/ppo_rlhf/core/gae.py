@@ -1,0 +1,67 @@
+"""Generalised advantage estimation (Schulman et al., 2016), one implementation for every trainer.
+
+``gae_advantages`` works on any batch of trajectories laid out along the last dimension.  The
+caller says, for every step, what value to bootstrap from and whether the recursion continues:
+
+- a language-model response: the episode is the response; it ends after the last unmasked token,
+  where nothing is bootstrapped (V after the last token is 0).  ``masked_gae`` builds that case.
+- a gym rollout: a *terminated* step bootstraps from 0, a *truncated* step (time limit) bootstraps
+  from V(final observation) -- the episode did not really end, it was cut off -- and in both cases
+  the advantage recursion stops there because the next step belongs to a new episode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gae_advantages(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    continues: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> torch.Tensor:
+    """Advantages A[t] over trajectories laid out along the last dimension.
+
+    Args:
+        rewards:     (..., T) reward received after step t.
+        values:      (..., T) V(s_t).
+        next_values: (..., T) the value to bootstrap from after step t: V(s_{t+1}), or 0 where the
+                     episode terminated at t (callers zero it; truncation keeps V of the final state).
+        continues:   (..., T) 1 where step t+1 belongs to the same episode as step t, else 0.
+        gamma, lam:  discount and GAE lambda.
+
+    Returns:
+        (..., T) advantages; ``returns = advantages + values``.
+    """
+    delta = rewards + gamma * next_values - values  # (..., T) one-step TD errors
+    advantages = torch.zeros_like(delta)
+    running = torch.zeros_like(delta[..., 0])
+    for t in reversed(range(delta.shape[-1])):
+        running = delta[..., t] + gamma * lam * continues[..., t] * running
+        advantages[..., t] = running
+    return advantages
+
+
+def masked_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE for token sequences: (B, T) rewards and values, ``mask`` 1 on response tokens.
+
+    A response is one episode that ends at its last unmasked token; V after it is 0.  Masked
+    positions come back as 0 in both outputs.
+
+    Returns:
+        advantages (B, T), returns (B, T) with ``returns = advantages + values``.
+    """
+    mask = mask.to(values.dtype)
+    values = values * mask
+    rewards = rewards * mask
+    # Shift left by one: what follows token t.  Past the end there is nothing (0).
+    next_mask = torch.nn.functional.pad(mask[..., 1:], (0, 1), value=0.0)  # (B, T)
+    next_values = torch.nn.functional.pad(values[..., 1:], (0, 1), value=0.0) * next_mask
+    advantages = gae_advantages(rewards, values, next_values, next_mask, gamma, lam) * mask
+    returns = (advantages + values) * mask
+    return advantages, returns

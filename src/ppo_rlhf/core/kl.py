@@ -1,0 +1,83 @@
+"""KL between the actor and the frozen reference, and the controllers that weigh it.
+
+With ``log_ratio = logprobs - ref_logprobs`` on tokens sampled from the actor:
+
+- ``k1 = log_ratio``: unbiased for KL(actor || ref), but a single sample can be negative.
+- ``k2 = log_ratio**2 / 2``: biased, always >= 0, low variance.
+- ``k3 = exp(-log_ratio) - 1 + log_ratio``: unbiased and always >= 0 (Schulman, "Approximating
+  KL divergence", 2020).
+- ``full``: the exact KL summed over the vocabulary at each position (needs both logits).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KL_ESTIMATORS = ("k1", "k2", "k3", "full")
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token KL estimate from the log-probs of the sampled tokens, shape as the inputs."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":
+        # exp(-x) - 1 + x loses precision for tiny x; expm1 keeps it.
+        return torch.expm1(-log_ratio) + log_ratio
+    if estimator == "full":
+        raise ValueError("the 'full' KL needs the logits of both models: call full_kl(logits, ref_logits)")
+    raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+
+
+def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """Exact KL(actor || ref) at every position: (..., V) logits -> (...)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
+    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+
+
+class FixedKLController:
+    """A constant KL coefficient."""
+
+    def __init__(self, kl_coef: float):
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+class AdaptiveKLController:
+    """Adapts the KL coefficient toward a target KL (Ziegler et al., 2019, section 2.2).
+
+    The step is proportional to the relative error, clipped to +-20% so a single noisy batch
+    cannot swing the coefficient; ``horizon`` (in samples) sets how fast it moves.
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: int):
+        if target <= 0:
+            raise ValueError(f"target KL must be > 0, got {target}")
+        self.value = init_kl_coef
+        self.target = target
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if not math.isfinite(current_kl):
+            return
+        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]

@@ -1,0 +1,87 @@
+"""PPO's clipped losses and the diagnostics people read to see whether an update was sane.
+
+Each loss returns ``(loss, stats)``: ``loss`` is the differentiable scalar, ``stats`` a dict of
+detached scalars named as in the metrics (SPEC section 2.8).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ppo_rlhf.core.masked import masked_mean, masked_var
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None,
+    clip_ratio: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate objective (Schulman et al., 2017, eq. 7), as a loss to minimise.
+
+    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))``, averaged over ``mask``.
+    Where the clipped branch wins, the gradient is zero: the policy has already moved far enough
+    in the direction the advantage asks for.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * clipped_ratio
+    pg_loss_per_token = torch.maximum(pg_loss1, pg_loss2)
+    loss = masked_mean(pg_loss_per_token, mask)
+    with torch.no_grad():
+        stats = {
+            "pg_loss": loss.detach(),
+            "abs_pg_loss": masked_mean(pg_loss_per_token.abs(), mask),
+            "ppo_ratio": masked_mean(ratio, mask),
+            "ppo_ratio_clamped": masked_mean(clipped_ratio, mask),
+            "clipfrac": masked_mean((pg_loss2 > pg_loss1).to(logprobs.dtype), mask),
+            # k3 estimate of KL(old || new): >= 0 and low-variance (CleanRL's approx_kl).
+            "approx_kl": masked_mean(torch.expm1(-log_ratio) + log_ratio, mask),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor | None,
+    clip_range_value: float | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss: ``0.5 * mean(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2))``.
+
+    ``clip_range_value=None`` gives the plain squared error.
+    """
+    loss_unclipped = (values - returns).square()
+    if clip_range_value is None:
+        per_token = loss_unclipped
+        clipped_more = torch.zeros_like(loss_unclipped)
+    else:
+        values_clipped = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)
+        loss_clipped = (values_clipped - returns).square()
+        per_token = torch.maximum(loss_unclipped, loss_clipped)
+        clipped_more = (loss_clipped > loss_unclipped).to(values.dtype)
+    loss = 0.5 * masked_mean(per_token, mask)
+    with torch.no_grad():
+        stats = {"vf_loss": loss.detach(), "vf_clipfrac": masked_mean(clipped_more, mask)}
+    return loss, stats
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution at each position: (..., V) -> (...)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 no better than a constant.
+
+    NaN when the returns do not vary (nothing to explain).
+    """
+    var_returns = masked_var(returns, mask)
+    if var_returns.item() == 0.0:
+        return torch.tensor(float("nan"))
+    return 1.0 - masked_var(returns - values, mask) / var_returns

@@ -1,0 +1,97 @@
+"""A run folder: the resolved config, ``metrics.jsonl``, TensorBoard events, a PNG of the main
+curves and ``summary.json``.  Every trainer writes the same layout.
+
+    RUN/
+      config.yaml        the resolved configuration (defaults + YAML + flags)
+      metrics.jsonl      one JSON object per logged step
+      tb/                TensorBoard events (``tensorboard --logdir RUN/tb``)
+      curves.png         the main curves, redrawn at the end of the run
+      summary.json       final evaluation and the paths of the checkpoints
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from ppo_rlhf.checkpoint import atomic_write_json, atomic_write_text
+
+
+class RunLog:
+    """Appends metrics to ``metrics.jsonl`` and TensorBoard; draws curves; writes the summary."""
+
+    def __init__(self, out_dir: str | Path, config: dict[str, Any] | None = None, tensorboard: bool = True):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if config is not None:
+            atomic_write_text(self.out_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # heavy import, only when used
+
+            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": int(step)}
+        for key, value in metrics.items():
+            value = float(value) if hasattr(value, "__float__") and not isinstance(value, (str, bool)) else value
+            record[key] = value
+            if self._tb is not None and isinstance(value, float) and math.isfinite(value):
+                self._tb.add_scalar(key, value, step)
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(record, allow_nan=True) + "\n")
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_metrics(self.metrics_path)
+
+    def plot(self, keys: Iterable[str], filename: str = "curves.png", x: str = "step", title: str = "") -> Path | None:
+        """Draw each metric in ``keys`` against ``x`` in its own panel; skips keys never logged."""
+        return plot_metrics(self.records(), keys, self.out_dir / filename, x=x, title=title)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_json(self.out_dir / "summary.json", summary)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(records: list[dict], keys: Iterable[str], path: Path, x: str = "step", title: str = "") -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in keys if any(k in r for r in records)]
+    if not keys:
+        return None
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        points = [(r[x], r[key]) for r in records if key in r and x in r and r[key] is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 40 else None)
+        ax.set_title(key)
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
