@@ -1,0 +1,64 @@
+"""The ``ppo-rlhf`` command: one subcommand per stage, each a thin layer over a trainer.
+
+Each subcommand module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` to the function that runs it.  This file only collects them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+
+from ppo_rlhf.config import ConfigError
+
+# Modules that add subcommands; each has register(subparsers).
+SUBCOMMAND_MODULES = (
+    "ppo_rlhf.cli_gym",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that, on an unknown flag, also suggests the closest allowed one."""
+
+    def error(self, message: str):  # noqa: D401
+        if "unrecognized arguments" in message:
+            allowed = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+            hints = []
+            for word in message.split(":", 1)[1].split():
+                if word.startswith("-"):
+                    close = difflib.get_close_matches(word.split("=")[0], allowed, n=1)
+                    if close:
+                        hints.append(f"{word} -> did you mean {close[0]}?")
+            if hints:
+                message += "; " + "; ".join(hints)
+            message += " (see --help for the allowed flags)"
+        super().error(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = _Parser(prog="ppo-rlhf", description="PPO from feedback (RLHF) for language models, and classic PPO.")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module_name in SUBCOMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except ConfigError as error:
+        print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as error:
+        print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
