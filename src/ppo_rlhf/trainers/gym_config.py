@@ -1,0 +1,121 @@
+"""Settings of the gym PPO trainer, and named presets.
+
+Kept apart from the trainer so that building the command-line parser does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ppo_rlhf.config import check, option
+
+
+@dataclass
+class GymPPOConfig:
+    """Defaults follow CleanRL's ppo.py; the presets below follow the RL Baselines3 Zoo."""
+
+    env_id: str = option("CartPole-v1", "gymnasium environment id; Discrete or Box actions, flat Box observations", flag="--env")
+    seed: int = option(1, "seeds torch and the envs (env i gets seed + i); on one thread the same seed gives the same run")
+    total_steps: int = option(100_000, "environment steps over all envs; rounded down to whole rollouts of num_envs * num_steps")
+    out_dir: str | None = option(None, "run folder; default runs/gym/<env>-seed<seed>", flag="--out")
+    # --- rollouts
+    num_envs: int = option(4, "parallel envs (SyncVectorEnv, one process); more envs = more decorrelated batches, fewer updates")
+    num_steps: int = option(128, "steps per env per rollout; the batch is num_envs * num_steps samples")
+    gamma: float = option(0.99, "discount; 1 / (1 - gamma) is roughly the horizon the critic looks ahead")
+    lam: float = option(0.95, "GAE lambda: 1 = Monte-Carlo returns (high variance), 0 = one-step TD (high bias)")
+    # --- update
+    ppo_epochs: int = option(4, "passes over each batch; more reuses data harder and risks moving the policy too far")
+    mini_batch_size: int = option(128, "samples per gradient step; must divide num_envs * num_steps")
+    lr: float = option(2.5e-4, "Adam learning rate (Adam eps 1e-5)")
+    anneal_lr: bool = option(True, "decay lr linearly to 0 over the run (SB3 zoo's 'lin_<lr>')")
+    clip_ratio: float = option(0.2, "PPO clip epsilon: the policy ratio is clipped to [1 - eps, 1 + eps]")
+    anneal_clip: bool = option(False, "decay clip_ratio linearly to 0 over the run too (SB3 zoo's 'lin_0.2')")
+    cliprange_value: float | None = option(
+        0.2, "clip each value prediction to old value +- this; 'none' disables.  In return units: "
+        "with large unscaled returns it slows the critic badly")
+    vf_coef: float = option(0.5, "weight of the value loss; ours is 0.5 * squared error, so 1.0 here equals SB3's 0.5")
+    ent_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes")
+    max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this")
+    norm_adv: bool = option(True, "whiten advantages per minibatch (mean 0, std 1)")
+    target_kl: float | None = option(
+        None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this; 'none' disables")
+    # --- network
+    hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear")
+    activation: str = option("tanh", "hidden activation", choices=("tanh", "relu"))
+    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions only); state-independent")
+    # --- normalisation (mostly for continuous control)
+    norm_obs: bool = option(False, "normalise observations by running mean/std (clipped to +-10); the stats are saved with the policy")
+    norm_reward: bool = option(False, "scale rewards by the running std of the discounted return (like SB3's VecNormalize)")
+    # --- evaluation and machine
+    eval_episodes: int = option(100, "episodes of deterministic evaluation of the saved policy at the end; 0 skips it")
+    threads: int = option(1, "torch CPU threads; tiny MLPs run fastest on one")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        return self.total_steps // self.batch_size
+
+    def validate(self) -> None:
+        for key in ("seed", "eval_episodes"):
+            check(getattr(self, key) >= 0, key, "an integer >= 0", getattr(self, key))
+        for key in ("num_envs", "num_steps", "ppo_epochs", "mini_batch_size", "threads"):
+            check(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        check(self.total_steps >= self.batch_size, "total_steps",
+              f"at least one rollout, num_envs * num_steps = {self.batch_size}", self.total_steps)
+        check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
+              f"a divisor of num_envs * num_steps = {self.batch_size}", self.mini_batch_size)
+        check(self.lr > 0, "lr", "a number > 0", self.lr)
+        check(0 < self.gamma <= 1, "gamma", "0 < gamma <= 1", self.gamma)
+        check(0 <= self.lam <= 1, "lam", "0 <= lam <= 1", self.lam)
+        check(0 < self.clip_ratio < 1, "clip_ratio", "0 < clip_ratio < 1", self.clip_ratio)
+        check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "a number > 0 or none",
+              self.cliprange_value)
+        check(self.target_kl is None or self.target_kl > 0, "target_kl", "a number > 0 or none", self.target_kl)
+        for key in ("vf_coef", "ent_coef"):
+            check(getattr(self, key) >= 0, key, "a number >= 0", getattr(self, key))
+        check(self.max_grad_norm > 0, "max_grad_norm", "a number > 0", self.max_grad_norm)
+        try:  # lists come from YAML as ints, from the command line as strings ("64,64")
+            self.hidden_sizes = [int(size) for size in self.hidden_sizes]
+        except ValueError:
+            check(False, "hidden_sizes", "comma-separated integers, e.g. 64,64", self.hidden_sizes)
+        check(all(size >= 1 for size in self.hidden_sizes), "hidden_sizes", "widths >= 1", self.hidden_sizes)
+
+    def resolved_out_dir(self) -> Path:
+        return Path(self.out_dir or f"runs/gym/{self.env_id}-seed{self.seed}")
+
+
+# Tuned settings from the RL Baselines3 Zoo (hyperparams/ppo.yml), translated to our names.  The
+# same values live in configs/gym/<name>.yaml (a test keeps them equal).
+PRESETS: dict[str, dict[str, Any]] = {
+    "cartpole": dict(
+        env_id="CartPole-v1", total_steps=100_000, num_envs=8, num_steps=32, mini_batch_size=256,
+        gamma=0.98, lam=0.8, ppo_epochs=20, ent_coef=0.0, lr=0.001, anneal_lr=True, clip_ratio=0.2,
+        anneal_clip=True, cliprange_value=None, vf_coef=1.0, max_grad_norm=0.5,
+    ),
+    # The zoo uses gSDE here; a state-independent log-std with observation and reward
+    # normalisation does the job as well.
+    "pendulum": dict(
+        env_id="Pendulum-v1", total_steps=200_000, num_envs=4, num_steps=1024, mini_batch_size=64,
+        gamma=0.9, lam=0.95, ppo_epochs=10, ent_coef=0.0, lr=0.001, anneal_lr=False, clip_ratio=0.2,
+        anneal_clip=False, cliprange_value=None, vf_coef=1.0, max_grad_norm=0.5,
+        norm_obs=True, norm_reward=True,
+    ),
+}
+
+
+def preset_for_env(env_id: str) -> str | None:
+    return next((name for name, values in PRESETS.items() if values["env_id"] == env_id), None)
+
+
+def config_with_preset(preset: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Preset values under ``values``.  ``preset``: a name, 'auto' (the env's preset if it has one) or 'none'."""
+    if preset == "auto":
+        preset = preset_for_env(values.get("env_id", GymPPOConfig.env_id)) or "none"
+    if preset == "none":
+        return dict(values)
+    return {**PRESETS[preset], **values}

@@ -1,0 +1,295 @@
+"""Classic PPO on gymnasium (Schulman et al., 2017), on the same core as the language-model trainer.
+
+One iteration: (1) collect ``num_steps`` steps from ``num_envs`` vector envs with the current
+policy; (2) GAE over the rollout, bootstrapping from V(final observation) where a time limit
+truncated an episode and from 0 where it terminated; (3) ``ppo_epochs`` passes of minibatch
+updates on the clipped policy loss, the (optionally clipped) value loss and an entropy bonus;
+(4) log.  The mapping to language models: first state = prompt, action = token, next state =
+prompt + tokens so far, trajectory = response.
+
+Layout of rollout tensors: (T, N, ...) with T = ``num_steps``, N = ``num_envs``; flattened for
+the update into a batch of B = T * N samples (``b_`` names), minibatches of ``mini_batch_size``
+(``mb_`` names).
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from ppo_rlhf.config import to_dict
+from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
+from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy, space_spec
+from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_preset  # noqa: F401 -- re-exported
+
+
+def make_envs(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
+    # SAME_STEP autoreset: a finished env is reset inside step() and its last observation comes
+    # back in infos["final_obs"] -- exactly what bootstrapping a truncated episode needs.
+    return gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+@dataclass
+class Rollout:
+    """One batch of experience.  T = num_steps, N = num_envs."""
+
+    obs: torch.Tensor  # (T, N, obs_dim) the observation each action was taken in (normalised if norm_obs)
+    actions: torch.Tensor  # (T, N) int64, or (T, N, act_dim) unclipped Gaussian samples
+    logprobs: torch.Tensor  # (T, N) log-prob of the action under the rollout policy
+    values: torch.Tensor  # (T, N) V(obs)
+    rewards: torch.Tensor  # (T, N) reward after the action (scaled if norm_reward)
+    terminated: torch.Tensor  # (T, N) 1.0 where the episode really ended after step t
+    truncated: torch.Tensor  # (T, N) 1.0 where a time limit cut the episode after step t
+    final_values: torch.Tensor  # (T, N) V(final observation) where truncated, else 0
+    last_values: torch.Tensor  # (N,) V(observation after the last step), to bootstrap the rollout's end
+
+
+def compute_advantages(rollout: Rollout, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over a rollout: (advantages, returns), each (T, N).
+
+    What follows step t: the next step's value while the episode goes on; V(final observation)
+    after a truncation (the episode was cut, not over); nothing (0) after a termination.  The
+    recursion stops at every episode end, since step t + 1 then belongs to a new episode.
+    """
+    next_values = torch.cat([rollout.values[1:], rollout.last_values[None]])  # (T, N)
+    next_values = torch.where(rollout.truncated.bool(), rollout.final_values, next_values)
+    next_values = next_values * (1.0 - rollout.terminated)
+    continues = 1.0 - torch.maximum(rollout.terminated, rollout.truncated)
+    # The core works along the last dim: put time there, (T, N) -> (N, T), and back.
+    advantages = gae_advantages(
+        rollout.rewards.T, rollout.values.T, next_values.T, continues.T, gamma, lam
+    ).T
+    return advantages, advantages + rollout.values
+
+
+class RolloutCollector:
+    """Steps the vector envs with the current policy; keeps the env state between rollouts."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, config: GymPPOConfig):
+        self.envs, self.num_steps, self.gamma = envs, config.num_steps, config.gamma
+        n = envs.num_envs
+        obs_dim = envs.single_observation_space.shape[0]
+        self.obs_rms = RunningMeanStd((obs_dim,)) if config.norm_obs else None
+        self.return_rms = RunningMeanStd(()) if config.norm_reward else None
+        self.discounted_return = np.zeros(n)  # per env, for reward scaling
+        self.episode_return, self.episode_length = np.zeros(n), np.zeros(n, dtype=np.int64)
+        self.finished_returns: collections.deque = collections.deque(maxlen=100)
+        self.finished_lengths: collections.deque = collections.deque(maxlen=100)
+        raw_obs, _ = envs.reset(seed=config.seed)
+        self.next_obs = self._observe(raw_obs, update_stats=True)  # (N, obs_dim)
+
+    def _observe(self, raw_obs: np.ndarray, update_stats: bool) -> np.ndarray:
+        """The observation as the network sees it: float32, normalised if norm_obs."""
+        if self.obs_rms is not None:
+            if update_stats:
+                self.obs_rms.update(raw_obs)
+            return self.obs_rms.normalize(raw_obs)
+        return raw_obs.astype(np.float32, copy=False)
+
+    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        if self.return_rms is None:
+            return rewards
+        self.discounted_return = self.discounted_return * self.gamma + rewards
+        self.return_rms.update(self.discounted_return)
+        self.discounted_return[done] = 0.0
+        return np.clip(rewards / np.sqrt(self.return_rms.var + 1e-8), -10.0, 10.0)
+
+    @torch.no_grad()
+    def collect(self, agent: ActorCritic) -> Rollout:
+        # numpy buffers: writing a row costs ~1 us against ~5 us for a torch tensor, and the env
+        # speaks numpy anyway.  One numpy -> torch conversion per step (the observation).
+        T, N = self.num_steps, self.envs.num_envs
+        obs = np.zeros((T, *self.next_obs.shape), dtype=np.float32)
+        actions = np.zeros((T, N, agent.spec["act_dim"]), dtype=np.float32) if agent.continuous else np.zeros((T, N), dtype=np.int64)
+        logprobs, values, rewards, terminated, truncated, final_values = (np.zeros((T, N), dtype=np.float32) for _ in range(6))
+        for step in range(T):
+            obs[step] = self.next_obs
+            action, logprob, value = agent.act(torch.from_numpy(self.next_obs))
+            actions[step], logprobs[step], values[step] = action.numpy(), logprob.numpy(), value.numpy()
+            raw_obs, reward, term, trunc, infos = self.envs.step(agent.to_env_action(actions[step]))
+            done = term | trunc
+
+            self.episode_return += reward
+            self.episode_length += 1
+            for i in np.flatnonzero(done):
+                self.finished_returns.append(float(self.episode_return[i]))
+                self.finished_lengths.append(int(self.episode_length[i]))
+            self.episode_return[done], self.episode_length[done] = 0.0, 0
+
+            # A truncated episode did not end: bootstrap from the value of where it was cut.
+            # raw_obs already holds the reset observation of that env; the last one is in infos.
+            cut = np.flatnonzero(trunc & ~term)
+            if len(cut):
+                final_obs = self._observe(np.stack(infos["final_obs"][cut]), update_stats=False)
+                final_values[step, cut] = agent.value(torch.from_numpy(final_obs)).numpy()
+
+            rewards[step] = self._scale_rewards(reward, done)
+            terminated[step], truncated[step] = term, trunc
+            self.next_obs = self._observe(raw_obs, update_stats=True)
+        last_values = agent.value(torch.from_numpy(self.next_obs))
+        return Rollout(*(torch.from_numpy(x) for x in (obs, actions, logprobs, values, rewards, terminated,
+                                                        truncated, final_values)), last_values=last_values)
+
+
+def ppo_update(
+    agent: ActorCritic, optimizer: torch.optim.Optimizer, config: GymPPOConfig, clip_ratio: float,
+    b_obs: torch.Tensor, b_actions: torch.Tensor, b_logprobs: torch.Tensor, b_values: torch.Tensor,
+    b_advantages: torch.Tensor, b_returns: torch.Tensor,
+) -> dict[str, float]:
+    """``ppo_epochs`` passes of minibatch steps over one flattened batch; stats averaged over all minibatches."""
+    totals: dict[str, torch.Tensor] = collections.defaultdict(lambda: torch.zeros(()))
+    num_minibatches, stopped_early = 0, False
+    for epoch in range(config.ppo_epochs):
+        b_inds = torch.randperm(config.batch_size)
+        for start in range(0, config.batch_size, config.mini_batch_size):
+            mb_inds = b_inds[start:start + config.mini_batch_size]
+            new_logprobs, entropy, new_values = agent.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
+            mb_advantages = b_advantages[mb_inds]
+            if config.norm_adv:
+                mb_advantages = masked_whiten(mb_advantages, None)
+
+            pg_loss, pg_stats = policy_loss(new_logprobs, b_logprobs[mb_inds], mb_advantages, None, clip_ratio)
+            if config.target_kl is not None and pg_stats["approx_kl"].item() > config.target_kl:
+                stopped_early = True  # the policy already moved far enough: skip this step and the rest
+                break
+            vf_loss, vf_stats = value_loss(new_values, b_values[mb_inds], b_returns[mb_inds], None, config.cliprange_value)
+            entropy_bonus = entropy.mean()
+            loss = pg_loss + config.vf_coef * vf_loss
+            if config.ent_coef > 0:  # with no weight, leave it out of the graph: a cheaper backward
+                loss = loss - config.ent_coef * entropy_bonus
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm, foreach=True)
+            optimizer.step()
+
+            for key, value in {**pg_stats, **vf_stats, "entropy": entropy_bonus.detach()}.items():
+                totals[key] += value
+            num_minibatches += 1
+        if stopped_early:
+            break
+    stats = {key: (value / max(num_minibatches, 1)).item() for key, value in totals.items()}
+    stats.update(minibatch_steps=num_minibatches, epochs=epoch + 1, stopped_early=float(stopped_early))
+    return stats
+
+
+def train(config: GymPPOConfig) -> dict[str, Any]:
+    """Train, save the policy to RUN/policy, evaluate it, write the run folder; returns the summary."""
+    config.validate()
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    out_dir = config.resolved_out_dir()
+    # A new run replaces the logs of an earlier one in the same folder (the run log appends).
+    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "tb", ignore_errors=True)
+    log = RunLog(out_dir, to_dict(config))
+
+    envs = make_envs(config.env_id, config.num_envs)
+    agent = ActorCritic(space_spec(envs.single_observation_space, envs.single_action_space),
+                        config.hidden_sizes, config.activation, config.log_std_init)
+    # fused: one kernel for the whole parameter update instead of a dozen per tensor (~4x faster here)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=config.lr, eps=1e-5, fused=True)
+    collector = RolloutCollector(envs, config)
+
+    start_time = time.perf_counter()
+    env_steps = 0
+    for iteration in range(config.num_iterations):
+        # 1. schedules: linear decay from the full value at the first iteration towards 0
+        remaining = 1.0 - iteration / config.num_iterations
+        lr = config.lr * remaining if config.anneal_lr else config.lr
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        clip_ratio = config.clip_ratio * remaining if config.anneal_clip else config.clip_ratio
+
+        # 2. rollout
+        rollout = collector.collect(agent)
+        env_steps += config.batch_size
+
+        # 3. advantages and returns, then flatten (T, N) -> (B,)
+        advantages, returns = compute_advantages(rollout, config.gamma, config.lam)
+        b_obs = rollout.obs.flatten(0, 1)  # (B, obs_dim)
+        b_actions = rollout.actions.flatten(0, 1)  # (B,) or (B, act_dim)
+        b_logprobs, b_values = rollout.logprobs.flatten(), rollout.values.flatten()
+        b_advantages, b_returns = advantages.flatten(), returns.flatten()
+
+        # 4. update
+        stats = ppo_update(agent, optimizer, config, clip_ratio,
+                           b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns)
+
+        # 5. log
+        metrics = {"env_steps": env_steps, **stats, "lr": lr, "clip_ratio": clip_ratio,
+                   "explained_variance": explained_variance(b_values, b_returns, None).item(),
+                   "sps": env_steps / (time.perf_counter() - start_time)}
+        if agent.continuous:
+            metrics["action_std"] = agent.log_std.exp().mean().item()
+        if collector.finished_returns:  # over the last (up to) 100 finished episodes
+            metrics["episodic_return"] = float(np.mean(collector.finished_returns))
+            metrics["episodic_length"] = float(np.mean(collector.finished_lengths))
+        log.log(env_steps, metrics)
+    train_time = time.perf_counter() - start_time
+    envs.close()
+
+    policy_dir = save_policy(out_dir / "policy", agent, config.env_id, collector.obs_rms)
+    summary: dict[str, Any] = {
+        "env_id": config.env_id, "seed": config.seed, "env_steps": env_steps, "iterations": config.num_iterations,
+        "train_time_s": round(train_time, 3), "sps": round(env_steps / train_time, 1),
+        "final_episodic_return": float(np.mean(collector.finished_returns)) if collector.finished_returns else None,
+        "policy": str(policy_dir),
+    }
+    if config.eval_episodes > 0:
+        # Score the saved files, not the in-memory agent: proves the saved policy is the trained one.
+        result = evaluate_policy(policy_dir, config.eval_episodes, seed=config.seed + 10_000)
+        summary.update({f"eval_{key}": value for key, value in result.items()})
+    log.write_summary(summary)
+    log.plot(["episodic_return"], "return.png", x="env_steps", title=f"{config.env_id}: return vs env steps")
+    log.plot(["episodic_return", "episodic_length", "pg_loss", "vf_loss", "entropy", "approx_kl", "clipfrac",
+              "explained_variance", "sps"], "curves.png", x="env_steps", title=config.env_id)
+    log.close()
+    return summary
+
+
+@torch.no_grad()
+def evaluate_policy(path: str | Path, episodes: int = 100, seed: int = 0, deterministic: bool = True) -> dict[str, Any]:
+    """Run a saved policy for exactly ``episodes`` episodes; greedy (argmax / mean action) by default.
+
+    Every env runs a fixed quota of episodes, so short episodes cannot crowd out long ones.
+    """
+    agent, policy_config, obs_rms = load_policy(path)
+    num_envs = max(1, min(episodes, 10))
+    envs = make_envs(policy_config["env_id"], num_envs)
+    quotas = np.array([(episodes + i) // num_envs for i in range(num_envs)])
+    returns: list[list[float]] = [[] for _ in range(num_envs)]
+    lengths: list[list[int]] = [[] for _ in range(num_envs)]
+    episode_return, episode_length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+    raw_obs, _ = envs.reset(seed=seed)
+    while any(len(r) < q for r, q in zip(returns, quotas)):
+        obs = torch.as_tensor(obs_rms.normalize(raw_obs) if obs_rms else raw_obs, dtype=torch.float32)
+        action = agent.deterministic_action(obs) if deterministic else agent.act(obs)[0]
+        raw_obs, reward, term, trunc, _ = envs.step(agent.to_env_action(action.numpy()))
+        episode_return += reward
+        episode_length += 1
+        for i in np.flatnonzero(term | trunc):
+            if len(returns[i]) < quotas[i]:
+                returns[i].append(float(episode_return[i]))
+                lengths[i].append(int(episode_length[i]))
+            episode_return[i], episode_length[i] = 0.0, 0
+    envs.close()
+    all_returns = np.array([r for env_returns in returns for r in env_returns])
+    all_lengths = np.array([n for env_lengths in lengths for n in env_lengths])
+    return {
+        "episodes": int(len(all_returns)), "mean_return": float(all_returns.mean()), "std_return": float(all_returns.std()),
+        "min_return": float(all_returns.min()), "max_return": float(all_returns.max()),
+        "mean_length": float(all_lengths.mean()), "deterministic": deterministic, "seed": seed,
+    }
