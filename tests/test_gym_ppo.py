@@ -1,0 +1,219 @@
+"""Gym PPO: GAE through the rollout code by hand, learning on CartPole, save/evaluate, config, CLI."""
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from ppo_rlhf.cli import main
+from ppo_rlhf.config import ConfigError, build_config, load_yaml
+from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy
+from ppo_rlhf.trainers.gym_ppo import (
+    PRESETS,
+    GymPPOConfig,
+    Rollout,
+    RolloutCollector,
+    compute_advantages,
+    config_with_preset,
+    evaluate_policy,
+    make_envs,
+    train,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class CountingEnv(gym.Env):
+    """Observation = steps taken in this episode.  Reward 1 per step.  Every 2nd episode
+    terminates after 2 steps; the others run into the time limit (3 steps) and are truncated."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.episode = 0
+        self.k = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.k = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action):
+        self.k += 1
+        terminated = self.episode % 2 == 0 and self.k == 2
+        return np.array([float(self.k)], dtype=np.float32), 1.0, terminated, False, {}
+
+
+COUNTING_ID = "PpoRlhfTest/Counting-v0"
+if COUNTING_ID not in gym.registry:
+    gym.register(id=COUNTING_ID, entry_point=CountingEnv, max_episode_steps=3)
+
+
+# ---------------------------------------------------------------- GAE: truncation vs termination
+def test_compute_advantages_by_hand():
+    # gamma 0.5, lam 1; T = 4 steps, N = 2 envs (time along dim 0).
+    # env 0: V = 2, 3, 4, 5; reward 1 each; truncated after step 1 (V(final obs) = 10), terminated after
+    #   step 3 (so last_values = 100 must be ignored).
+    #   delta = 1+0.5*3-2 = 0.5 | 1+0.5*10-3 = 3 | 1+0.5*5-4 = -0.5 | 1+0-5 = -4
+    #   A3 = -4; A2 = -0.5 + 0.5*(-4) = -2.5; A1 = 3 (episode boundary); A0 = 0.5 + 0.5*3 = 2
+    # env 1: V = 1, 1, 1, 1; rewards 0, 0, 0, 1; no episode end; bootstrap from last_values = 2.
+    #   delta = -0.5, -0.5, -0.5, 1+0.5*2-1 = 1;  A3 = 1, A2 = 0, A1 = -0.5, A0 = -0.75
+    zeros = torch.zeros(4, 2)
+    rollout = Rollout(
+        obs=torch.zeros(4, 2, 1), actions=torch.zeros(4, 2, dtype=torch.long), logprobs=zeros,
+        values=torch.tensor([[2.0, 1.0], [3.0, 1.0], [4.0, 1.0], [5.0, 1.0]]),
+        rewards=torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1.0]]),
+        terminated=torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 0.0]]),
+        truncated=torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
+        final_values=torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
+        last_values=torch.tensor([100.0, 2.0]),
+    )
+    advantages, returns = compute_advantages(rollout, gamma=0.5, lam=1.0)
+    expected = torch.tensor([[2.0, -0.75], [3.0, -0.5], [-2.5, 0.0], [-4.0, 1.0]])
+    assert torch.allclose(advantages, expected)
+    assert torch.allclose(returns, expected + rollout.values)
+    # Treating the truncation as a termination would have given A1 = 1 + 0 - 3 = -2.
+    assert advantages[1, 0].item() != pytest.approx(-2.0)
+
+
+def test_rollout_collects_final_observation_on_truncation():
+    # One CountingEnv, 6 steps, critic V(s) = s (a linear critic with weight 1, bias 0):
+    #   t:         0  1  2      3  4      5
+    #   obs:       0  1  2      0  1      0      (the env resets after t2 and t4)
+    #   end:             trunc     term
+    #   final obs:       3         (2, unused)   last obs after t5: 1
+    # next value:  1  2  3(V final)  1  0  1(last_values)
+    # delta (gamma 0.5, reward 1): 1.5, 1, 0.5, 1.5, 0, 1.5
+    # A (lam 1, stops at t2 and t4): 2.125, 1.25, 0.5, 1.5, 0, 1.5
+    config = GymPPOConfig(env_id=COUNTING_ID, num_envs=1, num_steps=6, mini_batch_size=6, total_steps=6)
+    envs = make_envs(COUNTING_ID, 1)
+    agent = ActorCritic({"obs_dim": 1, "action_type": "discrete", "act_dim": 2}, hidden_sizes=[])
+    with torch.no_grad():
+        agent.critic[0].weight.fill_(1.0)
+        agent.critic[0].bias.zero_()
+    collector = RolloutCollector(envs, config)
+    rollout = collector.collect(agent)
+    assert rollout.obs[:, 0, 0].tolist() == [0, 1, 2, 0, 1, 0]
+    assert rollout.truncated[:, 0].tolist() == [0, 0, 1, 0, 0, 0]
+    assert rollout.terminated[:, 0].tolist() == [0, 0, 0, 0, 1, 0]
+    assert rollout.final_values[:, 0].tolist() == [0, 0, 3, 0, 0, 0]
+    assert rollout.last_values.tolist() == [1.0]
+    advantages, returns = compute_advantages(rollout, gamma=0.5, lam=1.0)
+    assert torch.allclose(advantages[:, 0], torch.tensor([2.125, 1.25, 0.5, 1.5, 0.0, 1.5]))
+    assert torch.allclose(returns[:, 0], torch.tensor([2.125, 2.25, 2.5, 1.5, 1.0, 1.5]))
+    assert list(collector.finished_returns) == [3.0, 2.0]
+    envs.close()
+
+
+# ---------------------------------------------------------------- learning
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cartpole")
+    values = config_with_preset("cartpole", {"total_steps": 15_360, "seed": 1, "eval_episodes": 10, "out_dir": str(out)})
+    return out, train(build_config(GymPPOConfig, values))
+
+
+def test_cartpole_return_rises(cartpole_run):
+    out, summary = cartpole_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first_return = records[0]["episodic_return"]  # a near-uniform policy: ~20
+    assert first_return < 40
+    assert summary["final_episodic_return"] > 3 * first_return  # ~125 with seed 1
+    assert summary["eval_mean_return"] > 100  # ~370 with seed 1 (greedy policy)
+    assert summary["env_steps"] == 15_360
+    for key in ("pg_loss", "vf_loss", "entropy", "approx_kl", "clipfrac", "explained_variance", "sps", "lr"):
+        assert key in records[-1]
+    assert records[0]["minibatch_steps"] == 20  # 20 epochs x 1 full-batch minibatch
+    assert records[-1]["lr"] < records[0]["lr"]  # annealed
+
+
+def test_saved_policy_evaluates_the_same(cartpole_run):
+    out, summary = cartpole_run
+    result = evaluate_policy(out, episodes=10, seed=summary["eval_seed"])
+    assert result["mean_return"] == summary["eval_mean_return"]  # deterministic: same episodes
+    assert result["episodes"] == 10
+    assert (out / "policy" / "model.safetensors").is_file()
+
+
+def test_save_load_roundtrip_continuous(tmp_path):
+    spec = {"obs_dim": 3, "action_type": "continuous", "act_dim": 1, "action_low": [-2.0], "action_high": [2.0]}
+    torch.manual_seed(0)
+    agent = ActorCritic(spec, [16], "tanh", log_std_init=-0.5)
+    obs_rms = RunningMeanStd((3,))
+    obs_rms.update(np.random.default_rng(0).normal(3.0, 2.0, size=(50, 3)))
+    save_policy(tmp_path / "policy", agent, "Pendulum-v1", obs_rms)
+    loaded, config, loaded_rms = load_policy(tmp_path)
+    obs = torch.randn(5, 3)
+    assert torch.equal(loaded.deterministic_action(obs), agent.deterministic_action(obs))
+    assert torch.equal(loaded.value(obs), agent.value(obs))
+    assert np.allclose(loaded_rms.mean, obs_rms.mean) and np.allclose(loaded_rms.var, obs_rms.var)
+    assert config["env_id"] == "Pendulum-v1"
+    result = evaluate_policy(tmp_path / "policy", episodes=2, seed=0)
+    assert result["episodes"] == 2 and result["mean_length"] == 200  # Pendulum is cut at 200 steps
+
+
+def test_missing_policy_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved policy"):
+        evaluate_policy(tmp_path, episodes=1)
+
+
+def test_pendulum_short_run_and_target_kl_stop(tmp_path):
+    # Box actions, observation and reward normalisation, and a target KL so small that the
+    # update stops at the second minibatch (the first one sees the unchanged policy: KL 0).
+    values = config_with_preset("pendulum", {
+        "total_steps": 1024, "num_steps": 256, "eval_episodes": 1, "target_kl": 1e-6, "out_dir": str(tmp_path),
+    })
+    summary = train(build_config(GymPPOConfig, values))
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["stopped_early"] == 1.0 and record["minibatch_steps"] == 1
+    assert "action_std" in record
+    _, policy_config, obs_rms = load_policy(tmp_path)
+    assert policy_config["obs_norm"] is not None and obs_rms.count > 1000
+    assert summary["eval_episodes"] == 1
+
+
+# ---------------------------------------------------------------- config
+@pytest.mark.parametrize("key, value", [
+    ("lr", -1e-3), ("mini_batch_size", 100), ("gamma", 1.5), ("clip_ratio", 0.0), ("num_envs", 0),
+    ("target_kl", -0.1), ("hidden_sizes", "64,x"),
+])
+def test_bad_config_names_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        build_config(GymPPOConfig, {"num_envs": 8, "num_steps": 32, key: value})
+
+
+def test_presets_match_yaml_files():
+    for name, values in PRESETS.items():
+        assert load_yaml(REPO / "configs" / "gym" / f"{name}.yaml") == values
+        build_config(GymPPOConfig, values)  # and they are valid
+
+
+# ---------------------------------------------------------------- command line
+def test_cli_gym_and_gym_eval(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["gym", "--env", "CartPole-v1", "--total-steps", "512", "--seed", "3", "--out", str(out),
+                 "--eval-episodes", "2", "--hidden-sizes", "32,32"])
+    assert code == 0
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "return.png", "curves.png",
+                 "policy/config.json", "policy/model.safetensors"):
+        assert (out / name).is_file(), name
+    assert any((out / "tb").iterdir())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["env_steps"] == 512 and "eval_mean_return" in summary
+    resolved = load_yaml(out / "config.yaml")
+    assert resolved["num_envs"] == 8 and resolved["hidden_sizes"] == [32, 32]  # preset, then flags
+    capsys.readouterr()
+
+    assert main(["gym-eval", str(out), "--episodes", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 3
+
+
+def test_cli_config_error_exit_code(tmp_path, capsys):
+    code = main(["gym", "--lr", "-1", "--out", str(tmp_path / "bad")])
+    assert code == 2
+    assert "'lr'" in capsys.readouterr().err
