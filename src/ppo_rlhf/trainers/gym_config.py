@@ -40,7 +40,7 @@ class GymPPOConfig:
     max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this")
     norm_adv: bool = option(True, "whiten advantages per minibatch (mean 0, std 1)")
     target_kl: float | None = option(
-        None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this; 'none' disables")
+        None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this (SB3 stops at 1.5x its target_kl); 'none' disables")
     # --- network
     hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear")
     activation: str = option("tanh", "hidden activation", choices=("tanh", "relu"))
@@ -69,6 +69,8 @@ class GymPPOConfig:
               f"at least one rollout, num_envs * num_steps = {self.batch_size}", self.total_steps)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of num_envs * num_steps = {self.batch_size}", self.mini_batch_size)
+        check(self.mini_batch_size >= 2 or not self.norm_adv, "mini_batch_size",
+              "at least 2 when norm_adv whitens advantages per minibatch", self.mini_batch_size)
         check(self.lr > 0, "lr", "a number > 0", self.lr)
         check(0 < self.gamma <= 1, "gamma", "0 < gamma <= 1", self.gamma)
         check(0 <= self.lam <= 1, "lam", "0 <= lam <= 1", self.lam)

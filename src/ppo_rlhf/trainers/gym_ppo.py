@@ -238,6 +238,9 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
             metrics["episodic_return"] = float(np.mean(collector.finished_returns))
             metrics["episodic_length"] = float(np.mean(collector.finished_lengths))
         log.log(env_steps, metrics)
+        if (iteration + 1) % max(1, config.num_iterations // 10) == 0:
+            print(f"env_steps {env_steps:>9,}  return {metrics.get('episodic_return', float('nan')):8.1f}  "
+                  f"approx_kl {stats['approx_kl']:.4f}  sps {metrics['sps']:6.0f}", flush=True)
     train_time = time.perf_counter() - start_time
     envs.close()
 
