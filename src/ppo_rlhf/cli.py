@@ -14,6 +14,7 @@ from ppo_rlhf.config import ConfigError
 
 # Modules that add subcommands; each has register(subparsers).
 SUBCOMMAND_MODULES = (
+    "ppo_rlhf.cli_lm",
     "ppo_rlhf.cli_gym",
 )
 

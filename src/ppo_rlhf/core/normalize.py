@@ -1,0 +1,35 @@
+"""Running mean and variance (Chan et al.'s parallel update), for score and observation
+normalisation."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RunningMoments:
+    """Mean and std of every value seen so far, updated one batch at a time."""
+
+    def __init__(self, shape: tuple[int, ...] = (), eps: float = 1e-4):
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.var = torch.ones(shape, dtype=torch.float64)
+        self.count = eps  # a tiny prior count keeps the first update finite
+
+    def update(self, batch: torch.Tensor) -> None:
+        batch = batch.detach().to(torch.float64).reshape(-1, *self.mean.shape)
+        batch_mean, batch_var, batch_count = batch.mean(dim=0), batch.var(dim=0, unbiased=False), batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + delta.square() * self.count * batch_count / total
+        self.var = m2 / total
+        self.count = total
+
+    @property
+    def std(self) -> torch.Tensor:
+        return self.var.sqrt()
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]

@@ -1,0 +1,61 @@
+"""Evaluation on held-out prompts: generate, decode, apply the task's metric.
+
+A metric is ``metric(prompts, responses, finished) -> dict[str, float]`` (the built-in task's
+``evaluate``).  Without one, the evaluator reports the mean reward and response length only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.responses import generate_responses
+from ppo_rlhf.rollout.reward import ScoringBatch
+
+Metric = Callable[[list, list, list], dict]
+
+
+class Evaluator:
+    """Greedy (or sampled) responses to a fixed set of held-out prompts, scored by a metric."""
+
+    def __init__(self, tokenizer, prompt_rows: list[dict], metric: Metric | None = None, reward=None,
+                 prompt_field: str = "prompt", max_prompt_length: int = 128, max_new_tokens: int = 128,
+                 batch_size: int = 1024, chat_template: bool = False):
+        self.tokenizer = tokenizer
+        self.rows = prompt_rows
+        self.prompts = [row[prompt_field] for row in prompt_rows]
+        self.metric = metric
+        self.reward = reward
+        self.max_prompt_length = max_prompt_length
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.chat_template = chat_template
+
+    @torch.no_grad()
+    def __call__(self, model, do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
+                 prefix: str = "eval/") -> tuple[dict[str, float], list[tuple[str, str]]]:
+        """(metrics, [(prompt, response), ...]) over all held-out prompts."""
+        start = time.perf_counter()
+        generator = TorchGenerator(self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.max_new_tokens,
+                                   do_sample=do_sample, temperature=temperature, seed=seed)
+        texts, finished, lengths, scores = [], [], [], []
+        for begin in range(0, len(self.prompts), self.batch_size):
+            prompts = self.prompts[begin:begin + self.batch_size]
+            out = generate_responses(model, self.tokenizer, generator, prompts, self.max_prompt_length, self.chat_template)
+            texts += out.texts
+            finished += out.finished
+            lengths += out.sequences.response_mask.sum(dim=1).tolist()
+            if self.reward is not None:
+                rows = self.rows[begin:begin + self.batch_size]
+                scores += self.reward(ScoringBatch(rows, prompts, out.texts, out.finished, out.sequences)).tolist()
+        metrics = {}
+        if self.metric is not None:
+            metrics.update(self.metric(self.prompts, texts, finished))
+        if scores:
+            metrics["score"] = sum(scores) / len(scores)
+        metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
+        metrics["seconds"] = time.perf_counter() - start
+        return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, texts))

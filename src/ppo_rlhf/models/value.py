@@ -1,0 +1,74 @@
+"""The critic: a scalar value per position, on the actor's trunk (shared) or its own model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class ValueHead(nn.Module):
+    """hidden (B, T, H) -> value (B, T).  Small init so early values start near 0 and the
+    first value-loss gradients do not swamp a shared trunk."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.summary = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.summary.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.summary.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.summary(hidden).squeeze(-1)
+
+
+def hidden_size_of(model) -> int:
+    config = model.config
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    raise ValueError(f"cannot tell the hidden size of a {type(model).__name__}")
+
+
+class Critic(nn.Module):
+    """A separate critic: a transformer trunk (``AutoModel``) plus a value head.
+
+    Initialised from the reward model's trunk by default, as published RLHF recipes do: it
+    already reads the responses the way the reward does.
+    """
+
+    def __init__(self, backbone, value_head: ValueHead | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = value_head or ValueHead(hidden_size_of(backbone))
+
+    @classmethod
+    def from_pretrained_trunk(cls, path: str | Path) -> "Critic":
+        from transformers import AutoModel
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"critic initialisation model not found: {path}")
+        return cls(AutoModel.from_pretrained(path))
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state  # (B, L, H)
+        return self.value_head(hidden)  # (B, L)
+
+    def save(self, path: str | Path) -> None:
+        """Trunk as a standard HF folder, value head beside it as safetensors."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        self.backbone.save_pretrained(path)
+        save_file({k: v.contiguous() for k, v in self.value_head.state_dict().items()}, str(path / "value_head.safetensors"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Critic":
+        from safetensors.torch import load_file
+
+        critic = cls.from_pretrained_trunk(path)
+        critic.value_head.load_state_dict(load_file(str(Path(path) / "value_head.safetensors")))
+        return critic

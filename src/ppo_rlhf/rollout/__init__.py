@@ -1,0 +1,1 @@
+"""Rollout: turn prompts into scored responses (generation, masks, log-probs, rewards)."""

@@ -1,0 +1,76 @@
+"""Generation behind one small interface, so a faster engine can serve rollouts where installed.
+
+``Generator.generate(model, prompt_ids, prompt_mask) -> (response_ids, response_mask)`` is all
+the PPO trainer needs.  ``TorchGenerator`` is the built-in engine: a plain decoding loop over
+the KV cache, in eval mode (no dropout), that stops as soon as every response has emitted EOS.
+It samples from ``softmax(logits / temperature)``, the same distribution the trainer's
+log-probs use, so the PPO ratio is exactly 1 before the first update.  (No top-k / top-p:
+they would make the sampling distribution differ from the one whose log-probs are trained.)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ppo_rlhf.rollout.sequences import position_ids_from_mask, response_mask_from_eos
+
+
+class Generator(Protocol):
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Responses (B, T) with pad after the first EOS, and their mask (B, T)."""
+
+
+class TorchGenerator:
+    """Greedy or temperature sampling with the KV cache; left-padded prompts."""
+
+    def __init__(self, eos_token_id: int, pad_token_id: int, max_new_tokens: int, do_sample: bool,
+                 temperature: float = 1.0, seed: int | None = None):
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.max_new_tokens = max_new_tokens
+        self.do_sample = do_sample
+        self.temperature = temperature
+        self.rng = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def next_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, V) logits of the last position -> (B,) chosen token ids."""
+        if not self.do_sample:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        rng = self.rng if (self.rng is not None and probs.device.type == "cpu") else None
+        return torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
+
+    @torch.no_grad()
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        was_training = model.training
+        model.eval()
+        batch_size = prompt_ids.shape[0]
+        attention_mask = prompt_mask.clone()
+        position_ids = position_ids_from_mask(attention_mask)
+        next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) first position after the prompt
+        finished = torch.zeros(batch_size, dtype=torch.bool, device=prompt_ids.device)
+        tokens = []
+        inputs, cache = prompt_ids, None
+        for _ in range(self.max_new_tokens):
+            out = model(
+                input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            )
+            cache = out.past_key_values
+            token = self.next_tokens(out.logits[:, -1])
+            token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
+            tokens.append(token)
+            finished |= token == self.eos_token_id
+            if bool(finished.all()):
+                break
+            inputs = token[:, None]
+            position_ids = next_position
+            next_position = next_position + 1
+            attention_mask = torch.cat([attention_mask, torch.ones_like(inputs)], dim=1)
+        model.train(was_training)
+        response_ids = torch.stack(tokens, dim=1)  # (B, T)
+        response_mask = response_mask_from_eos(response_ids, self.eos_token_id)
+        response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
+        return response_ids, response_mask

@@ -1,0 +1,60 @@
+"""Prompts in, decoded responses out: the step shared by PPO rollouts and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ppo_rlhf.rollout.generation import Generator
+from ppo_rlhf.rollout.sequences import Sequences, finished_flags
+
+
+def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded (B, P) prompt ids and mask; long prompts lose their *start* (the end is
+    what the response continues from)."""
+    padding_side, truncation_side = tokenizer.padding_side, tokenizer.truncation_side
+    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
+    try:
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length)
+    finally:
+        tokenizer.padding_side, tokenizer.truncation_side = padding_side, truncation_side
+    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+
+
+@dataclass
+class Responses:
+    sequences: Sequences
+    texts: list[str]  # decoded responses, special tokens removed
+    finished: list[bool]  # ended with EOS
+
+
+def decode_responses(tokenizer, sequences: Sequences) -> tuple[list[str], list[bool]]:
+    texts = tokenizer.batch_decode(sequences.response_ids, skip_special_tokens=True)
+    finished = finished_flags(sequences.response_ids, sequences.response_mask, tokenizer.eos_token_id)
+    return texts, finished.tolist()
+
+
+@torch.no_grad()
+def generate_responses(model, tokenizer, generator: Generator, prompts: list[str], max_prompt_length: int,
+                       chat_template: bool = False) -> Responses:
+    device = next(model.parameters()).device
+    if chat_template:
+        prompts = apply_chat_template(tokenizer, prompts)
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, max_prompt_length, device)
+    response_ids, response_mask = generator.generate(model, prompt_ids, prompt_mask)
+    sequences = Sequences(prompt_ids, prompt_mask, response_ids, response_mask)
+    texts, finished = decode_responses(tokenizer, sequences)
+    return Responses(sequences, texts, finished)
+
+
+def apply_chat_template(tokenizer, prompts: list) -> list[str]:
+    """Format each prompt (a user message string, or a list of chat messages) with the
+    tokenizer's chat template, ending with the assistant's turn opened."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
+    formatted = []
+    for prompt in prompts:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        formatted.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    return formatted

@@ -1,0 +1,150 @@
+"""Rewards: one score per finished response, from a reward model or a Python function.
+
+Every reward is called as ``reward(batch) -> (B,) tensor`` with a :class:`ScoringBatch`: the
+prompt rows as given in the data, the decoded responses, which of them ended with EOS, and
+the token sequences (for a reward model that shares the policy's tokenizer).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
+
+
+@dataclass
+class ScoringBatch:
+    rows: list[dict]  # the prompt rows, as read from the data
+    prompts: list[str]  # (B) prompt texts
+    responses: list[str]  # (B) decoded responses, special tokens removed
+    finished: list[bool]  # (B) the response ended with EOS
+    sequences: Sequences  # token ids of prompt + response in the policy's tokenizer
+
+
+class RewardError(ValueError):
+    """A reward that returned something unusable; the message names the reward."""
+
+
+def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, K) head outputs of a sequence classifier at each sequence's last attended token.
+
+    Read from the attention mask, not from the pad id: with pad = EOS, the model's own pooling
+    would skip the EOS that ends a response.  Works for left or right padding.
+    """
+    head = getattr(model, "score", None)
+    trunk = model.base_model
+    if head is None or trunk is model:
+        # No last-token head to call separately (e.g. BERT-style pooling): use the model's own.
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+    hidden = trunk(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    ).last_hidden_state  # (B, L, H)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)  # (B,) index of the last attended token
+    pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
+    return head(pooled).float()
+
+
+class ModelReward:
+    """A frozen sequence classifier as the reward.
+
+    One output: that output is the score (pairwise-trained reward models).  K outputs: the
+    score is the logit of the class named by the prompt row's ``label_field`` (a classification
+    reward such as the built-in task's style classifier).
+
+    When the reward model's tokenizer differs from the policy's, prompt and response are
+    decoded to text and re-encoded with the reward tokenizer (EOS appended when the response
+    had one).
+    """
+
+    def __init__(self, model, tokenizer=None, policy_tokenizer=None, label_field: str = "label", batch_size: int = 256):
+        self.model = model.eval()
+        self.label_field = label_field
+        self.batch_size = batch_size
+        self.tokenizer = tokenizer
+        self.same_tokenizer = tokenizer is None or policy_tokenizer is None or (
+            tokenizer.get_vocab() == policy_tokenizer.get_vocab()
+        )
+
+    def _inputs(self, batch: ScoringBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.same_tokenizer:
+            return batch.sequences.input_ids, batch.sequences.attention_mask
+        eos = self.tokenizer.eos_token or ""
+        texts = [p + r + (eos if f else "") for p, r, f in zip(batch.prompts, batch.responses, batch.finished)]
+        encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
+        return encoded["input_ids"], encoded["attention_mask"]
+
+    @torch.no_grad()
+    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
+        input_ids, attention_mask = self._inputs(batch)
+        device = next(self.model.parameters()).device
+        outputs = []
+        for start in range(0, input_ids.shape[0], self.batch_size):
+            chunk = slice(start, start + self.batch_size)
+            outputs.append(last_token_scores(self.model, input_ids[chunk].to(device), attention_mask[chunk].to(device)))
+        logits = torch.cat(outputs)  # (B, K)
+        if logits.shape[1] == 1:
+            return logits[:, 0].cpu()
+        try:
+            labels = torch.tensor([int(row[self.label_field]) for row in batch.rows], device=logits.device)
+        except KeyError:
+            raise RewardError(
+                f"the reward model has {logits.shape[1]} classes, so each prompt row needs a "
+                f"'{self.label_field}' field naming the class to reward (set --label-field)"
+            ) from None
+        return logits.gather(1, labels[:, None]).squeeze(1).cpu()
+
+
+def load_function(dotted_path: str):
+    """``package.module:function`` (or ``package.module.function``) -> the function."""
+    module_name, sep, attribute = dotted_path.partition(":")
+    if not sep:
+        module_name, _, attribute = dotted_path.rpartition(".")
+    if not module_name or not attribute:
+        raise ConfigError(f"reward function must look like 'package.module:function', got {dotted_path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"cannot import module {module_name!r} for reward function {dotted_path!r}: {error}") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"{module_name!r} has no function {attribute!r} (reward function {dotted_path!r})")
+    return function
+
+
+class FunctionReward:
+    """A plain Python function ``f(prompts, responses) -> list[float]`` as the reward.
+
+    If the function also takes ``finished`` (or ``**kwargs``), it receives the list of flags
+    saying which responses ended with EOS.
+    """
+
+    def __init__(self, function, name: str | None = None):
+        self.function = load_function(function) if isinstance(function, str) else function
+        self.name = name or (function if isinstance(function, str) else getattr(function, "__name__", "reward"))
+        parameters = inspect.signature(self.function).parameters
+        self.wants_finished = "finished" in parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        )
+
+    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
+        kwargs = {"finished": batch.finished} if self.wants_finished else {}
+        scores = self.function(batch.prompts, batch.responses, **kwargs)
+        try:
+            scores = [float(s) for s in scores]
+        except (TypeError, ValueError):
+            raise RewardError(f"reward function {self.name} must return a list of numbers, got {type(scores).__name__}") from None
+        if len(scores) != len(batch.prompts):
+            raise RewardError(
+                f"reward function {self.name} returned {len(scores)} scores for {len(batch.prompts)} responses"
+            )
+        bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+        if bad:
+            raise RewardError(f"reward function {self.name} returned a non-finite score ({scores[bad[0]]}) at index {bad[0]}")
+        return torch.tensor(scores, dtype=torch.float32)

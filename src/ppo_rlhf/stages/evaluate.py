@@ -1,0 +1,72 @@
+"""``ppo-rlhf eval``: greedy (and optionally sampled) evaluation of a causal LM on held-out prompts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ppo_rlhf.config import ConfigError, check, option, to_dict
+from ppo_rlhf.data import load_rows
+from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.models import load_causal_lm, load_tokenizer
+from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+
+
+@dataclass
+class EvalConfig:
+    model: str | None = option(None, "causal LM folder to evaluate")
+    task: str | None = option(None, "built-in task supplying held-out prompts and metric", choices=(None, "doubling"))
+    prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
+    prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
+    reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
+    reward_fn: str | None = option(None, "score responses with this function 'module:function'")
+    label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
+    chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
+    size: int = option(2000, "prompts to evaluate")
+    max_length: int = option(256, "longest prompt + response in tokens")
+    max_new_tokens: int = option(128, "longest response in tokens")
+    do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
+    temperature: float = option(1.0, "sampling temperature")
+    show: int = option(5, "print this many prompts with their responses")
+    out: str | None = option(None, "write summary.json here (default: print only)")
+    seed: int = option(0, "random seed (sampling)")
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+
+    def validate(self) -> None:
+        check(self.size > 0, "size", "> 0", self.size)
+        check(self.temperature > 0, "temperature", "> 0", self.temperature)
+        check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
+
+
+def run_eval(config: EvalConfig) -> dict:
+    from ppo_rlhf.stages.ppo import build_reward  # the same reward loading as PPO
+
+    set_threads(config.num_threads)
+    seed_everything(config.seed)
+    if config.model is None:
+        raise ConfigError("give --model DIR, the model to evaluate")
+    task = load_task(config.task, config.seed)
+    tokenizer, model = load_tokenizer(config.model), load_causal_lm(config.model)
+    if config.prompts:
+        rows = load_rows(config.prompts, (config.prompt_field,))
+    elif task is not None:
+        rows = task.eval_rows()
+    else:
+        raise ConfigError("give --prompts FILE or --task doubling")
+    reward = None
+    if config.reward_model or config.reward_fn:
+        reward = build_reward(config, tokenizer, None)
+    max_new_tokens = min(config.max_new_tokens, task.max_new_tokens) if task and not config.prompts else config.max_new_tokens
+    evaluator = Evaluator(tokenizer, rows[: config.size], task.metric if task else None, reward=reward,
+                          prompt_field=config.prompt_field, max_prompt_length=config.max_length - config.max_new_tokens,
+                          max_new_tokens=max_new_tokens, chat_template=config.chat_template)
+    metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
+                                 seed=config.seed, prefix="")
+    summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
+               **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
+    if config.out:
+        run_log = RunLog(Path(config.out), to_dict(config), tensorboard=False)
+        run_log.write_summary(summary)
+        run_log.close()
+    return summary

@@ -1,0 +1,59 @@
+"""``ppo-rlhf rm``: train a reward model (pairwise Bradley-Terry or classification)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ppo_rlhf.config import to_dict
+from ppo_rlhf.data import load_rows
+from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
+from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
+
+
+def load_classifier_from(path: str, num_labels: int, tokenizer):
+    """A sequence classifier from a causal LM or classifier folder, with a fresh head of ``num_labels``."""
+    from transformers import AutoModelForSequenceClassification
+
+    from ppo_rlhf.models.loading import _require_folder
+
+    path = _require_folder(path, "reward model initialisation")
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, ignore_mismatched_sizes=True)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def run_reward(config: RewardConfig) -> dict:
+    set_threads(config.num_threads)
+    seed_everything(config.seed)
+    start = time.perf_counter()
+    task = load_task(config.task if not config.data else None, config.seed)
+    num_labels = 1 if config.mode == "pairwise" else config.num_labels
+    if config.model:
+        tokenizer = load_tokenizer(config.model)
+        model = load_classifier_from(config.model, num_labels, tokenizer)
+    else:
+        tokenizer = task.tokenizer if task is not None else None
+        if tokenizer is None:
+            raise FileNotFoundError("reward model training from --data needs --model (a folder with the tokenizer)")
+        model = build_sequence_classifier(tokenizer, num_labels, config.n_layer, config.n_head, config.n_embd, seed=config.seed)
+    rows = load_rows(config.data, config.required_fields) if config.data else task.rm_rows()
+    out = Path(config.out)
+    run_log = RunLog(out, to_dict(config))
+    result = train_reward_model(model, tokenizer, rows, config, run_log=run_log)
+    checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "reward")
+    run_log.plot(["loss", "train_accuracy"])
+    summary = {
+        "stage": "reward",
+        "mode": config.mode,
+        "rows": len(rows),
+        "eval_accuracy": result["eval_accuracy"],
+        "seconds": round(time.perf_counter() - start, 2),
+        "checkpoints": {"reward": str(checkpoint)},
+    }
+    run_log.write_summary(summary)
+    run_log.close()
+    return summary

@@ -1,0 +1,49 @@
+"""``ppo-rlhf sft``: supervised fine-tuning, from a model folder or a tiny model built for the task."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ppo_rlhf.config import to_dict
+from ppo_rlhf.data import load_rows
+from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
+from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.trainers.sft import SFTConfig, train_sft
+
+
+def run_sft(config: SFTConfig) -> dict:
+    set_threads(config.num_threads)
+    seed_everything(config.seed)
+    start = time.perf_counter()
+    task = load_task(config.task, config.seed)
+    if config.model:
+        tokenizer, model = load_tokenizer(config.model), load_causal_lm(config.model)
+    else:
+        tokenizer = task.tokenizer
+        model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, seed=config.seed)
+    if config.data:
+        rows = load_rows(config.data, (config.prompt_field, config.completion_field))
+    else:
+        rows = task.sft_rows()
+    evaluator = None
+    if task is not None:
+        evaluator = Evaluator(tokenizer, task.eval_rows(), task.metric, max_prompt_length=task.max_prompt_length,
+                              max_new_tokens=task.max_new_tokens)
+    out = Path(config.out)
+    run_log = RunLog(out, to_dict(config))
+    evaluations = train_sft(model, tokenizer, rows, config, run_log=run_log, evaluator=evaluator)
+    checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "sft")
+    run_log.plot(["loss", "eval/exact_match", "eval/value_correct", "eval/style_correct", "lr"])
+    summary = {
+        "stage": "sft",
+        "rows": len(rows),
+        "seconds": round(time.perf_counter() - start, 2),
+        "final_eval": evaluations[-1] if evaluations else None,
+        "checkpoints": {"sft": str(checkpoint)},
+    }
+    run_log.write_summary(summary)
+    run_log.close()
+    return summary

@@ -1,0 +1,1 @@
+"""Trainers: SFT, reward model, PPO for language models, PPO for gym."""

@@ -1,0 +1,295 @@
+"""PPO for language models: one iteration in the numbered stages of SPEC section 2.
+
+    1. rollout     the actor generates responses (eval mode, same temperature as the log-probs)
+    2. score       the reward model / function scores each finished response
+    3. old pass    actor (and critic) log-probs and values of what was generated, eval mode
+    4. ref pass    the frozen reference's log-probs
+    5. rewards     r[t] = -kl_coef * kl[t], plus the score on the last response token
+    6. advantages  GAE over the response tokens, returns = A + V_old, whitened A
+    7. update      ppo_epochs passes of minibatch steps on the clipped losses
+    8. log         the metrics of SPEC 2.8, timings and throughput
+
+The trainer holds the four roles -- actor, critic, ref, reward -- and nothing task-specific:
+the task (or the user) supplies prompts, a reward and an optional metric.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ppo_rlhf.core import (
+    AdaptiveKLController,
+    FixedKLController,
+    explained_variance,
+    full_kl,
+    kl_penalty,
+    masked_gae,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.core.losses import entropy_from_logits
+from ppo_rlhf.models.value import Critic, ValueHead, hidden_size_of
+from ppo_rlhf.rollout.generation import Generator
+from ppo_rlhf.rollout.logprobs import critic_values, forward_response, logprobs_from_logits
+from ppo_rlhf.rollout.responses import generate_responses
+from ppo_rlhf.rollout.reward import ScoringBatch
+from ppo_rlhf.rollout.sequences import Sequences
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+
+@dataclass
+class Experience:
+    """One scored rollout batch with everything the update needs; (B, T) aligned with the response."""
+
+    sequences: Sequences
+    logprobs: torch.Tensor  # (B, T) actor log-probs at rollout time
+    ref_logprobs: torch.Tensor  # (B, T)
+    values: torch.Tensor  # (B, T) critic at rollout time
+    kl: torch.Tensor  # (B, T) per-token KL estimate
+    rewards: torch.Tensor  # (B, T) shaped per-token rewards
+    advantages: torch.Tensor  # (B, T)
+    returns: torch.Tensor  # (B, T)
+    scores: torch.Tensor  # (B,) reward of each response (after clipping / normalisation)
+    raw_scores: torch.Tensor  # (B,) reward as the reward model / function gave it
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.sequences.response_mask
+
+    def select(self, index: torch.Tensor) -> "Experience":
+        return Experience(
+            self.sequences.select(index), *(getattr(self, name)[index] for name in (
+                "logprobs", "ref_logprobs", "values", "kl", "rewards", "advantages", "returns", "scores", "raw_scores"))
+        )
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off everywhere: in modules and in attention kernels that read a float attribute."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of each response's last unmasked token (0 for an empty response)."""
+    return (mask.sum(dim=1) - 1).clamp(min=0)
+
+
+def shaped_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """Stage 5: ``r[t] = -kl_coef * kl[t]`` on every response token, plus the score on the last."""
+    rewards = -kl_coef * kl * mask
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, last_token_index(mask)] += scores
+    return rewards
+
+
+class PPOTrainer:
+    """Actor, critic, reference and reward, and the PPO iteration that ties them together.
+
+    Args:
+        actor: the causal LM being tuned (initialised from the SFT model).
+        ref: a frozen copy of the SFT model.
+        reward: ``reward(ScoringBatch) -> (B,)`` scores (a ModelReward or FunctionReward).
+        tokenizer: the actor's tokenizer.
+        config: PPOConfig.
+        generator: the rollout engine (TorchGenerator unless another is plugged in).
+        critic: a separate Critic, or None for a value head on the actor's trunk.
+    """
+
+    def __init__(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None = None):
+        self.actor, self.ref, self.reward, self.tokenizer = actor, ref, reward, tokenizer
+        self.config, self.generator, self.critic = config, generator, critic
+        self.value_head = ValueHead(hidden_size_of(actor)) if critic is None else None
+        for model in (self.ref, getattr(reward, "model", None)):
+            if model is not None:
+                model.eval().requires_grad_(False)
+        if config.disable_dropout:
+            disable_dropout(actor)
+            if critic is not None:
+                disable_dropout(critic)
+        actor_params = [p for p in actor.parameters() if p.requires_grad]
+        critic_params = [p for p in self.critic_module().parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
+            weight_decay=config.weight_decay,
+        )
+        self.kl_controller = (
+            AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
+            if config.target_kl is not None else FixedKLController(config.kl_coef)
+        )
+        self.score_moments = RunningMoments()
+        self.iteration = 0
+
+    def critic_module(self) -> torch.nn.Module:
+        return self.critic if self.critic is not None else self.value_head
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        params = [p for p in self.actor.parameters() if p.requires_grad]
+        return params + [p for p in self.critic_module().parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------ forward passes
+    def policy_and_values(self, sequences: Sequences, critic_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Response logits (B, T, V) of the actor and values (B, T) of the critic.
+
+        ``critic_only``: no gradient reaches the actor (a shared trunk stays as it is).
+        """
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not critic_only):
+            out = forward_response(self.actor, sequences, self.config.temperature)
+        if self.critic is None:
+            values = self.value_head(out.hidden)
+        else:
+            values = critic_values(self.critic, sequences)
+        return out.logits, values
+
+    # ------------------------------------------------------------ stages 1-6
+    @torch.no_grad()
+    def make_experience(self, rows: list[dict]) -> tuple[Experience, dict[str, float]]:
+        config = self.config
+        timings = {}
+
+        # 1. rollout
+        start = time.perf_counter()
+        prompts = [row[config.prompt_field] for row in rows]
+        rollout = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
+                                     config.max_prompt_length, config.chat_template)
+        sequences, mask = rollout.sequences, rollout.sequences.response_mask
+        timings["time/generate"] = time.perf_counter() - start
+
+        # 2. score
+        start = time.perf_counter()
+        raw_scores = self.reward(ScoringBatch(rows, prompts, rollout.texts, rollout.finished, sequences)).float()
+        scores = self.postprocess_scores(raw_scores, torch.tensor(rollout.finished))
+        timings["time/score"] = time.perf_counter() - start
+
+        # 3. old log-probs and values (eval mode: no dropout, so they match the generation)
+        start = time.perf_counter()
+        self.actor.eval()
+        self.critic_module().eval()
+        logits, values = self.policy_and_values(sequences)
+        logprobs = logprobs_from_logits(logits, sequences.response_ids)
+
+        # 4. reference log-probs
+        ref_logits = forward_response(self.ref, sequences, config.temperature).logits
+        ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
+
+        # 5. shaped rewards
+        if config.kl_estimator == "full":
+            kl = full_kl(logits, ref_logits)
+        else:
+            kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator)
+        kl = kl * mask
+        rewards = shaped_rewards(scores, kl, mask, self.kl_controller.value)
+
+        # 6. advantages and returns
+        advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
+        if config.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        timings["time/forward"] = time.perf_counter() - start
+
+        experience = Experience(sequences, logprobs, ref_logprobs, values * mask, kl, rewards, advantages, returns,
+                                scores, raw_scores)
+        return experience, timings
+
+    def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+        config = self.config
+        if config.missing_eos_penalty is not None:
+            scores = torch.where(finished, scores, torch.full_like(scores, config.missing_eos_penalty))
+        if config.score_norm:
+            self.score_moments.update(scores)
+            scores = (scores - self.score_moments.mean) / (self.score_moments.std + 1e-8)
+        if config.score_clip is not None:
+            scores = scores.clamp(-config.score_clip, config.score_clip)
+        return scores
+
+    # ------------------------------------------------------------ stage 7
+    def update(self, experience: Experience) -> dict[str, float]:
+        config = self.config
+        # During critic warm-up the policy loss is left out and the actor gets no gradient.
+        warming_up = self.iteration < config.critic_warmup
+        self.actor.train()
+        self.critic_module().train()
+        totals: dict[str, float] = {}
+        n_steps = 0
+        batch_size = experience.scores.shape[0]
+        for _ in range(config.ppo_epochs):
+            for mb_index in torch.randperm(batch_size).split(config.mini_batch_size):
+                mb = experience.select(mb_index)
+                logits, values = self.policy_and_values(mb.sequences, critic_only=warming_up)
+                logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+                pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio)
+                vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
+                entropy = masked_mean(entropy_from_logits(logits), mb.mask)
+                if warming_up:
+                    loss = config.vf_coef * vf_loss
+                else:
+                    loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), config.max_grad_norm)
+                self.optimizer.step()
+                # Statistics averaged over every minibatch of the update, not just the last one.
+                step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}
+                for key, value in step_stats.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+                n_steps += 1
+        return {key: value / n_steps for key, value in totals.items()}
+
+    # ------------------------------------------------------------ one iteration
+    def step(self, rows: list[dict]) -> dict[str, float]:
+        """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics."""
+        experience, timings = self.make_experience(rows)
+        start = time.perf_counter()
+        stats = self.update(experience)
+        timings["time/train"] = time.perf_counter() - start
+        mask = experience.mask.float()
+        kl_per_response = (experience.kl * mask).sum(dim=1).mean().item()
+        self.kl_controller.update(kl_per_response, experience.scores.shape[0])
+        self.iteration += 1
+
+        total_time = sum(timings.values())
+        n_response_tokens = mask.sum().item()
+        n_tokens = n_response_tokens + experience.sequences.prompt_mask.sum().item()
+        metrics = {
+            "score": experience.raw_scores.mean().item(),
+            "kl": kl_per_response,
+            "kl_coef": self.kl_controller.value,
+            "non_score_reward": (experience.rewards.sum(dim=1) - experience.scores).mean().item(),
+            "explained_variance": explained_variance(experience.values, experience.returns, experience.mask).item(),
+            "response_length": mask.sum(dim=1).mean().item(),
+            "advantages_mean": masked_mean(experience.advantages, experience.mask).item(),
+            "returns_mean": masked_mean(experience.returns, experience.mask).item(),
+            **stats,
+            **timings,
+            "time/iteration": total_time,
+            "tokens_per_s": n_tokens / total_time,
+            "generated_tokens_per_s": n_response_tokens / timings["time/generate"],
+        }
+        if self.config.score_norm or self.config.score_clip is not None or self.config.missing_eos_penalty is not None:
+            metrics["score_used"] = experience.scores.mean().item()
+        return metrics
+
+    # ------------------------------------------------------------ checkpoint state
+    def state_dict(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "optimizer": self.optimizer.state_dict(),
+            "kl_controller": self.kl_controller.state_dict(),
+            "score_moments": self.score_moments.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iteration = state["iteration"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        self.score_moments.load_state_dict(state["score_moments"])
+        if self.value_head is not None and state["value_head"] is not None:
+            self.value_head.load_state_dict(state["value_head"])

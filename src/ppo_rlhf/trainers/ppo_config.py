@@ -1,0 +1,100 @@
+"""PPO configuration for language models: every knob, its default and what it does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppo_rlhf.config import check, option
+from ppo_rlhf.core import KL_ESTIMATORS
+
+
+@dataclass
+class PPOConfig:
+    # --- models and data
+    model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")
+    reward_model: str | None = option(None, "reward model folder (sequence classifier); or use --reward-fn")
+    reward_fn: str | None = option(None, "reward function 'package.module:function', f(prompts, responses) -> scores")
+    critic: str = option("shared", "shared: value head on the actor's trunk; separate: its own model",
+                         choices=("shared", "separate"))
+    critic_model: str | None = option(None, "separate critic initialisation (default: the reward model, else the actor)")
+    task: str | None = option(None, "built-in task supplying prompts and metric when --prompts is empty", choices=(None, "doubling"))
+    prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk)")
+    eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)")
+    prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
+    label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
+    chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
+    out: str = option("runs/ppo", "run folder")
+    # --- rollout
+    batch_size: int = option(64, "prompts per PPO iteration (rollout batch)")
+    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit")
+    max_new_tokens: int = option(128, "longest response in tokens")
+    do_sample: bool = option(False, "sample responses (else greedy: no exploration beyond the policy's argmax)")
+    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs")
+    # --- reward shaping
+    kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)")
+    kl_estimator: str = option("k1", "per-token KL estimator: k1 (log ratio), k2, k3, or full (exact over the vocabulary)",
+                               choices=KL_ESTIMATORS)
+    target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed")
+    kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%")
+    missing_eos_penalty: float | None = option(None, "score given to responses that never emit EOS (empty: no penalty)")
+    score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)")
+    score_norm: bool = option(False, "normalise scores by their running mean and std")
+    # --- advantage estimation
+    gamma: float = option(1.0, "discount per token")
+    lam: float = option(0.95, "GAE lambda")
+    whiten_advantages: bool = option(True, "whiten advantages over the response tokens of the batch")
+    # --- update
+    ppo_epochs: int = option(4, "passes over each rollout batch")
+    mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size")
+    lr: float = option(1e-5, "learning rate of the actor (AdamW)")
+    critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr")
+    critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this")
+    clip_ratio: float = option(0.2, "PPO clip range of the probability ratio")
+    cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none)")
+    vf_coef: float = option(0.1, "weight of the value loss")
+    entropy_coef: float = option(0.0, "weight of the entropy bonus")
+    disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1")
+    # --- schedule
+    iterations: int = option(200, "PPO iterations (rollout + update)")
+    eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)")
+    eval_size: int = option(2000, "held-out prompts per evaluation")
+    eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at the end")
+    save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)")
+    resume: bool = option(False, "continue from OUT/checkpoints/last if it exists")
+    seed: int = option(0, "random seed")
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+
+    def validate(self) -> None:
+        check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
+        check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)
+        check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
+              f"a divisor of batch_size ({self.batch_size})", self.mini_batch_size)
+        check(self.lr > 0, "lr", "> 0", self.lr)
+        check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
+        check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)
+        check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)
+        check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "> 0 or empty", self.cliprange_value)
+        check(self.kl_coef >= 0, "kl_coef", ">= 0", self.kl_coef)
+        check(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or empty", self.target_kl)
+        check(self.kl_horizon > 0, "kl_horizon", "> 0", self.kl_horizon)
+        check(0 <= self.gamma <= 1, "gamma", "0 <= gamma <= 1", self.gamma)
+        check(0 <= self.lam <= 1, "lam", "0 <= lam <= 1", self.lam)
+        check(self.temperature > 0, "temperature", "> 0", self.temperature)
+        check(self.max_new_tokens > 0, "max_new_tokens", "> 0", self.max_new_tokens)
+        check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
+        check(self.ppo_epochs > 0, "ppo_epochs", "> 0", self.ppo_epochs)
+        check(self.vf_coef >= 0, "vf_coef", ">= 0", self.vf_coef)
+        check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
+        check(self.iterations > 0, "iterations", "> 0", self.iterations)
+        check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
+        check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
+        check(self.score_clip is None or self.score_clip > 0, "score_clip", "> 0 or empty", self.score_clip)
+        check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
+        check((self.reward_model is None) != (self.reward_fn is None) or self.task is not None,
+              "reward_model", "exactly one of reward_model and reward_fn", self.reward_model)
+
+    @property
+    def max_prompt_length(self) -> int:
+        return self.max_length - self.max_new_tokens

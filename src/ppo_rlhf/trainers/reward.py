@@ -1,0 +1,167 @@
+"""Reward-model training, in one of two modes.
+
+- ``pairwise``: rows ``{prompt, chosen, rejected}``; loss ``-log sigmoid(r_chosen - r_rejected)``
+  (Bradley-Terry), with ``r`` read at the last token of each sequence.  Reports pairwise
+  accuracy: the fraction of held-out pairs where ``r_chosen > r_rejected``.
+- ``classification``: rows ``{text, label}``; cross-entropy over K classes.  At PPO time the
+  reward is the logit of the class the prompt asks for.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from ppo_rlhf.config import check, option
+from ppo_rlhf.data import DataError
+from ppo_rlhf.rollout.reward import last_token_scores
+from ppo_rlhf.trainers.sft import lr_at
+
+
+@dataclass
+class RewardConfig:
+    model: str | None = option(None, "model folder to start from (a causal LM or a classifier); empty: build a tiny GPT-2")
+    data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk); empty: the task's")
+    task: str = option("doubling", "built-in task that supplies data when --data is empty", choices=("doubling",))
+    mode: str = option("classification", "pairwise {prompt, chosen, rejected} or classification {text, label}",
+                       choices=("pairwise", "classification"))
+    num_labels: int = option(3, "classes for classification mode (pairwise always has one output)")
+    out: str = option("runs/rm", "run folder")
+    prompt_field: str = option("prompt", "pairwise: field holding the prompt")
+    chosen_field: str = option("chosen", "pairwise: field holding the preferred response")
+    rejected_field: str = option("rejected", "pairwise: field holding the other response")
+    text_field: str = option("text", "classification: field holding the text")
+    label_field: str = option("label", "classification: field holding the class index")
+    steps: int = option(300, "optimizer steps")
+    batch_size: int = option(64, "rows per step (a pair counts once)")
+    lr: float = option(2e-3, "peak learning rate (AdamW), cosine-decayed")
+    warmup_steps: int = option(20, "linear warm-up steps")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this")
+    max_length: int = option(256, "longest sequence in tokens; longer rows lose their start")
+    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy")
+    n_layer: int = option(4, "layers of a model built from scratch")
+    n_head: int = option(4, "attention heads of a model built from scratch")
+    n_embd: int = option(64, "width of a model built from scratch")
+    seed: int = option(0, "random seed")
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+
+    def validate(self) -> None:
+        check(self.steps > 0, "steps", "> 0", self.steps)
+        check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
+        check(self.lr > 0, "lr", "> 0", self.lr)
+        check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
+        check(self.num_labels >= 1, "num_labels", ">= 1", self.num_labels)
+
+    @property
+    def required_fields(self) -> tuple[str, ...]:
+        if self.mode == "pairwise":
+            return (self.prompt_field, self.chosen_field, self.rejected_field)
+        return (self.text_field, self.label_field)
+
+
+def encode_texts(tokenizer, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and mask; long texts keep their end (where the response is)."""
+    side = tokenizer.truncation_side
+    tokenizer.truncation_side = "left"
+    try:
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+    finally:
+        tokenizer.truncation_side = side
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], list[str]]:
+    """prompt + response + EOS for the chosen and the rejected response of each row: the same
+    shape of sequence the reward model will score at PPO time."""
+    eos = tokenizer.eos_token or ""
+    chosen = [r[config.prompt_field] + r[config.chosen_field] + eos for r in rows]
+    rejected = [r[config.prompt_field] + r[config.rejected_field] + eos for r in rows]
+    return chosen, rejected
+
+
+def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
+    """``-log sigmoid(r_chosen - r_rejected)``, averaged over pairs."""
+    return -torch.nn.functional.logsigmoid(chosen_scores - rejected_scores).mean()
+
+
+class _Examples:
+    """Tokenised rows of either mode, indexable by a batch of row indices."""
+
+    def __init__(self, tokenizer, rows, config: RewardConfig):
+        self.mode = config.mode
+        if config.mode == "pairwise":
+            chosen, rejected = pairwise_texts(tokenizer, rows, config)
+            self.chosen = encode_texts(tokenizer, chosen, config.max_length)
+            self.rejected = encode_texts(tokenizer, rejected, config.max_length)
+        else:
+            texts = [r[config.text_field] for r in rows]
+            try:
+                labels = [int(r[config.label_field]) for r in rows]
+            except (TypeError, ValueError):
+                raise DataError(f"field '{config.label_field}' must hold integer class indices") from None
+            bad = next((i for i, l in enumerate(labels) if not 0 <= l < config.num_labels), None)
+            if bad is not None:
+                raise DataError(
+                    f"{rows[bad].get('_source', f'row {bad}')}: label {labels[bad]} is outside 0..{config.num_labels - 1}"
+                )
+            self.texts = encode_texts(tokenizer, texts, config.max_length)
+            self.labels = torch.tensor(labels)
+
+    def loss_and_correct(self, model, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, per-row correctness) of the rows at ``index``."""
+        if self.mode == "pairwise":
+            both_ids = torch.cat([self.chosen[0][index], self.rejected[0][index]])
+            both_mask = torch.cat([self.chosen[1][index], self.rejected[1][index]])
+            width = int(both_mask.sum(dim=1).max())
+            scores = last_token_scores(model, both_ids[:, :width], both_mask[:, :width])[:, 0]
+            chosen_scores, rejected_scores = scores.chunk(2)
+            return bradley_terry_loss(chosen_scores, rejected_scores), chosen_scores > rejected_scores
+        ids, mask = self.texts[0][index], self.texts[1][index]
+        width = int(mask.sum(dim=1).max())
+        logits = last_token_scores(model, ids[:, :width], mask[:, :width])
+        labels = self.labels[index]
+        return torch.nn.functional.cross_entropy(logits, labels), logits.argmax(dim=1) == labels
+
+
+@torch.no_grad()
+def reward_accuracy(model, examples: _Examples, indices: torch.Tensor, batch_size: int = 512) -> float:
+    model.eval()
+    correct = [examples.loss_and_correct(model, indices[i:i + batch_size])[1] for i in range(0, len(indices), batch_size)]
+    return torch.cat(correct).float().mean().item() if correct else float("nan")
+
+
+def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig, run_log=None) -> dict[str, float]:
+    """Train ``model`` in place; returns final train/held-out accuracy."""
+    torch.manual_seed(config.seed)
+    order = list(range(len(rows)))
+    random.Random(config.seed).shuffle(order)
+    n_eval = int(len(rows) * config.eval_fraction)
+    eval_index, train_index = torch.tensor(order[:n_eval], dtype=torch.long), torch.tensor(order[n_eval:])
+    examples = _Examples(tokenizer, rows, config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    start = time.perf_counter()
+    model.train()
+    for step in tqdm(range(config.steps), desc=f"reward ({config.mode})", leave=False, mininterval=1.0):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
+        batch = train_index[torch.randint(len(train_index), (config.batch_size,), generator=generator)]
+        loss, correct = examples.loss_and_correct(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        if run_log is not None and (step % 25 == 0 or step == config.steps - 1):
+            run_log.log(step + 1, {"loss": loss.item(), "train_accuracy": correct.float().mean().item(),
+                                   "seconds": time.perf_counter() - start})
+    result = {"eval_accuracy": reward_accuracy(model, examples, eval_index), "seconds": time.perf_counter() - start,
+              "eval_rows": n_eval}
+    if run_log is not None:
+        run_log.log(config.steps, result)
+    model.eval()
+    return result

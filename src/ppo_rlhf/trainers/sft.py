@@ -1,0 +1,129 @@
+"""Supervised fine-tuning: next-token loss on the completion only.
+
+Rows are ``{prompt, completion}``; the loss covers the completion tokens and the EOS appended
+after them (the model must learn to stop), never the prompt or the padding.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from ppo_rlhf.config import check, option
+
+
+@dataclass
+class SFTConfig:
+    model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
+    data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk) with prompt and completion; empty: the task's")
+    task: str = option("doubling", "built-in task that supplies data, tokenizer and metric", choices=("doubling",))
+    out: str = option("runs/sft", "run folder (checkpoints, metrics, summary)")
+    prompt_field: str = option("prompt", "field of the data rows holding the prompt")
+    completion_field: str = option("completion", "field of the data rows holding the completion to learn")
+    steps: int = option(1500, "optimizer steps")
+    batch_size: int = option(256, "sequences per step")
+    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to 10% after warm-up")
+    warmup_steps: int = option(50, "linear warm-up steps")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this")
+    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut")
+    n_layer: int = option(4, "layers of a model built from scratch")
+    n_head: int = option(4, "attention heads of a model built from scratch")
+    n_embd: int = option(64, "width of a model built from scratch")
+    eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)")
+    seed: int = option(0, "random seed")
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+
+    def validate(self) -> None:
+        check(self.steps > 0, "steps", "> 0", self.steps)
+        check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
+        check(self.lr > 0, "lr", "> 0", self.lr)
+        check(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
+        check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
+        check(self.max_length > 1, "max_length", "> 1", self.max_length)
+        check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up, then cosine decay from ``peak`` to ``floor * peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], max_length: int):
+    """Right-padded (N, L) input ids, attention mask and labels (-100 outside the completion)."""
+    eos = tokenizer.eos_token_id
+    prompt_ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    sequences, label_rows = [], []
+    for p, c in zip(prompt_ids, completion_ids):
+        ids = (p + c + [eos])[:max_length]
+        labels = ([-100] * len(p) + c + [eos])[:max_length]
+        sequences.append(ids)
+        label_rows.append(labels)
+    length = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(sequences), length), -100, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for i, (ids, lab) in enumerate(zip(sequences, label_rows)):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(lab)] = torch.tensor(lab)
+        attention_mask[i, : len(ids)] = 1
+    return input_ids, attention_mask, labels
+
+
+def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled (completion) tokens."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+
+
+def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None):
+    """Train ``model`` in place; returns the list of evaluation records."""
+    torch.manual_seed(config.seed)
+    input_ids, attention_mask, labels = tokenize_completions(
+        tokenizer, [r[config.prompt_field] for r in rows], [r[config.completion_field] for r in rows], config.max_length
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(len(rows), generator=generator)
+    cursor, evaluations, start = 0, [], time.perf_counter()
+    model.train()
+    progress = tqdm(range(config.steps), desc="sft", leave=False, mininterval=1.0)
+    for step in progress:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
+        if cursor + config.batch_size > len(order):  # new epoch, new order
+            order, cursor = torch.randperm(len(rows), generator=generator), 0
+        batch = order[cursor : cursor + config.batch_size]
+        cursor += config.batch_size
+        # Trim the batch to its longest row: shorter tensors, same loss.
+        width = int(attention_mask[batch].sum(dim=1).max())
+        loss = completion_loss(model, input_ids[batch, :width], attention_mask[batch, :width], labels[batch, :width])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        last = step == config.steps - 1
+        evaluate_now = evaluator is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0))
+        if step % 50 == 0 or last or evaluate_now:
+            record = {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"],
+                      "seconds": time.perf_counter() - start}
+            if evaluate_now:
+                metrics, _ = evaluator(model)
+                model.train()
+                record.update(metrics)
+                evaluations.append({"step": step + 1, **metrics})
+            progress.set_postfix(loss=f"{record['loss']:.4f}")
+            if run_log is not None:
+                run_log.log(step + 1, record)
+    model.eval()
+    return evaluations
