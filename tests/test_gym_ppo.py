@@ -110,6 +110,39 @@ def test_rollout_collects_final_observation_on_truncation():
     envs.close()
 
 
+# ---------------------------------------------------------------- the agent's distributions
+def test_hand_written_distributions_match_torch():
+    torch.manual_seed(0)
+    obs = torch.randn(6, 3)
+    discrete = ActorCritic({"obs_dim": 3, "action_type": "discrete", "act_dim": 4}, [8])
+    actions = torch.randint(0, 4, (6,))
+    logprobs, entropy, _ = discrete.evaluate_actions(obs, actions)
+    reference = torch.distributions.Categorical(logits=discrete.actor(obs))
+    assert torch.allclose(logprobs, reference.log_prob(actions), atol=1e-6)
+    assert torch.allclose(entropy, reference.entropy(), atol=1e-6)
+
+    spec = {"obs_dim": 3, "action_type": "continuous", "act_dim": 2, "action_low": [-1, -1], "action_high": [1, 1]}
+    gaussian = ActorCritic(spec, [8], log_std_init=-0.7)
+    actions = torch.randn(6, 2)
+    logprobs, entropy, _ = gaussian.evaluate_actions(obs, actions)
+    reference = torch.distributions.Normal(gaussian.actor(obs), gaussian.log_std.exp())
+    assert torch.allclose(logprobs, reference.log_prob(actions).sum(-1), atol=1e-5)
+    assert torch.allclose(entropy, reference.entropy().sum(-1), atol=1e-5)
+    assert gaussian.to_env_action(np.array([[3.0, -0.5]])).tolist() == [[1.0, -0.5]]  # clipped to the box
+
+
+def test_gumbel_max_sampling_follows_the_probabilities():
+    torch.manual_seed(0)
+    agent = ActorCritic({"obs_dim": 1, "action_type": "discrete", "act_dim": 3}, hidden_sizes=[])
+    with torch.no_grad():  # logits = bias: probabilities 0.1, 0.3, 0.6
+        agent.actor[0].weight.zero_()
+        agent.actor[0].bias.copy_(torch.log(torch.tensor([0.1, 0.3, 0.6])))
+        actions, logprobs, _ = agent.act(torch.zeros(20_000, 1))
+    frequencies = torch.bincount(actions, minlength=3) / 20_000
+    assert torch.allclose(frequencies, torch.tensor([0.1, 0.3, 0.6]), atol=0.01)
+    assert torch.allclose(logprobs, torch.log(torch.tensor([0.1, 0.3, 0.6]))[actions], atol=1e-6)
+
+
 # ---------------------------------------------------------------- learning
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):

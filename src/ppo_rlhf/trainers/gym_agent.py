@@ -99,6 +99,8 @@ def space_spec(observation_space: gym.Space, action_space: gym.Space) -> dict:
 
 
 class ActorCritic(nn.Module):
+    """Actor (policy MLP) and critic (value MLP) for one env's spaces, as described by ``space_spec``."""
+
     def __init__(self, spec: dict, hidden_sizes: list[int], activation: str = "tanh", log_std_init: float = 0.0):
         super().__init__()
         self.spec = dict(spec)
