@@ -24,7 +24,13 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401
         if "unrecognized arguments" in message:
-            allowed = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+            # argparse reports a subcommand's unknown flag from the top parser: look in both.
+            parsers = [self] + [
+                sub for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                for sub in action.choices.values()
+            ]
+            allowed = [o for parser in parsers for action in parser._actions for o in action.option_strings
+                       if o.startswith("--")]
             hints = []
             for word in message.split(":", 1)[1].split():
                 if word.startswith("-"):

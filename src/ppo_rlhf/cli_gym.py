@@ -15,14 +15,16 @@ from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    # The trainer imports torch and gymnasium; keep `ppo-rlhf --help` fast by importing it late,
-    # except for the preset names, which the parser needs now.
+    # gym_config imports neither torch nor gymnasium, so building the parser stays quick; the
+    # trainer is imported only when the command runs.
     from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig
 
     gym = subparsers.add_parser(
         "gym", help="train PPO on a gymnasium environment (Discrete or Box actions)",
         description="Train an actor-critic with PPO on vector gymnasium envs; writes a run folder "
-        "(config.yaml, metrics.jsonl, tb/, return.png, curves.png, summary.json, policy/).",
+        "(config.yaml, metrics.jsonl, tb/, return.png, curves.png, summary.json, policy/).  The defaults "
+        "listed below are the plain ones (CleanRL's); an env with a preset (CartPole-v1, Pendulum-v1) gets the "
+        "preset's values instead unless --preset none.  config.yaml in the run folder shows what was used.",
     )
     gym.add_argument(
         "--preset", default="auto", choices=("auto", "none", *PRESETS),
@@ -44,15 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_gym(args: argparse.Namespace) -> int:
-    from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset
+    from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset, preset_for_env
     from ppo_rlhf.trainers.gym_ppo import train
 
     values = load_yaml(args.config) if args.config else {}
     if "env_id" in vars(args):  # the env decides the 'auto' preset, so look at the flag first
         values["env_id"] = args.env_id
-    config = config_from_args(GymPPOConfig, args, config_with_preset(args.preset, values))
-    print(f"ppo-rlhf gym: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps "
-          f"-> {config.resolved_out_dir()}")
+    preset = preset_for_env(values.get("env_id", GymPPOConfig.env_id)) if args.preset == "auto" else args.preset
+    config = config_from_args(GymPPOConfig, args, config_with_preset(preset or "none", values))
+    print(f"ppo-rlhf gym: {config.env_id} (preset: {preset or 'none'}), {config.num_iterations} iterations of "
+          f"{config.batch_size} steps -> {config.resolved_out_dir()}")
     summary = train(config)
     print(json.dumps(summary, indent=2))
     return 0

@@ -13,7 +13,7 @@ import torch
 from ppo_rlhf.checkpoint import atomic_directory
 
 
-def _require_folder(path: str | Path, what: str) -> Path:
+def require_model_folder(path: str | Path, what: str) -> Path:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{what} not found: {path}")
@@ -39,7 +39,7 @@ def load_tokenizer(path: str | Path):
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = _require_folder(path, "causal LM")
+    path = require_model_folder(path, "causal LM")
     config = AutoConfig.from_pretrained(path)
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -53,7 +53,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None):
 def load_sequence_classifier(path: str | Path, dtype: torch.dtype | None = None):
     from transformers import AutoModelForSequenceClassification
 
-    path = _require_folder(path, "reward model")
+    path = require_model_folder(path, "reward model")
     return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype)
 
 

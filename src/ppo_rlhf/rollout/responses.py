@@ -10,13 +10,15 @@ from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.sequences import Sequences, finished_flags
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int, device="cpu",
+                   add_special_tokens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded (B, P) prompt ids and mask; long prompts lose their *start* (the end is
     what the response continues from)."""
     padding_side, truncation_side = tokenizer.padding_side, tokenizer.truncation_side
     tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
     try:
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length)
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length,
+                            add_special_tokens=add_special_tokens)
     finally:
         tokenizer.padding_side, tokenizer.truncation_side = padding_side, truncation_side
     return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
@@ -41,7 +43,9 @@ def generate_responses(model, tokenizer, generator: Generator, prompts: list[str
     device = next(model.parameters()).device
     if chat_template:
         prompts = apply_chat_template(tokenizer, prompts)
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, max_prompt_length, device)
+    # A chat template writes the special tokens (BOS, turn markers) itself: do not add them twice.
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, max_prompt_length, device,
+                                             add_special_tokens=not chat_template)
     response_ids, response_mask = generator.generate(model, prompt_ids, prompt_mask)
     sequences = Sequences(prompt_ids, prompt_mask, response_ids, response_mask)
     texts, finished = decode_responses(tokenizer, sequences)

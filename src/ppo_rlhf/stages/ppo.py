@@ -28,7 +28,7 @@ from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
-CURVES = ["score", "kl", "eval/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
+CURVES = ["score", "kl", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
           "kl_coef"]
 
 
@@ -128,11 +128,12 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         metrics["time/elapsed"] = train_seconds  # PPO time so far, evaluation excluded
         done = iteration + 1
         if evaluator and ((config.eval_every and done % config.eval_every == 0) or done == config.iterations):
-            eval_metrics, _ = evaluator(actor)
-            metrics.update(eval_metrics)
+            metrics.update(evaluator(actor)[0])
+            if config.eval_sampled:
+                metrics.update(evaluator(actor, do_sample=True, seed=config.seed + done, prefix="eval_sampled/")[0])
         run_log.log(done, metrics)
         progress.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
-        if config.save_every and done % config.save_every == 0 and done < config.iterations:
+        if config.save_every and (done % config.save_every == 0 or done == config.iterations):
             save_last(trainer, out, rng)
 
     actor_dir = save_pretrained_atomic(actor, tokenizer, out / "checkpoints" / "actor")

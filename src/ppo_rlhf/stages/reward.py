@@ -8,6 +8,7 @@ from pathlib import Path
 from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
+from ppo_rlhf.models.loading import require_model_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
@@ -17,9 +18,7 @@ def load_classifier_from(path: str, num_labels: int, tokenizer):
     """A sequence classifier from a causal LM or classifier folder, with a fresh head of ``num_labels``."""
     from transformers import AutoModelForSequenceClassification
 
-    from ppo_rlhf.models.loading import _require_folder
-
-    path = _require_folder(path, "reward model initialisation")
+    path = require_model_folder(path, "reward model initialisation")
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, ignore_mismatched_sizes=True)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id

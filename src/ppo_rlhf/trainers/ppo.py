@@ -23,6 +23,7 @@ import torch
 from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
+    entropy_from_logits,
     explained_variance,
     full_kl,
     kl_penalty,
@@ -33,7 +34,6 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
-from ppo_rlhf.core.losses import entropy_from_logits
 from ppo_rlhf.models.value import Critic, ValueHead, hidden_size_of
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.logprobs import critic_values, forward_response, logprobs_from_logits
@@ -119,7 +119,7 @@ class PPOTrainer:
         critic_params = [p for p in self.critic_module().parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
-            weight_decay=config.weight_decay,
+            weight_decay=config.weight_decay, eps=config.adam_eps,
         )
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)

@@ -50,6 +50,8 @@ class PPOConfig:
     critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr")
     critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise")
     weight_decay: float = option(0.0, "AdamW weight decay")
+    adam_eps: float = option(1e-8, "AdamW epsilon; larger values damp the full-size steps Adam takes on parameters "
+                                   "whose gradients are tiny noise")
     max_grad_norm: float = option(1.0, "clip the gradient norm to this")
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio")
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none)")
@@ -60,7 +62,7 @@ class PPOConfig:
     iterations: int = option(200, "PPO iterations (rollout + update)")
     eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)")
     eval_size: int = option(2000, "held-out prompts per evaluation")
-    eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at the end")
+    eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
     save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)")
     resume: bool = option(False, "continue from OUT/checkpoints/last if it exists")
     seed: int = option(0, "random seed")
@@ -72,6 +74,7 @@ class PPOConfig:
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of batch_size ({self.batch_size})", self.mini_batch_size)
         check(self.lr > 0, "lr", "> 0", self.lr)
+        check(self.adam_eps > 0, "adam_eps", "> 0", self.adam_eps)
         check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
         check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)
         check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)

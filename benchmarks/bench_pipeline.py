@@ -1,0 +1,134 @@
+"""Benchmark of the built-in pipeline (issue targets), written to benchmarks/results/pipeline.{json,md}.
+
+    python benchmarks/bench_pipeline.py            # full run, about 5 minutes on 2 CPU cores
+
+Runs the whole demo (SFT -> reward model -> PPO with the learned reward model), then PPO again
+from the same SFT model with the rule-based reward, and reads every figure from the run folders:
+accuracy before/after (greedy and sampled, 2,000 held-out prompts), wall time of each stage, PPO
+seconds to 99% greedy and to 99% sampled exact-match, the per-iteration time split and tokens/s,
+and how often the logged KL estimate was negative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ppo_rlhf.config import build_config
+from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.stages.demo import DemoConfig, run_demo, stage_configs
+from ppo_rlhf.stages.ppo import run_ppo
+
+HERE = Path(__file__).parent
+# Reference figures quoted from the issue (measured on this task and model size by the issue's author).
+REFERENCES = {
+    "published walk-through": {"total_s": 21 * 60, "sft_s": 14 * 60, "rm_s": 18, "ppo_s_per_iteration": 2.1,
+                               "ppo_s_to_99_greedy": 380, "ppo_s_to_99_sampled": None},
+    "TRL 0.11.4 PPOTrainer": {"ppo_s_per_iteration": 0.47, "ppo_s_to_99_greedy": 22, "ppo_s_to_99_sampled": 250},
+}
+
+
+def first_time_reaching(records: list[dict], key: str, threshold: float) -> tuple[float | None, int | None]:
+    for record in records:
+        if record.get(key, -1) >= threshold:
+            return record.get("time/elapsed", 0.0), record["step"]
+    return None, None
+
+
+def ppo_figures(out: Path) -> dict:
+    records = read_metrics(out / "metrics.jsonl")
+    iterations = [r for r in records if "time/iteration" in r]
+    summary = json.loads((out / "summary.json").read_text())
+    greedy_s, greedy_it = first_time_reaching(records, "eval/exact_match", 0.99)
+    sampled_s, sampled_it = first_time_reaching(records, "eval_sampled/exact_match", 0.99)
+    return {
+        "iterations": len(iterations),
+        "ppo_seconds": summary["ppo_seconds"],
+        "s_per_iteration": statistics.mean(r["time/iteration"] for r in iterations),
+        "split_s": {k: statistics.mean(r[f"time/{k}"] for r in iterations) for k in ("generate", "score", "forward", "train")},
+        "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in iterations),
+        "generated_tokens_per_s": statistics.mean(r["generated_tokens_per_s"] for r in iterations),
+        "negative_kl_iterations": sum(r["kl"] < 0 for r in iterations),
+        "s_to_99_greedy": greedy_s, "iteration_to_99_greedy": greedy_it,
+        "s_to_99_sampled": sampled_s, "iteration_to_99_sampled": sampled_it,
+        "before": summary["before"], "after": summary["after"], "after_sampled": summary["after_sampled"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/bench", help="where the benchmark runs go")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+
+    start = time.perf_counter()
+    demo_config = build_config(DemoConfig, {"out": str(out / "demo"), "seed": args.seed})
+    demo = run_demo(demo_config)
+    demo_seconds = time.perf_counter() - start
+
+    _, _, ppo_config = stage_configs(demo_config)
+    rule_values = {**ppo_config.__dict__, "reward_model": None, "out": str(out / "ppo_rule")}
+    run_ppo(build_config(type(ppo_config), rule_values))
+
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+                   f"torch {torch.__version__}",
+        "command": "python benchmarks/bench_pipeline.py",
+        "demo_seconds": round(demo_seconds, 1),
+        "sft_seconds": demo["sft_seconds"], "rm_seconds": demo["rm_seconds"],
+        "rm_eval_accuracy": demo["rm_eval_accuracy"],
+        "ppo_learned_reward": ppo_figures(out / "demo"),
+        "ppo_rule_reward": ppo_figures(out / "ppo_rule"),
+        "references": REFERENCES,
+    }
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "pipeline.json").write_text(json.dumps(results, indent=2) + "\n")
+    (HERE / "results" / "pipeline.md").write_text(report(results))
+    print(report(results))
+
+
+def pct(metrics: dict, key: str) -> str:
+    return f"{100 * metrics[key]:.2f}%" if key in metrics else "n/a"
+
+
+def seconds(value) -> str:
+    return "not reached" if value is None else f"{value:.1f} s"
+
+
+def report(r: dict) -> str:
+    lines = ["# Built-in pipeline benchmark", "", f"Command: `{r['command']}`  ", f"Machine: {r['machine']}", "",
+             f"Whole demo (SFT + reward model + PPO + evaluations): **{r['demo_seconds']:.1f} s** "
+             f"(SFT {r['sft_seconds']:.1f} s, reward model {r['rm_seconds']:.1f} s, "
+             f"RM held-out accuracy {100 * r['rm_eval_accuracy']:.2f}%)", ""]
+    for name, key in (("learned reward model", "ppo_learned_reward"), ("rule-based reward", "ppo_rule_reward")):
+        p = r[key]
+        lines += [f"## PPO with the {name}", "",
+                  "| | exact-match | value-correct | style-correct |", "|---|---|---|---|",
+                  f"| SFT, greedy | {pct(p['before'], 'eval/exact_match')} | {pct(p['before'], 'eval/value_correct')} | {pct(p['before'], 'eval/style_correct')} |",
+                  f"| after PPO, greedy | {pct(p['after'], 'eval/exact_match')} | {pct(p['after'], 'eval/value_correct')} | {pct(p['after'], 'eval/style_correct')} |",
+                  f"| after PPO, sampled T=1 | {pct(p['after_sampled'], 'eval_sampled/exact_match')} | {pct(p['after_sampled'], 'eval_sampled/value_correct')} | {pct(p['after_sampled'], 'eval_sampled/style_correct')} |",
+                  "",
+                  f"- {p['iterations']} iterations, {p['ppo_seconds']:.1f} s of PPO ({p['s_per_iteration']:.3f} s/iteration: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in p["split_s"].items()) + ")",
+                  f"- PPO time to 99% greedy exact-match: {seconds(p['s_to_99_greedy'])} (iteration {p['iteration_to_99_greedy']}); "
+                  f"to 99% sampled: {seconds(p['s_to_99_sampled'])} (iteration {p['iteration_to_99_sampled']})",
+                  f"- throughput {p['tokens_per_s']:.0f} tokens/s (prompt + response), generation {p['generated_tokens_per_s']:.0f} tokens/s",
+                  f"- iterations with a negative KL estimate: {p['negative_kl_iterations']} of {p['iterations']}", ""]
+    lines += ["## References (figures quoted in the issue, same task and model sizes)", "",
+              "| | PPO s/iteration | PPO s to 99% greedy | PPO s to 99% sampled |", "|---|---|---|---|"]
+    for name, ref in r["references"].items():
+        lines.append(f"| {name} | {ref['ppo_s_per_iteration']} | {ref['ppo_s_to_99_greedy']} | {seconds(ref['ppo_s_to_99_sampled'])} |")
+    mine = r["ppo_learned_reward"]
+    lines.append(f"| ppo-rlhf (learned RM) | {mine['s_per_iteration']:.3f} | {seconds(mine['s_to_99_greedy'])} | {seconds(mine['s_to_99_sampled'])} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Generation, masks and log-probs: the places where RLHF implementations go quietly wrong."""
+
+import torch
+
+from ppo_rlhf.models import build_causal_lm
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
+from ppo_rlhf.rollout.responses import encode_prompts
+from ppo_rlhf.rollout.sequences import Sequences, response_mask_from_eos
+from ppo_rlhf.tasks import doubling as d
+
+
+def test_response_mask_from_first_eos_even_when_pad_is_eos():
+    eos = 2
+    ids = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 2, 8], [5, 6, 7, 8, 9]])
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    assert torch.equal(response_mask_from_eos(ids, eos), expected)
+
+
+def _tiny_model():
+    tokenizer = d.build_tokenizer()
+    return tokenizer, build_causal_lm(tokenizer, n_layer=2, n_head=2, n_embd=32, seed=1).eval()
+
+
+def test_left_padding_gives_the_same_greedy_response():
+    tokenizer, model = _tiny_model()
+    long_prompt, short_prompt = "S数字:3320x2=", "S__:12x2="
+    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens=6, do_sample=False)
+    ids, mask = encode_prompts(tokenizer, [long_prompt, short_prompt], 32)
+    assert mask[1, 0] == 0  # the short prompt is left-padded
+    batched, _ = generator.generate(model, ids, mask)
+    alone_ids, alone_mask = encode_prompts(tokenizer, [short_prompt], 32)
+    alone, _ = generator.generate(model, alone_ids, alone_mask)
+    width = alone.shape[1]
+    assert torch.equal(batched[1, :width], alone[0])
+
+
+def test_response_logprobs_match_a_plain_forward_and_respect_temperature():
+    tokenizer, model = _tiny_model()
+    ids, mask = encode_prompts(tokenizer, ["S数字:3320x2=", "S__:12x2="], 32)
+    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 5, do_sample=True, temperature=0.7, seed=0)
+    response_ids, response_mask = generator.generate(model, ids, mask)
+    sequences = Sequences(ids, mask, response_ids, response_mask)
+    out = forward_response(model, sequences, temperature=0.7)
+    full = model(input_ids=sequences.input_ids, attention_mask=sequences.attention_mask,
+                 position_ids=(sequences.attention_mask.cumsum(1) - 1).clamp(min=0)).logits
+    prompt_length = ids.shape[1]
+    expected = logprobs_from_logits(full[:, prompt_length - 1:-1] / 0.7, response_ids)
+    got = logprobs_from_logits(out.logits, response_ids)
+    assert torch.allclose(got[response_mask.bool()], expected[response_mask.bool()], atol=1e-5)
+
+
+def test_sampling_follows_softmax_of_logits_over_temperature():
+    # The generator must sample from exactly the distribution whose log-probs PPO trains.
+    generator = TorchGenerator(eos_token_id=2, pad_token_id=0, max_new_tokens=1, do_sample=True, temperature=2.0, seed=0)
+    logits = torch.tensor([[0.0, 2.0, 4.0]]).repeat(20000, 1)
+    counts = torch.bincount(generator.next_tokens(logits), minlength=3).float() / 20000
+    expected = torch.softmax(torch.tensor([0.0, 2.0, 4.0]) / 2.0, dim=0)
+    assert torch.allclose(counts, expected, atol=0.015)
