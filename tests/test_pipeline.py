@@ -111,3 +111,15 @@ def test_demo_on_a_tiny_budget(tmp_path, capsys):
         assert Path(path).exists(), path
     for item in ("config.yaml", "metrics.jsonl", "curves.png", "tb"):
         assert (out / item).exists(), item
+
+
+def test_max_approx_kl_ends_the_update_early(trained, tmp_path):
+    out = tmp_path / "ppo"
+    # 2 epochs x 2 minibatches = 4 steps per iteration; a tiny limit stops after the first,
+    # because only the first minibatch is measured before the policy has moved.
+    run(ppo_args(trained, out, "--iterations", 2, "--max-approx-kl", 1e-12,
+                 "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"))
+    steps = [r["update_steps"] for r in read_metrics(out / "metrics.jsonl") if "update_steps" in r]
+    assert steps == [1, 1]
+    run(ppo_args(trained, tmp_path / "free", "--iterations", 1, "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"))
+    assert [r["update_steps"] for r in read_metrics(tmp_path / "free" / "metrics.jsonl") if "update_steps" in r] == [4]

@@ -38,7 +38,8 @@ def run_reward(config: RewardConfig) -> dict:
         tokenizer = task.tokenizer if task is not None else None
         if tokenizer is None:
             raise FileNotFoundError("reward model training from --data needs --model (a folder with the tokenizer)")
-        model = build_sequence_classifier(tokenizer, num_labels, config.n_layer, config.n_head, config.n_embd, seed=config.seed)
+        model = build_sequence_classifier(tokenizer, num_labels, config.n_layer, config.n_head, config.n_embd,
+                                          dropout=config.dropout, seed=config.seed)
     rows = load_rows(config.data, config.required_fields) if config.data else task.rm_rows()
     out = Path(config.out)
     run_log = RunLog(out, to_dict(config))

@@ -23,7 +23,7 @@ def run_sft(config: SFTConfig) -> dict:
         tokenizer, model = load_tokenizer(config.model), load_causal_lm(config.model)
     else:
         tokenizer = task.tokenizer
-        model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, seed=config.seed)
+        model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, dropout=config.dropout, seed=config.seed)
     if config.data:
         rows = load_rows(config.data, (config.prompt_field, config.completion_field))
     else:

@@ -219,28 +219,32 @@ class PPOTrainer:
         totals: dict[str, float] = {}
         n_steps = 0
         batch_size = experience.scores.shape[0]
-        for _ in range(config.ppo_epochs):
-            for mb_index in torch.randperm(batch_size).split(config.mini_batch_size):
-                mb = experience.select(mb_index)
-                logits, values = self.policy_and_values(mb.sequences, critic_only=warming_up)
-                logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
-                pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio)
-                vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
-                entropy = masked_mean(entropy_from_logits(logits), mb.mask)
-                if warming_up:
-                    loss = config.vf_coef * vf_loss
-                else:
-                    loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), config.max_grad_norm)
-                self.optimizer.step()
-                # Statistics averaged over every minibatch of the update, not just the last one.
-                step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}
-                for key, value in step_stats.items():
-                    totals[key] = totals.get(key, 0.0) + float(value)
-                n_steps += 1
-        return {key: value / n_steps for key, value in totals.items()}
+        minibatches = [mb for _ in range(config.ppo_epochs) for mb in torch.randperm(batch_size).split(config.mini_batch_size)]
+        for mb_index in minibatches:
+            mb = experience.select(mb_index)
+            logits, values = self.policy_and_values(mb.sequences, critic_only=warming_up)
+            logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+            pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio)
+            vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
+            entropy = masked_mean(entropy_from_logits(logits), mb.mask)
+            if config.max_approx_kl is not None and not warming_up and pg_stats["approx_kl"] > config.max_approx_kl:
+                break  # the policy has moved far enough from the one that collected the batch
+            if warming_up:
+                loss = config.vf_coef * vf_loss
+            else:
+                loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), config.max_grad_norm)
+            self.optimizer.step()
+            # Statistics averaged over every minibatch of the update, not just the last one.
+            step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}
+            for key, value in step_stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+            n_steps += 1
+        stats = {key: value / max(n_steps, 1) for key, value in totals.items()}
+        stats["update_steps"] = n_steps
+        return stats
 
     # ------------------------------------------------------------ one iteration
     def step(self, rows: list[dict]) -> dict[str, float]:

@@ -32,7 +32,9 @@ class PPOConfig:
     temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs")
     # --- reward shaping
     kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)")
-    kl_estimator: str = option("k1", "per-token KL estimator: k1 (log ratio), k2, k3, or full (exact over the vocabulary)",
+    kl_estimator: str = option("k1", "per-token KL estimator: k1 (log ratio), k2, k3, or full (exact over the "
+                                     "vocabulary; it depends on the state only, so as a reward it is credited to "
+                                     "the tokens before, never to the distribution it measures)",
                                choices=KL_ESTIMATORS)
     target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed")
     kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%")
@@ -54,6 +56,8 @@ class PPOConfig:
                                    "whose gradients are tiny noise")
     max_grad_norm: float = option(1.0, "clip the gradient norm to this")
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio")
+    max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
+                                               "(rollout policy -> current) exceeds this; empty: never")
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none)")
     vf_coef: float = option(0.1, "weight of the value loss")
     entropy_coef: float = option(0.0, "weight of the entropy bonus")
@@ -78,6 +82,7 @@ class PPOConfig:
         check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
         check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)
         check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)
+        check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "> 0 or empty", self.max_approx_kl)
         check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "> 0 or empty", self.cliprange_value)
         check(self.kl_coef >= 0, "kl_coef", ">= 0", self.kl_coef)
         check(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or empty", self.target_kl)

@@ -47,6 +47,7 @@ class RewardConfig:
     n_layer: int = option(4, "layers of a model built from scratch")
     n_head: int = option(4, "attention heads of a model built from scratch")
     n_embd: int = option(64, "width of a model built from scratch")
+    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)")
     seed: int = option(0, "random seed")
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
@@ -54,6 +55,7 @@ class RewardConfig:
         check(self.steps > 0, "steps", "> 0", self.steps)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         check(self.lr > 0, "lr", "> 0", self.lr)
+        check(0.0 <= self.dropout < 1.0, "dropout", "0 <= dropout < 1", self.dropout)
         check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
         check(self.num_labels >= 1, "num_labels", ">= 1", self.num_labels)
 
