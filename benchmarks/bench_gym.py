@@ -171,7 +171,11 @@ def write_markdown(path: Path, results: dict) -> None:
     lines += [
         "",
         f"ppo-rlhf mean over seeds: **{ps['ours_mean_return']:.1f}**; above -400 on **{passed} of "
-        f"{len(pd['runs'])}** seeds.",
+        f"{len(pd['runs'])}** seeds."
+        + (f" SB3 mean: {ps['sb3_mean_return']:.1f}, above -400 on "
+           f"{sum(r['sb3']['eval_mean_return'] > -400 for r in pd['runs'])} of {len(pd['runs'])}. Total training "
+           f"time {ps['ours_train_time_s']:.1f} s vs {ps['sb3_train_time_s']:.1f} s, ratio "
+           f"**{ps['time_ratio_ours_over_sb3']:.2f}**." if "sb3_mean_return" in ps else ""),
         "",
         "## How the Pendulum preset was chosen",
         "",
@@ -194,7 +198,14 @@ def main() -> int:
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 side")
     parser.add_argument("--out", default="benchmarks/results", help="folder for gym.md and gym.json")
     parser.add_argument("--runs", default="runs/bench_gym", help="folder for the run folders")
+    parser.add_argument("--render-only", action="store_true",
+                        help="only redraw OUT/gym.md from the measurements in OUT/gym.json (no training)")
     args = parser.parse_args()
+    if args.render_only:
+        out = Path(args.out)
+        write_markdown(out / "gym.md", json.loads((out / "gym.json").read_text()))
+        print((out / "gym.md").read_text())
+        return 0
 
     torch.set_num_threads(1)  # both sides: tiny MLPs, one thread is fastest and fair
     runs = Path(args.runs)
