@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench bench-gym clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -27,8 +27,11 @@ test-fast: install
 	$(PY) -m pytest -m "not slow"
 
 bench: install
-	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) benchmarks/bench_pipeline.py
+
+bench-gym: install
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PY) benchmarks/bench_gym.py
 
 clean:
 	rm -rf $(VENV) runs

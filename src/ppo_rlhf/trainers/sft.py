@@ -26,7 +26,8 @@ class SFTConfig:
     completion_field: str = option("completion", "field of the data rows holding the completion to learn")
     steps: int = option(1500, "optimizer steps")
     batch_size: int = option(256, "sequences per step")
-    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to 10% after warm-up")
+    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up")
+    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak")
     warmup_steps: int = option(50, "linear warm-up steps")
     weight_decay: float = option(0.01, "AdamW weight decay")
     max_grad_norm: float = option(1.0, "clip the gradient norm to this")
@@ -45,6 +46,7 @@ class SFTConfig:
         check(self.lr > 0, "lr", "> 0", self.lr)
         check(0.0 <= self.dropout < 1.0, "dropout", "0 <= dropout < 1", self.dropout)
         check(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "0 <= x <= 1", self.min_lr_ratio)
         check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
         check(self.max_length > 1, "max_length", "> 1", self.max_length)
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
@@ -102,7 +104,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     progress = tqdm(range(config.steps), desc="sft", leave=False, mininterval=1.0)
     for step in progress:
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
+            group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps, config.min_lr_ratio)
         if cursor + config.batch_size > len(order):  # new epoch, new order
             order, cursor = torch.randperm(len(rows), generator=generator), 0
         batch = order[cursor : cursor + config.batch_size]
