@@ -16,6 +16,7 @@ from ppo_rlhf.config import ConfigError
 SUBCOMMAND_MODULES = (
     "ppo_rlhf.cli_lm",
     "ppo_rlhf.cli_gym",
+    "ppo_rlhf.cli_convert",
 )
 
 
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ppo_rlhf.data import DataError
+    from ppo_rlhf.models.loading import ModelError
+    from ppo_rlhf.rollout.reward import RewardError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -61,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
         return 2
-    except FileNotFoundError as error:
+    except (FileNotFoundError, DataError, ModelError, RewardError) as error:
+        # Bad input (a missing file, a row without a field, a folder holding the wrong kind of
+        # model, a reward function's bad output): the message names the culprit; no traceback.
         print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
         return 2
     return int(result or 0)

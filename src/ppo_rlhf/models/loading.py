@@ -13,6 +13,10 @@ import torch
 from ppo_rlhf.checkpoint import atomic_directory
 
 
+class ModelError(ValueError):
+    """A model folder that cannot serve the role asked of it; the message names the folder."""
+
+
 def require_model_folder(path: str | Path, what: str) -> Path:
     path = Path(path)
     if not path.exists():
@@ -22,12 +26,22 @@ def require_model_folder(path: str | Path, what: str) -> Path:
     return path
 
 
+# Any one of these says a folder holds a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"tokenizer not found: {path}")
+    # Checked here because AutoTokenizer, given a model folder without one, builds an empty
+    # tokenizer of the model's type instead of failing.
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                                f"save one there with tokenizer.save_pretrained")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         # Common for causal LMs; masks never come from the pad id (they come from the first EOS),
@@ -36,25 +50,65 @@ def load_tokenizer(path: str | Path):
     return tokenizer
 
 
+def same_vocabulary(tokenizer, other) -> bool:
+    """Whether token ids mean the same thing under both tokenizers."""
+    return tokenizer is other or tokenizer.get_vocab() == other.get_vocab()
+
+
+def _model_config(path: Path, what: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except ValueError as error:  # an unknown model_type, or a config.json transformers cannot read
+        raise ModelError(f"{what} at {path}: transformers cannot read its config.json: {error}") from None
+
+
+def _describe(path: Path, config) -> str:
+    architectures = ", ".join(config.architectures or []) or "no architectures listed"
+    return f"{path} holds a '{config.model_type}' model ({architectures})"
+
+
+def _is_causal_lm(architecture: str) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    known = architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    return known or architecture.endswith(("ForCausalLM", "LMHeadModel"))  # or remote code named as usual
+
+
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A causal LM folder; anything else is refused rather than loaded with a fresh random head
+    (AutoModelForCausalLM would happily wrap a BERT encoder or a reward model's trunk)."""
+    from transformers import AutoModelForCausalLM
 
     path = require_model_folder(path, "causal LM")
-    config = AutoConfig.from_pretrained(path)
+    config = _model_config(path, "causal LM")
+    # A folder without architectures (a config written by hand) gets the benefit of the doubt.
+    if config.architectures and not any(_is_causal_lm(a) for a in config.architectures):
+        raise ModelError(f"{_describe(path, config)}, not a causal LM: give a folder saved from an "
+                         f"AutoModelForCausalLM (for example ...ForCausalLM or GPT2LMHeadModel)")
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except ValueError as error:
-        raise ValueError(
-            f"{path} holds a '{config.model_type}' model ({', '.join(config.architectures or [])}), "
-            f"which AutoModelForCausalLM cannot load as a causal LM: {error}"
-        ) from None
+        raise ModelError(f"{_describe(path, config)}, which AutoModelForCausalLM cannot load: {error}") from None
 
 
 def load_sequence_classifier(path: str | Path, dtype: torch.dtype | None = None):
+    """A reward model folder: a sequence classifier.  A causal LM here would load with a freshly
+    initialised, random score head, and PPO would chase noise: refuse it."""
     from transformers import AutoModelForSequenceClassification
 
     path = require_model_folder(path, "reward model")
-    return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype)
+    config = _model_config(path, "reward model")
+    if config.architectures and not any(a.endswith("ForSequenceClassification") for a in config.architectures):
+        raise ModelError(f"{_describe(path, config)}, not a reward model (a ...ForSequenceClassification): "
+                         f"train one with `ppo-rlhf rm --model {path}`, or give --reward-fn")
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype)
+    except ValueError as error:
+        raise ModelError(
+            f"{_describe(path, config)}, which AutoModelForSequenceClassification cannot load: {error}"
+        ) from None
 
 
 def _gpt2_config(tokenizer, n_layer: int, n_head: int, n_embd: int, n_positions: int, dropout: float, **extra):

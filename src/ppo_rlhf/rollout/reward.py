@@ -8,13 +8,19 @@ the token sequences (for a reward model that shares the policy's tokenizer).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.models.loading import same_vocabulary
+from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
 
@@ -51,6 +57,14 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return head(pooled).float()
 
 
+def max_positions(config) -> int | None:
+    """Longest sequence a model's position embeddings allow (None: no fixed limit known)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    return None
+
+
 class ModelReward:
     """A frozen sequence classifier as the reward.
 
@@ -60,7 +74,8 @@ class ModelReward:
 
     When the reward model's tokenizer differs from the policy's, prompt and response are
     decoded to text and re-encoded with the reward tokenizer (EOS appended when the response
-    had one).
+    had one; a prompt given as chat messages formatted with the reward tokenizer's own chat
+    template; a sequence longer than the reward model's positions cut from the left).
     """
 
     def __init__(self, model, tokenizer=None, policy_tokenizer=None, label_field: str = "label", batch_size: int = 256):
@@ -68,16 +83,24 @@ class ModelReward:
         self.label_field = label_field
         self.batch_size = batch_size
         self.tokenizer = tokenizer
-        self.same_tokenizer = tokenizer is None or policy_tokenizer is None or (
-            tokenizer.get_vocab() == policy_tokenizer.get_vocab()
-        )
+        self.same_tokenizer = (tokenizer is None or policy_tokenizer is None
+                               or same_vocabulary(tokenizer, policy_tokenizer))
+        self.max_length = max_positions(model.config)
 
     def _inputs(self, batch: ScoringBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.same_tokenizer:
             return batch.sequences.input_ids, batch.sequences.attention_mask
+        # The same text as the reward model saw in training: prompt + response + EOS (pairwise_texts).
         eos = self.tokenizer.eos_token or ""
-        texts = [p + r + (eos if f else "") for p, r, f in zip(batch.prompts, batch.responses, batch.finished)]
-        encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
+        prompts = [p if isinstance(p, str) else apply_chat_template(self.tokenizer, [p])[0] for p in batch.prompts]
+        texts = [p + r + (eos if f else "") for p, r, f in zip(prompts, batch.responses, batch.finished)]
+        truncation_side = self.tokenizer.truncation_side
+        self.tokenizer.truncation_side = "left"  # a long prompt loses its start, never the response
+        try:
+            encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True,
+                                     truncation=self.max_length is not None, max_length=self.max_length)
+        finally:
+            self.tokenizer.truncation_side = truncation_side
         return encoded["input_ids"], encoded["attention_mask"]
 
     @torch.no_grad()
@@ -101,15 +124,41 @@ class ModelReward:
         return logits.gather(1, labels[:, None]).squeeze(1).cpu()
 
 
+def import_module(module_name: str):
+    """A module by dotted name, or a ``.py`` file by path.
+
+    The current folder is searched too (after everything else), as ``python -m`` would: the
+    ``ppo-rlhf`` console script does not put it on ``sys.path``, and a reward module sitting
+    beside the data is the common case.
+    """
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ImportError(f"no file {path}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # so what it defines can be pickled and found again
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        cwd = os.getcwd()
+        if error.name != module_name.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(module_name)
+
+
 def load_function(dotted_path: str):
-    """``package.module:function`` (or ``package.module.function``) -> the function."""
-    module_name, sep, attribute = dotted_path.partition(":")
+    """``package.module:function``, ``package.module.function`` or ``path/file.py:function`` -> the function."""
+    module_name, sep, attribute = dotted_path.rpartition(":")
     if not sep:
         module_name, _, attribute = dotted_path.rpartition(".")
     if not module_name or not attribute:
         raise ConfigError(f"reward function must look like 'package.module:function', got {dotted_path!r}")
     try:
-        module = importlib.import_module(module_name)
+        module = import_module(module_name)
     except ImportError as error:
         raise ConfigError(f"cannot import module {module_name!r} for reward function {dotted_path!r}: {error}") from None
     function = getattr(module, attribute, None)

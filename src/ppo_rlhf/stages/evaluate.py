@@ -47,7 +47,8 @@ def run_eval(config: EvalConfig) -> dict:
     if config.model is None:
         raise ConfigError("give --model DIR, the model to evaluate")
     task = load_task(config.task, config.seed)
-    tokenizer, model = load_tokenizer(config.model), load_causal_lm(config.model)
+    # The model before its tokenizer: a folder of the wrong kind is then named as such.
+    model, tokenizer = load_causal_lm(config.model), load_tokenizer(config.model)
     if config.prompts:
         rows = load_rows(config.prompts, (config.prompt_field,))
     elif task is not None:

@@ -20,7 +20,9 @@ from ppo_rlhf.checkpoint import atomic_directory, atomic_write_text
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
-from ppo_rlhf.models import Critic, load_causal_lm, load_sequence_classifier, load_tokenizer, save_pretrained_atomic
+from ppo_rlhf.models import (Critic, load_causal_lm, load_sequence_classifier, load_tokenizer, same_vocabulary,
+                             save_pretrained_atomic)
+from ppo_rlhf.models.loading import TOKENIZER_FILES, require_model_folder
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.reward import FunctionReward, ModelReward
 from ppo_rlhf.runlog import RunLog, read_metrics
@@ -43,10 +45,36 @@ def build_reward(config: PPOConfig, tokenizer, task):
     raise ConfigError("no reward: give --reward-model DIR or --reward-fn module:function")
 
 
-def build_critic(config: PPOConfig):
+def shares_vocabulary(folder: str, tokenizer, actor) -> bool:
+    """Whether the model in ``folder`` reads the actor's token ids as the same tokens: by its
+    tokenizer when it has one, else (a critic checkpoint) by its vocabulary size."""
+    folder = require_model_folder(folder, "critic initialisation model")
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return same_vocabulary(load_tokenizer(folder), tokenizer)
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(folder), "vocab_size", None) == actor.config.vocab_size
+
+
+def critic_init_folder(config: PPOConfig, tokenizer, actor) -> str:
+    """Where a separate critic starts.  It scores the actor's own token ids, position by
+    position, so (unlike the reward model, which can re-encode text) it must share the actor's
+    vocabulary: the reward model is the default only when it does, else the actor itself."""
+    if config.critic_model:
+        if not shares_vocabulary(config.critic_model, tokenizer, actor):
+            raise ConfigError(f"--critic-model {config.critic_model} has a different vocabulary from the actor "
+                              f"{config.model}; a separate critic reads the actor's token ids, so give a model "
+                              f"with the actor's tokenizer (or leave --critic-model empty)")
+        return config.critic_model
+    if config.reward_model and shares_vocabulary(config.reward_model, tokenizer, actor):
+        return config.reward_model
+    return config.model
+
+
+def build_critic(config: PPOConfig, tokenizer, actor):
     if config.critic == "shared":
         return None
-    return Critic.from_pretrained_trunk(config.critic_model or config.reward_model or config.model)
+    return Critic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor))
 
 
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
@@ -97,13 +125,15 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     task = load_task(config.task, config.seed)
     if config.model is None:
         raise ConfigError("no actor: give --model DIR (the SFT checkpoint)")
-    tokenizer = load_tokenizer(config.model)
+    # The model before its tokenizer: a folder of the wrong kind is then named as such.
     actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)
+    tokenizer = load_tokenizer(config.model)
     reward = build_reward(config, tokenizer, task)
     train_rows, eval_rows = prompt_sets(config, task)
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=config.do_sample, temperature=config.temperature, seed=config.seed)
-    trainer = PPOTrainer(actor, ref, reward, tokenizer, config, generator, critic=build_critic(config))
+    critic = build_critic(config, tokenizer, actor)
+    trainer = PPOTrainer(actor, ref, reward, tokenizer, config, generator, critic=critic)
     out = Path(config.out)
     rng = torch.Generator().manual_seed(config.seed)
     resumed = config.resume and load_last(trainer, out, rng)
@@ -140,6 +170,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     with atomic_directory(out / "checkpoints" / "critic") as staging:
         if trainer.critic is not None:
             trainer.critic.save(staging)
+            tokenizer.save_pretrained(staging)  # says which token ids the critic reads
         else:
             from safetensors.torch import save_file
 

@@ -18,9 +18,13 @@ def run_sft(config: SFTConfig) -> dict:
     set_threads(config.num_threads)
     seed_everything(config.seed)
     start = time.perf_counter()
-    task = load_task(config.task, config.seed)
+    # A user's model trained on the user's data: the built-in task has nothing to add (its
+    # held-out prompts and metric mean nothing to that model).  Without --model, the task still
+    # supplies the tokenizer of the model built from scratch.
+    task = None if (config.model and config.data) else load_task(config.task, config.seed)
     if config.model:
-        tokenizer, model = load_tokenizer(config.model), load_causal_lm(config.model)
+        # The model before its tokenizer: a folder of the wrong kind is then named as such.
+        model, tokenizer = load_causal_lm(config.model), load_tokenizer(config.model)
     else:
         tokenizer = task.tokenizer
         model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, dropout=config.dropout, seed=config.seed)

@@ -98,8 +98,10 @@ class _Examples:
         self.mode = config.mode
         if config.mode == "pairwise":
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
-            self.chosen = encode_texts(tokenizer, chosen, config.max_length)
-            self.rejected = encode_texts(tokenizer, rejected, config.max_length)
+            # Encoded together so both halves share one padded width (a batch stacks them).
+            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length)
+            self.chosen = ids[: len(rows)], mask[: len(rows)]
+            self.rejected = ids[len(rows):], mask[len(rows):]
         else:
             texts = [r[config.text_field] for r in rows]
             try:
