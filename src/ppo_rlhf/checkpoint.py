@@ -27,6 +27,8 @@ def atomic_directory(destination: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    # mkdtemp makes the folder private (0700); a checkpoint should read like any other folder.
+    os.chmod(staging, 0o755)
     old = None
     if destination.exists():
         old = destination.parent / f".{destination.name}.old-{os.getpid()}"

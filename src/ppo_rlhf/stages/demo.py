@@ -36,7 +36,7 @@ RM_PRESET = {"mode": "classification", "num_labels": 3, "steps": 300, "batch_siz
 PPO_PRESET = {
     "task": "doubling", "critic": "separate", "do_sample": True, "max_new_tokens": 7, "max_length": 19,
     "batch_size": 64, "mini_batch_size": 32, "ppo_epochs": 4, "lr": 2e-4, "max_approx_kl": 0.02,
-    "kl_coef": 0.1, "score_norm": True, "gamma": 1.0, "lam": 0.95, "vf_coef": 1.0, "critic_lr": 1e-3,
+    "kl_coef": 0.3, "score_norm": True, "gamma": 1.0, "lam": 0.95, "vf_coef": 1.0, "critic_lr": 1e-3,
     "critic_warmup": 3, "cliprange_value": None, "iterations": 70, "eval_every": 10, "save_every": 0,
 }
 
@@ -54,7 +54,8 @@ class DemoConfig:
     stages_config: str | None = option(None, "YAML with optional 'sft', 'rm' and 'ppo' sections overriding any stage field")
     show_samples: int = option(6, "prompts to print with their responses before and after PPO")
     seed: int = option(0, "random seed for every stage")
-    num_threads: int = option(1, "torch CPU threads; one is fastest for the tiny task models")
+    num_threads: int = option(0, "torch CPU threads (0: torch's default, one per core); use 1 when another job "
+                                 "holds a core: tiny models then slow down badly with more threads")
 
     def validate(self) -> None:
         for key in ("sft_steps", "rm_steps", "ppo_iterations"):

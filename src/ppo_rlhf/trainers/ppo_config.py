@@ -16,7 +16,8 @@ class PPOConfig:
     reward_fn: str | None = option(None, "reward function 'package.module:function', f(prompts, responses) -> scores")
     critic: str = option("shared", "shared: value head on the actor's trunk; separate: its own model",
                          choices=("shared", "separate"))
-    critic_model: str | None = option(None, "separate critic initialisation (default: the reward model, else the actor)")
+    critic_model: str | None = option(None, "separate critic initialisation (default: the reward model when it shares "
+                                            "the actor's tokenizer, else the actor)")
     task: str | None = option(None, "built-in task supplying prompts and metric when --prompts is empty", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk)")
     eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)")
