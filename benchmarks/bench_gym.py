@@ -115,6 +115,15 @@ def benchmark(preset: str, seeds: list[int], total_steps: int, eval_episodes: in
             "summary": summary}
 
 
+def seed_row(row: dict) -> str:
+    """One table row: a seed's return and training time for both libraries, and their ratio."""
+    o, s = row["ours"], row.get("sb3")
+    return (f"| {row['seed']} | {o['eval_mean_return']:.1f} ± {o['eval_std_return']:.1f} | "
+            + (f"{s['eval_mean_return']:.1f} ± {s['eval_std_return']:.1f} | " if s else "- | ")
+            + f"{o['train_time_s']:.1f} | " + (f"{s['train_time_s']:.1f} | " if s else "- | ")
+            + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
+
+
 def write_markdown(path: Path, results: dict) -> None:
     cp, pd, m = results["cartpole"], results["pendulum"], results["machine"]
     lines = [
@@ -137,12 +146,7 @@ def write_markdown(path: Path, results: dict) -> None:
         "| seed | ppo-rlhf return | SB3 return | ppo-rlhf time (s) | SB3 time (s) | time ratio ppo-rlhf / SB3 |",
         "|---|---|---|---|---|---|",
     ]
-    for row in cp["runs"]:
-        o, s = row["ours"], row.get("sb3")
-        lines.append(f"| {row['seed']} | {o['eval_mean_return']:.1f} ± {o['eval_std_return']:.1f} | "
-                     + (f"{s['eval_mean_return']:.1f} ± {s['eval_std_return']:.1f} | " if s else "- | ")
-                     + f"{o['train_time_s']:.1f} | " + (f"{s['train_time_s']:.1f} | " if s else "- | ")
-                     + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
+    lines += [seed_row(row) for row in cp["runs"]]
     sc = cp["summary"]
     passed = sum(r["ours"]["eval_mean_return"] >= 475 for r in cp["runs"])
     lines += [
@@ -160,12 +164,7 @@ def write_markdown(path: Path, results: dict) -> None:
         "| seed | ppo-rlhf return | SB3 return (same settings, no gSDE) | ppo-rlhf time (s) | SB3 time (s) | ratio |",
         "|---|---|---|---|---|---|",
     ]
-    for row in pd["runs"]:
-        o, s = row["ours"], row.get("sb3")
-        lines.append(f"| {row['seed']} | {o['eval_mean_return']:.1f} ± {o['eval_std_return']:.1f} | "
-                     + (f"{s['eval_mean_return']:.1f} ± {s['eval_std_return']:.1f} | " if s else "- | ")
-                     + f"{o['train_time_s']:.1f} | " + (f"{s['train_time_s']:.1f} | " if s else "- | ")
-                     + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
+    lines += [seed_row(row) for row in pd["runs"]]
     ps = pd["summary"]
     passed = sum(r["ours"]["eval_mean_return"] > -400 for r in pd["runs"])
     lines += [

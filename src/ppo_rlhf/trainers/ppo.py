@@ -117,6 +117,7 @@ class PPOTrainer:
                 disable_dropout(critic)
         actor_params = [p for p in actor.parameters() if p.requires_grad]
         critic_params = [p for p in self.critic_module().parameters() if p.requires_grad]
+        self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
         self.optimizer = torch.optim.AdamW(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
             weight_decay=config.weight_decay, eps=config.adam_eps,
@@ -130,10 +131,6 @@ class PPOTrainer:
 
     def critic_module(self) -> torch.nn.Module:
         return self.critic if self.critic is not None else self.value_head
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        params = [p for p in self.actor.parameters() if p.requires_grad]
-        return params + [p for p in self.critic_module().parameters() if p.requires_grad]
 
     # ------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences: Sequences, critic_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,7 +232,7 @@ class PPOTrainer:
                 loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), config.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
             self.optimizer.step()
             # Statistics averaged over every minibatch of the update, not just the last one.
             step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}
