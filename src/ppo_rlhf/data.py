@@ -61,7 +61,3 @@ def load_rows(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
             fields = sorted(k for k in row if k != "_source")
             raise DataError(f"{row['_source']}: missing field '{missing[0]}' (the row has: {', '.join(fields)})")
     return rows
-
-
-def field_values(rows: list[dict], field: str) -> list:
-    return [row[field] for row in rows]

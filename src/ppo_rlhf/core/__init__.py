@@ -12,7 +12,7 @@ from ppo_rlhf.core.kl import (
     kl_penalty,
 )
 from ppo_rlhf.core.losses import entropy_from_logits, explained_variance, policy_loss, value_loss
-from ppo_rlhf.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from ppo_rlhf.core.masked import masked_mean, masked_var, masked_whiten
 
 __all__ = [
     "AdaptiveKLController",
@@ -25,7 +25,6 @@ __all__ = [
     "kl_penalty",
     "masked_gae",
     "masked_mean",
-    "masked_sum",
     "masked_var",
     "masked_whiten",
     "policy_loss",

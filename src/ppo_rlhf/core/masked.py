@@ -11,14 +11,6 @@ from __future__ import annotations
 import torch
 
 
-def masked_sum(values: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is true (all of them if ``mask`` is None)."""
-    if mask is None:
-        return values.sum() if dim is None else values.sum(dim=dim)
-    masked = values * mask
-    return masked.sum() if dim is None else masked.sum(dim=dim)
-
-
 def masked_mean(values: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` over the positions ``mask`` selects.
 

@@ -53,11 +53,6 @@ class Sequences:
     def prompt_length(self) -> int:
         return self.prompt_ids.shape[1]
 
-    @property
-    def finished(self) -> torch.Tensor:
-        """(B,) bool: the response ended with EOS (rather than running out of tokens)."""
-        return self.response_mask.sum(dim=1) < self.response_ids.shape[1]
-
     def select(self, index: torch.Tensor) -> "Sequences":
         return Sequences(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index], self.response_mask[index])
 
