@@ -168,3 +168,19 @@ def test_entropy_and_explained_variance():
     assert explained_variance(returns, returns, None).item() == pytest.approx(1.0)
     # constant prediction at the mean explains nothing
     assert explained_variance(torch.full((3,), 2.0), returns, None).item() == pytest.approx(0.0)
+
+
+def test_merge_moments_by_hand_for_tensors_and_arrays():
+    import numpy as np
+
+    from ppo_rlhf.core.normalize import RunningMoments, merge_moments
+
+    # {1, 3}: mean 2, variance 1, count 2;  {5}: mean 5, variance 0, count 1.
+    # {1, 3, 5}: mean 3, variance (4 + 0 + 4) / 3 = 8/3.
+    for kind in (torch.tensor, np.array):
+        mean, var, count = merge_moments(kind([2.0]), kind([1.0]), 2, kind([5.0]), kind([0.0]), 1)
+        assert float(mean[0]) == pytest.approx(3.0) and float(var[0]) == pytest.approx(8 / 3) and count == 3
+    moments = RunningMoments(eps=0.0)
+    moments.update(torch.tensor([1.0, 3.0]))
+    moments.update(torch.tensor([5.0]))
+    assert moments.mean.item() == pytest.approx(3.0) and moments.std.item() == pytest.approx((8 / 3) ** 0.5)

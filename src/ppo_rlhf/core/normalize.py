@@ -6,6 +6,19 @@ from __future__ import annotations
 import torch
 
 
+def merge_moments(mean, var, count, batch_mean, batch_var, batch_count):
+    """(mean, var, count) of two sets from those of each (Chan et al.'s parallel update).
+
+    Plain arithmetic, so torch tensors and numpy arrays (the gym trainer's observation
+    statistics, kept in numpy on its per-step path) both work.
+    """
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta * delta * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
 class RunningMoments:
     """Mean and std of every value seen so far, updated one batch at a time."""
 
@@ -16,13 +29,9 @@ class RunningMoments:
 
     def update(self, batch: torch.Tensor) -> None:
         batch = batch.detach().to(torch.float64).reshape(-1, *self.mean.shape)
-        batch_mean, batch_var, batch_count = batch.mean(dim=0), batch.var(dim=0, unbiased=False), batch.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        m2 = self.var * self.count + batch_var * batch_count + delta.square() * self.count * batch_count / total
-        self.var = m2 / total
-        self.count = total
+        self.mean, self.var, self.count = merge_moments(
+            self.mean, self.var, self.count, batch.mean(dim=0), batch.var(dim=0, unbiased=False), batch.shape[0]
+        )
 
     @property
     def std(self) -> torch.Tensor:

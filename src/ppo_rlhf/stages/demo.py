@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from ppo_rlhf.checkpoint import atomic_write_json
 from ppo_rlhf.config import ConfigError, build_config, check, load_yaml, option, to_dict
-from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.stages.reward import run_reward
 from ppo_rlhf.stages.sft import run_sft
@@ -131,6 +131,6 @@ def run_demo(config: DemoConfig) -> dict:
         "rm_eval_accuracy": rm["eval_accuracy"],
         "checkpoints": {"sft": sft["checkpoints"]["sft"], "reward": rm["checkpoints"]["reward"], **ppo["checkpoints"]},
     }
-    RunLog(config.out, tensorboard=False).write_summary(summary)
+    atomic_write_json(Path(config.out) / "summary.json", summary)
     print(f"\nDone in {total:.1f}s.  Summary: {Path(config.out) / 'summary.json'}   Curves: {Path(config.out) / 'curves.png'}")
     return summary

@@ -145,9 +145,18 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                               max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
                               chat_template=config.chat_template)
 
+    def evaluate() -> tuple[dict, list]:
+        """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
+        with like) and the greedy (prompt, response) pairs."""
+        metrics, samples = evaluator(actor)
+        if config.eval_sampled:
+            metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
+        return metrics, samples
+
     before, samples_before = (evaluator(actor) if evaluator else ({}, []))
     if not resumed and before:
         run_log.log(0, before)
+    final_eval = None  # the evaluation of the last iteration, reused as the run's result
     train_seconds = 0.0
     progress = tqdm(range(trainer.iteration, config.iterations), desc="ppo", leave=False, mininterval=1.0)
     for iteration in progress:
@@ -158,9 +167,10 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         metrics["time/elapsed"] = train_seconds  # PPO time so far, evaluation excluded
         done = iteration + 1
         if evaluator and ((config.eval_every and done % config.eval_every == 0) or done == config.iterations):
-            metrics.update(evaluator(actor)[0])
-            if config.eval_sampled:
-                metrics.update(evaluator(actor, do_sample=True, seed=config.seed + done, prefix="eval_sampled/")[0])
+            eval_metrics, samples = evaluate()
+            metrics.update(eval_metrics)
+            if done == config.iterations:
+                final_eval = eval_metrics, samples
         run_log.log(done, metrics)
         progress.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
         if config.save_every and (done % config.save_every == 0 or done == config.iterations):
@@ -175,10 +185,11 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             from safetensors.torch import save_file
 
             save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
-    after, samples_after = (evaluator(actor) if evaluator else ({}, []))
-    sampled = {}
-    if evaluator and config.eval_sampled:
-        sampled, _ = evaluator(actor, do_sample=True, temperature=1.0, seed=config.seed, prefix="eval_sampled/")
+    if evaluator and final_eval is None:  # resumed at the end: no iteration ran
+        final_eval = evaluate()
+    final_metrics, samples_after = final_eval or ({}, [])
+    after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}
+    sampled = {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")}
     run_log.plot(CURVES, title="PPO")
     summary = {
         "stage": "ppo",

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json
+from ppo_rlhf.core.normalize import merge_moments
 
 POLICY_FORMAT = "ppo-rlhf-gym-policy/1"
 SPEC_KEYS = ("obs_dim", "action_type", "act_dim", "action_low", "action_high")
@@ -42,13 +43,9 @@ class RunningMeanStd:
         self.eps = eps
 
     def update(self, batch: np.ndarray) -> None:
-        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
-        self.var = m2 / total
-        self.count = total
+        self.mean, self.var, self.count = merge_moments(
+            self.mean, self.var, self.count, batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        )
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         return np.clip((x - self.mean) / np.sqrt(self.var + self.eps), -self.clip, self.clip).astype(np.float32)
