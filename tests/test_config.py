@@ -81,3 +81,12 @@ def test_missing_data_path_is_named(tmp_path):
 def test_sft_config_rejects_zero_steps():
     with pytest.raises(ConfigError, match="'steps'"):
         build_config(SFTConfig, {"steps": 0})
+
+
+@pytest.mark.parametrize("command", ["demo", "sft", "rm", "ppo", "eval", "merge", "gym", "gym-eval", "convert-gguf"])
+def test_every_command_prints_its_help(command, capsys):
+    # argparse %-formats help text: a bare "%" in one field's help once broke `ppo --help`.
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage:")

@@ -1,6 +1,6 @@
 """Real Hugging Face architectures through the whole pipeline: a user's model and data.
 
-Tiny random models of three architectures, each with a real (trained-here) BPE tokenizer:
+Tiny random models of three architectures (tests/zoo.py), each with a real BPE tokenizer:
 
     gpt2   GPT2LMHeadModel,  pad distinct from EOS, no BOS added, no chat template
     llama  LlamaForCausalLM, pad = EOS, BOS added by the tokenizer
@@ -23,20 +23,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
     BertModel,
-    GPT2Config,
-    LlamaConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
 )
 
-from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
@@ -44,134 +38,13 @@ from ppo_rlhf.rollout.responses import apply_chat_template, encode_prompts, gene
 from ppo_rlhf.rollout.reward import ModelReward, ScoringBatch, last_token_scores
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 from ppo_rlhf.runlog import read_metrics
-from ppo_rlhf.stages.ppo import critic_init_folder
+from ppo_rlhf.stages.roles import critic_init_folder
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 torch.set_num_threads(1)
 
-TEXT = ["the cat sat on the mat", "a dog ran in the park", "good answer", "bad answer", "hello world",
-        "what is two plus two", "four", "say something nice", "you are great", "i do not know"]
-PROMPTS = ["hello world", "the cat sat", "what is two plus two", "say something nice", "a dog ran", "you are"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-ARCHS = ("gpt2", "llama", "qwen2")
-THREADS = ["--num-threads", 1]
-REWARDS_MODULE = "ppo_rlhf_test_rewards"
-REWARDS_SOURCE = '''
-import math
-
-def length_score(prompts, responses):
-    return [len(r) / 10 for r in responses]
-
-def wrong_length(prompts, responses):
-    return [0.0]
-
-def not_a_number(prompts, responses):
-    return [math.nan] * len(responses)
-'''
-
-
-# ---------------------------------------------------------------- building tiny models
-def byte_level_bpe(special: list[str], vocab_size: int, bos: str | None = None) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(TEXT, trainer)
-    if bos:  # Llama-style: the tokenizer itself puts BOS in front
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])
-    return tokenizer
-
-
-def make_tokenizer(arch: str) -> PreTrainedTokenizerFast:
-    if arch == "gpt2":
-        return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>", "<pad>"], 300),
-                                       bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>")
-    if arch == "llama":
-        return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<s>", "</s>"], 320, bos="<s>"),
-                                       bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=byte_level_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 310),
-        eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def make_config(arch: str, tokenizer):
-    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-               bos_token_id=tokenizer.bos_token_id)
-    if arch == "gpt2":
-        return GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128, initializer_range=0.2, **ids)
-    config_class = LlamaConfig if arch == "llama" else Qwen2Config
-    # initializer_range 0.2: decisive logits, so greedy decoding is not decided by rounding.
-    return config_class(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
-                        tie_word_embeddings=arch == "qwen2", **ids)
-
-
-def build_model(arch: str, folder: Path) -> Path:
-    tokenizer = make_tokenizer(arch)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-def run(args) -> None:
-    assert main([str(a) for a in args]) == 0, args
-
-
-def run_failing(args, capsys) -> str:
-    """The command's stderr; it must exit 2 without a traceback."""
-    assert main([str(a) for a in args]) == 2, args
-    return capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zoo")
-    folders = {arch: build_model(arch, root / arch) for arch in ARCHS}
-    sft_rows = [{"question": p, "answer": " good answer"} for p in PROMPTS] * 2
-    data = {"jsonl": write_jsonl(root / "sft.jsonl", sft_rows), "parquet": root / "sft.parquet", "disk": root / "sft_disk"}
-    from datasets import Dataset
-
-    Dataset.from_list(sft_rows).to_parquet(str(data["parquet"]))
-    Dataset.from_list(sft_rows).save_to_disk(str(data["disk"]))
-    pairs = write_jsonl(root / "pairs.jsonl", [{"query": p, "good": " good answer", "bad": " bad answer, i do not know"}
-                                               for p in PROMPTS] * 4)
-    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
-    chat = write_jsonl(root / "chat.jsonl", [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS])
-    (root / f"{REWARDS_MODULE}.py").write_text(REWARDS_SOURCE)
-    sys.path.insert(0, str(root))
-    yield {"root": root, **folders, "data": data, "pairs": pairs, "prompts": prompts, "chat": chat}
-    sys.path.remove(str(root))
-    sys.modules.pop(REWARDS_MODULE, None)
-
-
-@pytest.fixture(scope="module")
-def reward_models(zoo):
-    """One pairwise reward model per architecture that PPO needs one for (llama, qwen2)."""
-    out = {}
-    for arch in ("llama", "qwen2"):
-        run(["rm", "--mode", "pairwise", "--model", zoo[arch], "--data", zoo["pairs"], "--prompt-field", "query",
-             "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
-             "--eval-fraction", 0.25, "--out", zoo["root"] / f"rm_{arch}", *THREADS])
-        out[arch] = zoo["root"] / f"rm_{arch}"
-    return out
-
-
-def weights_changed(before: Path, after: Path) -> bool:
-    old = AutoModelForCausalLM.from_pretrained(before).state_dict()
-    new = AutoModelForCausalLM.from_pretrained(after).state_dict()
-    return any(not torch.equal(old[k], v) for k, v in new.items() if k in old)
-
+from zoo import (ARCHS, CHAT_TEMPLATE, PROMPTS, REWARDS_MODULE, THREADS, build_model, make_tokenizer, run, run_failing,
+                 weights_changed)
 
 # ---------------------------------------------------------------- the three commands
 @pytest.mark.parametrize("arch, data_format", [("gpt2", "jsonl"), ("llama", "parquet"), ("qwen2", "disk")])

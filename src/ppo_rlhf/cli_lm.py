@@ -39,6 +39,7 @@ def register(subparsers) -> None:
     # Imports inside the functions keep `ppo-rlhf --help` fast.
     from ppo_rlhf.stages.demo import DemoConfig, run_demo
     from ppo_rlhf.stages.evaluate import EvalConfig, run_eval
+    from ppo_rlhf.stages.merge import MergeConfig, run_merge
     from ppo_rlhf.stages.ppo import run_ppo
     from ppo_rlhf.stages.reward import run_reward
     from ppo_rlhf.stages.sft import run_sft
@@ -52,3 +53,4 @@ def register(subparsers) -> None:
     _stage(subparsers, "rm", RewardConfig, run_reward, "train a reward model (pairwise or classification)")
     _stage(subparsers, "ppo", PPOConfig, run_ppo, "PPO from a reward model or reward function")
     _stage(subparsers, "eval", EvalConfig, run_eval, "evaluate a causal LM on held-out prompts")
+    _stage(subparsers, "merge", MergeConfig, run_merge, "fold a LoRA adapter (ppo --lora, rm --lora) into a full model")

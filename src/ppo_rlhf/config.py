@@ -133,7 +133,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     for field in dataclasses.fields(cls):
         kind, _ = _base_type(field.type)
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        help_text = f"{field.metadata.get('help', '')} (default: {default})"
+        # argparse %-formats help strings: a literal % must be doubled.
+        help_text = f"{field.metadata.get('help', '')} (default: {default})".replace("%", "%%")
         choices = field.metadata.get("choices")
         if kind is bool:
             group.add_argument(

@@ -26,6 +26,18 @@ def require_model_folder(path: str | Path, what: str) -> Path:
     return path
 
 
+def is_adapter_only(path: str | Path) -> bool:
+    """A peft adapter folder (adapter_config.json, no config.json of its own)."""
+    path = Path(path)
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def load_adapter_as_model(path, kind: str, dtype=None):
+    from ppo_rlhf.models.lora import load_adapter_as_model as load
+
+    return load(path, kind, dtype)
+
+
 # Any one of these says a folder holds a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model")
@@ -81,6 +93,8 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None):
     (AutoModelForCausalLM would happily wrap a BERT encoder or a reward model's trunk)."""
     from transformers import AutoModelForCausalLM
 
+    if is_adapter_only(path):  # a LoRA adapter (e.g. RUN/checkpoints/actor of a --lora run)
+        return load_adapter_as_model(path, "causal_lm", dtype)
     path = require_model_folder(path, "causal LM")
     config = _model_config(path, "causal LM")
     # A folder without architectures (a config written by hand) gets the benefit of the doubt.
@@ -98,6 +112,8 @@ def load_sequence_classifier(path: str | Path, dtype: torch.dtype | None = None)
     initialised, random score head, and PPO would chase noise: refuse it."""
     from transformers import AutoModelForSequenceClassification
 
+    if is_adapter_only(path):  # a reward adapter from `ppo-rlhf rm --lora`
+        return load_adapter_as_model(path, "classifier", dtype)
     path = require_model_folder(path, "reward model")
     config = _model_config(path, "reward model")
     if config.architectures and not any(a.endswith("ForSequenceClassification") for a in config.architectures):

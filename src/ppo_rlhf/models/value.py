@@ -46,7 +46,11 @@ class Critic(nn.Module):
     def from_pretrained_trunk(cls, path: str | Path) -> "Critic":
         from transformers import AutoModel
 
+        from ppo_rlhf.models.loading import is_adapter_only, load_adapter_as_model
+
         path = Path(path)
+        if is_adapter_only(path):  # a reward adapter: its base with the adapter merged in
+            return cls(load_adapter_as_model(path, "classifier").base_model)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"critic initialisation model not found: {path}")
         return cls(AutoModel.from_pretrained(path))
@@ -57,18 +61,21 @@ class Critic(nn.Module):
         ).last_hidden_state  # (B, L, H)
         return self.value_head(hidden)  # (B, L)
 
-    def save(self, path: str | Path) -> None:
-        """Trunk as a standard HF folder, value head beside it as safetensors."""
+    def save(self, path: str | Path, tokenizer=None) -> None:
+        """Trunk as a standard HF folder, value head beside it as safetensors; the tokenizer
+        says which token ids the critic reads."""
         from safetensors.torch import save_file
 
         path = Path(path)
         self.backbone.save_pretrained(path)
         save_file({k: v.contiguous() for k, v in self.value_head.state_dict().items()}, str(path / "value_head.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
 
-    @classmethod
-    def load(cls, path: str | Path) -> "Critic":
+    def load_saved(self, path: str | Path) -> None:
+        """Load weights written by :meth:`save` into this critic."""
         from safetensors.torch import load_file
+        from transformers import AutoModel
 
-        critic = cls.from_pretrained_trunk(path)
-        critic.value_head.load_state_dict(load_file(str(Path(path) / "value_head.safetensors")))
-        return critic
+        self.backbone.load_state_dict(AutoModel.from_pretrained(path).state_dict())
+        self.value_head.load_state_dict(load_file(str(Path(path) / "value_head.safetensors")))

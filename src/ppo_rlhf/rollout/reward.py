@@ -43,9 +43,10 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     Read from the attention mask, not from the pad id: with pad = EOS, the model's own pooling
     would skip the EOS that ends a response.  Works for left or right padding.
     """
-    head = getattr(model, "score", None)
-    trunk = model.base_model
-    if head is None or trunk is model:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
+    head = getattr(inner, "score", None)
+    trunk = inner.base_model
+    if head is None or trunk is inner:
         # No last-token head to call separately (e.g. BERT-style pooling): use the model's own.
         return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
     hidden = trunk(

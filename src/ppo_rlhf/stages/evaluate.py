@@ -40,7 +40,7 @@ class EvalConfig:
 
 
 def run_eval(config: EvalConfig) -> dict:
-    from ppo_rlhf.stages.ppo import build_reward  # the same reward loading as PPO
+    from ppo_rlhf.stages.roles import build_reward  # the same reward loading as PPO
 
     set_threads(config.num_threads)
     seed_everything(config.seed)

@@ -20,61 +20,17 @@ from ppo_rlhf.checkpoint import atomic_directory, atomic_write_text
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
-from ppo_rlhf.models import (Critic, load_causal_lm, load_sequence_classifier, load_tokenizer, same_vocabulary,
-                             save_pretrained_atomic)
-from ppo_rlhf.models.loading import TOKENIZER_FILES, require_model_folder
+from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
+from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
-from ppo_rlhf.rollout.reward import FunctionReward, ModelReward
 from ppo_rlhf.runlog import RunLog, read_metrics
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 CURVES = ["score", "kl", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
           "kl_coef"]
-
-
-def build_reward(config: PPOConfig, tokenizer, task):
-    if config.reward_fn:
-        return FunctionReward(config.reward_fn)
-    if config.reward_model:
-        model = load_sequence_classifier(config.reward_model)
-        return ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field)
-    if task is not None:
-        return FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward")
-    raise ConfigError("no reward: give --reward-model DIR or --reward-fn module:function")
-
-
-def shares_vocabulary(folder: str, tokenizer, actor) -> bool:
-    """Whether the model in ``folder`` reads the actor's token ids as the same tokens: by its
-    tokenizer when it has one, else (a critic checkpoint) by its vocabulary size."""
-    folder = require_model_folder(folder, "critic initialisation model")
-    if any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return same_vocabulary(load_tokenizer(folder), tokenizer)
-    from transformers import AutoConfig
-
-    return getattr(AutoConfig.from_pretrained(folder), "vocab_size", None) == actor.config.vocab_size
-
-
-def critic_init_folder(config: PPOConfig, tokenizer, actor) -> str:
-    """Where a separate critic starts.  It scores the actor's own token ids, position by
-    position, so (unlike the reward model, which can re-encode text) it must share the actor's
-    vocabulary: the reward model is the default only when it does, else the actor itself."""
-    if config.critic_model:
-        if not shares_vocabulary(config.critic_model, tokenizer, actor):
-            raise ConfigError(f"--critic-model {config.critic_model} has a different vocabulary from the actor "
-                              f"{config.model}; a separate critic reads the actor's token ids, so give a model "
-                              f"with the actor's tokenizer (or leave --critic-model empty)")
-        return config.critic_model
-    if config.reward_model and shares_vocabulary(config.reward_model, tokenizer, actor):
-        return config.reward_model
-    return config.model
-
-
-def build_critic(config: PPOConfig, tokenizer, actor):
-    if config.critic == "shared":
-        return None
-    return Critic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor))
 
 
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
@@ -92,7 +48,7 @@ def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
 def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> None:
     """Everything needed to continue, in one folder replaced atomically."""
     with atomic_directory(out / "checkpoints" / "last") as staging:
-        trainer.actor.save_pretrained(staging / "actor")
+        save_actor(trainer.actor, None, staging / "actor")
         if trainer.critic is not None:
             trainer.critic.save(staging / "critic")
         torch.save({"trainer": trainer.state_dict(), "prompt_rng": rng.get_state(), "torch_rng": torch.get_rng_state(),
@@ -100,13 +56,27 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> None:
                    staging / "trainer_state.pt")
 
 
+def is_peft_model(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def save_actor(actor, tokenizer, path: Path) -> Path:
+    """A full causal-LM folder, or with LoRA the policy adapter as a peft folder."""
+    if is_peft_model(actor):
+        return save_adapter(actor, actor.active_adapter, path, tokenizer)
+    return save_pretrained_atomic(actor, tokenizer, path)
+
+
 def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> bool:
     last = out / "checkpoints" / "last"
     if not (last / "trainer_state.pt").is_file():
         return False
-    trainer.actor.load_state_dict(load_causal_lm(last / "actor").state_dict())
+    if is_peft_model(trainer.actor):
+        load_adapter_weights(trainer.actor, trainer.actor.active_adapter, last / "actor")
+    else:
+        trainer.actor.load_state_dict(load_causal_lm(last / "actor").state_dict())
     if trainer.critic is not None:
-        trainer.critic.load_state_dict(Critic.load(last / "critic").state_dict())
+        trainer.critic.load_saved(last / "critic")
     state = torch.load(last / "trainer_state.pt", weights_only=False)
     trainer.load_state_dict(state["trainer"])
     rng.set_state(state["prompt_rng"])
@@ -123,17 +93,12 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     set_threads(config.num_threads)
     seed_everything(config.seed)
     task = load_task(config.task, config.seed)
-    if config.model is None:
-        raise ConfigError("no actor: give --model DIR (the SFT checkpoint)")
-    # The model before its tokenizer: a folder of the wrong kind is then named as such.
-    actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)
-    tokenizer = load_tokenizer(config.model)
-    reward = build_reward(config, tokenizer, task)
+    roles = load_roles(config, task)
+    actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
     train_rows, eval_rows = prompt_sets(config, task)
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=config.do_sample, temperature=config.temperature, seed=config.seed)
-    critic = build_critic(config, tokenizer, actor)
-    trainer = PPOTrainer(actor, ref, reward, tokenizer, config, generator, critic=critic)
+    trainer = PPOTrainer(actor, roles.ref, reward, tokenizer, config, generator, critic=roles.critic)
     out = Path(config.out)
     rng = torch.Generator().manual_seed(config.seed)
     resumed = config.resume and load_last(trainer, out, rng)
@@ -176,11 +141,10 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         if config.save_every and (done % config.save_every == 0 or done == config.iterations):
             save_last(trainer, out, rng)
 
-    actor_dir = save_pretrained_atomic(actor, tokenizer, out / "checkpoints" / "actor")
+    actor_dir = save_actor(actor, tokenizer, out / "checkpoints" / "actor")
     with atomic_directory(out / "checkpoints" / "critic") as staging:
         if trainer.critic is not None:
-            trainer.critic.save(staging)
-            tokenizer.save_pretrained(staging)  # says which token ids the critic reads
+            trainer.critic.save(staging, tokenizer)
         else:
             from safetensors.torch import save_file
 

@@ -9,6 +9,7 @@ from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import require_model_folder
+from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
@@ -34,6 +35,11 @@ def run_reward(config: RewardConfig) -> dict:
     if config.model:
         tokenizer = load_tokenizer(config.model)
         model = load_classifier_from(config.model, num_labels, tokenizer)
+        if config.lora:
+            from peft import get_peft_model
+
+            # SEQ_CLS: peft trains the new score head in full beside the adapter and saves it with it.
+            model = get_peft_model(model, config.lora_config("SEQ_CLS", model))
     else:
         tokenizer = task.tokenizer if task is not None else None
         if tokenizer is None:
@@ -44,7 +50,10 @@ def run_reward(config: RewardConfig) -> dict:
     out = Path(config.out)
     run_log = RunLog(out, to_dict(config))
     result = train_reward_model(model, tokenizer, rows, config, run_log=run_log)
-    checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "reward")
+    if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder)
+        checkpoint = save_adapter(model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
+    else:
+        checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "reward")
     run_log.plot(["loss", "train_accuracy"])
     summary = {
         "stage": "reward",

@@ -34,6 +34,7 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, ValueHead, hidden_size_of
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.logprobs import critic_values, forward_response, logprobs_from_logits
@@ -95,8 +96,9 @@ class PPOTrainer:
     """Actor, critic, reference and reward, and the PPO iteration that ties them together.
 
     Args:
-        actor: the causal LM being tuned (initialised from the SFT model).
-        ref: a frozen copy of the SFT model.
+        actor: the causal LM being tuned (initialised from the SFT model), or a peft model whose
+            active adapter is the policy (LoRA on one base, see models/lora.py).
+        ref: a frozen copy of the SFT model; None with LoRA: the base with adapters disabled.
         reward: ``reward(ScoringBatch) -> (B,)`` scores (a ModelReward or FunctionReward).
         tokenizer: the actor's tokenizer.
         config: PPOConfig.
@@ -115,8 +117,10 @@ class PPOTrainer:
             disable_dropout(actor)
             if critic is not None:
                 disable_dropout(critic)
-        actor_params = [p for p in actor.parameters() if p.requires_grad]
         critic_params = [p for p in self.critic_module().parameters() if p.requires_grad]
+        # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
+        critic_ids = {id(p) for p in critic_params}
+        actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
         self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
         self.optimizer = torch.optim.AdamW(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
@@ -146,6 +150,12 @@ class PPOTrainer:
             values = critic_values(self.critic, sequences)
         return out.logits, values
 
+    def reference_logits(self, sequences: Sequences) -> torch.Tensor:
+        if self.ref is None:  # LoRA on one base: the reference is the base itself
+            with adapters_disabled(self.actor):
+                return forward_response(self.actor, sequences, self.config.temperature).logits
+        return forward_response(self.ref, sequences, self.config.temperature).logits
+
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
     def make_experience(self, rows: list[dict]) -> tuple[Experience, dict[str, float]]:
@@ -174,7 +184,7 @@ class PPOTrainer:
         logprobs = logprobs_from_logits(logits, sequences.response_ids)
 
         # 4. reference log-probs
-        ref_logits = forward_response(self.ref, sequences, config.temperature).logits
+        ref_logits = self.reference_logits(sequences)
         ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
 
         # 5. shaped rewards

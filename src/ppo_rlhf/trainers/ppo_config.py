@@ -6,16 +6,21 @@ from dataclasses import dataclass
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.core import KL_ESTIMATORS
+from ppo_rlhf.models.lora import LoraOptions
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(LoraOptions):
+    """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
+    the actor is a policy adapter, the reference is the base with adapters disabled, a reward
+    adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
+
     # --- models and data
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")
     reward_model: str | None = option(None, "reward model folder (sequence classifier); or use --reward-fn")
     reward_fn: str | None = option(None, "reward function 'package.module:function', f(prompts, responses) -> scores")
-    critic: str = option("shared", "shared: value head on the actor's trunk; separate: its own model",
-                         choices=("shared", "separate"))
+    critic: str = option("shared", "shared: value head on the actor's trunk; separate: its own model; lora: its own "
+                                   "adapter on the actor's base (needs --lora)", choices=("shared", "separate", "lora"))
     critic_model: str | None = option(None, "separate critic initialisation (default: the reward model when it shares "
                                             "the actor's tokenizer, else the actor)")
     task: str | None = option(None, "built-in task supplying prompts and metric when --prompts is empty", choices=(None, "doubling"))
@@ -74,6 +79,9 @@ class PPOConfig:
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
     def validate(self) -> None:
+        self.validate_lora()
+        check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
+              self.critic)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",

@@ -18,12 +18,16 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
+from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.trainers.sft import lr_at
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(LoraOptions):
+    """``--lora``: train a LoRA adapter and a score head on the frozen ``--model``; PPO with
+    ``--lora`` on the same base then runs the reward from that one base."""
+
     model: str | None = option(None, "model folder to start from (a causal LM or a classifier); empty: build a tiny GPT-2")
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk); empty: the task's")
     task: str = option("doubling", "built-in task that supplies data when --data is empty", choices=("doubling",))
@@ -52,6 +56,8 @@ class RewardConfig:
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
     def validate(self) -> None:
+        self.validate_lora()
+        check(self.model is not None or not self.lora, "lora", "--lora needs --model (the base to adapt)", self.lora)
         check(self.steps > 0, "steps", "> 0", self.steps)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         check(self.lr > 0, "lr", "> 0", self.lr)
@@ -147,7 +153,8 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     n_eval = int(len(rows) * config.eval_fraction)
     eval_index, train_index = torch.tensor(order[:n_eval], dtype=torch.long), torch.tensor(order[n_eval:])
     examples = _Examples(tokenizer, rows, config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    parameters = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter and the head
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
     start = time.perf_counter()
     model.train()
@@ -158,7 +165,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         loss, correct = examples.loss_and_correct(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm)
         optimizer.step()
         if run_log is not None and (step % 25 == 0 or step == config.steps - 1):
             run_log.log(step + 1, {"loss": loss.item(), "train_accuracy": correct.float().mean().item(),

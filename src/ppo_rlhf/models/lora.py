@@ -1,0 +1,316 @@
+"""LoRA with peft: one base model in memory serves every PPO role.
+
+    actor      base + the "policy" adapter (trained)
+    reference  the same base with every adapter disabled (the model PPO started from)
+    critic     the policy adapter's trunk + a value head (shared), or base + a "critic" adapter
+               + a value head (its own adapter, initialised from the reward adapter when there is one)
+    reward     base + a "reward" adapter + its score head, trained by ``ppo-rlhf rm --lora``
+
+Only one adapter is active at a time; :func:`active_adapter` switches for one forward pass.
+Gradients flow to whichever adapters took part in the graph, so the actor and a critic adapter
+train together in one backward pass.
+
+Every adapter is saved as a standard peft folder (``adapter_config.json`` +
+``adapter_model.safetensors``) that ``PeftModel.from_pretrained(base, folder)`` loads;
+:func:`merge_adapter_folder` folds one into a full Hugging Face model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ppo_rlhf.checkpoint import atomic_directory
+from ppo_rlhf.config import check, option
+from ppo_rlhf.models.loading import ModelError
+from ppo_rlhf.models.value import ValueHead, hidden_size_of
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+VALUE_HEAD = "value_head.safetensors"
+
+
+@dataclass
+class LoraOptions:
+    """The LoRA fields shared by every stage that can train adapters (``rm`` and ``ppo``)."""
+
+    lora: bool = option(False, "train LoRA adapters on one frozen base instead of the full model (peft)")
+    lora_r: int = option(16, "LoRA rank")
+    lora_alpha: float = option(32.0, "LoRA alpha: the adapter's update is scaled by alpha / r")
+    lora_dropout: float = option(0.0, "dropout on the LoRA path (0 keeps the first PPO ratio exactly 1)")
+    lora_target_modules: str = option("all-linear", "modules to adapt: 'all-linear' (every linear layer but the "
+                                                    "output head) or comma-separated module names, e.g. q_proj,v_proj")
+
+    def validate_lora(self) -> None:
+        check(self.lora_r > 0, "lora_r", "> 0", self.lora_r)
+        check(self.lora_alpha > 0, "lora_alpha", "> 0", self.lora_alpha)
+        check(0.0 <= self.lora_dropout < 1.0, "lora_dropout", "0 <= x < 1", self.lora_dropout)
+        check(bool(self.lora_target_modules.strip()), "lora_target_modules", "'all-linear' or module names",
+              self.lora_target_modules)
+
+    def lora_config(self, task_type: str, model: nn.Module | None = None):
+        from peft import LoraConfig
+
+        targets = self.lora_target_modules.strip()
+        return LoraConfig(
+            r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
+            target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+            task_type=task_type,
+            # GPT-2 stores its linear layers transposed (Conv1D); peft needs to be told.
+            fan_in_fan_out=model is not None and uses_conv1d(model),
+        )
+
+
+def uses_conv1d(model: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(module, Conv1D) for module in model.modules())
+
+
+# ------------------------------------------------------------------ adapter folders
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base_path(path: str | Path) -> Path:
+    """The base model folder an adapter was trained on, as recorded in its config."""
+    record = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+    base = record.get("base_model_name_or_path")
+    if not base:
+        raise FileNotFoundError(f"adapter {path} does not record its base model (base_model_name_or_path)")
+    return Path(base)
+
+
+def save_adapter(peft_model, adapter_name: str, path: str | Path, tokenizer=None, extra: dict | None = None) -> Path:
+    """One adapter as a standard peft folder at ``path`` (not in a sub-folder named after the
+    adapter, as ``save_pretrained`` would put it), written atomically.  ``extra``: more
+    safetensors files to write beside it, ``{file name: state dict}``."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    config = copy.deepcopy(peft_model.peft_config[adapter_name])
+    config.inference_mode = True
+    config.base_model_name_or_path = str(Path(peft_model.get_base_model().name_or_path).resolve())
+    state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
+    with atomic_directory(path) as staging:
+        config.save_pretrained(staging)
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(staging / ADAPTER_WEIGHTS))
+        for name, tensors in (extra or {}).items():
+            save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(staging / name))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+    return path
+
+
+def read_adapter(path: str | Path):
+    """(LoraConfig, LoRA weights, other weights) of an adapter folder.  "Other" holds what peft
+    saved beside the LoRA matrices, such as a reward adapter's score head."""
+    from peft import PeftConfig
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = PeftConfig.from_pretrained(path)
+    state = load_file(str(path / ADAPTER_WEIGHTS))
+    lora = {k: v for k, v in state.items() if "lora_" in k}
+    other = {k: v for k, v in state.items() if "lora_" not in k}
+    return config, lora, other
+
+
+def add_adapter_from(peft_model, adapter_name: str, config, lora_weights: dict) -> None:
+    """Add an adapter with given weights to ``peft_model`` (on whatever head it has)."""
+    from peft import set_peft_model_state_dict
+
+    config = copy.deepcopy(config)
+    config.modules_to_save = None  # a reward adapter's score head is kept apart, not wrapped into the LM
+    config.task_type = peft_model.peft_config[peft_model.active_adapter].task_type
+    config.inference_mode = False
+    peft_model.add_adapter(adapter_name, config)
+    result = set_peft_model_state_dict(peft_model, lora_weights, adapter_name=adapter_name)
+    missing = [k for k in result.missing_keys if "lora_" in k and f".{adapter_name}." in k]
+    if missing:
+        raise ValueError(f"adapter weights do not fit the base model: {len(missing)} LoRA matrices missing, "
+                         f"e.g. {missing[0]}")
+
+
+def load_adapter_weights(peft_model, adapter_name: str, path: str | Path) -> None:
+    """Load the LoRA weights saved at ``path`` into the existing adapter ``adapter_name``."""
+    from peft import set_peft_model_state_dict
+
+    _, lora, _ = read_adapter(path)
+    set_peft_model_state_dict(peft_model, lora, adapter_name=adapter_name)
+
+
+@contextlib.contextmanager
+def trainable_flags_kept(peft_model) -> Iterator[None]:
+    """Restore every adapter's ``requires_grad`` on exit.
+
+    peft's ``set_adapter`` and the exit of ``disable_adapter`` make the active adapter the only
+    trainable one; which adapters train is the trainer's decision, not a side effect of a
+    forward pass.
+    """
+    flags = [(p, p.requires_grad) for name, p in peft_model.named_parameters() if "lora_" in name]
+    try:
+        yield
+    finally:
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def active_adapter(peft_model, adapter_name: str) -> Iterator[None]:
+    """Run the base with ``adapter_name`` active, then switch back."""
+    previous = peft_model.active_adapter
+    if previous == adapter_name:
+        yield
+        return
+    with trainable_flags_kept(peft_model):
+        peft_model.set_adapter(adapter_name)
+        try:
+            yield
+        finally:
+            peft_model.set_adapter(previous)
+
+
+@contextlib.contextmanager
+def adapters_disabled(peft_model) -> Iterator[None]:
+    """Run the base alone (the PPO reference)."""
+    with trainable_flags_kept(peft_model), peft_model.disable_adapter():
+        yield
+
+
+def adapter_parameters(peft_model, adapter_name: str) -> list[nn.Parameter]:
+    return [p for name, p in peft_model.named_parameters() if f".{adapter_name}." in name and "lora_" in name]
+
+
+def trunk_of(peft_model) -> nn.Module:
+    """The transformer trunk (no LM head) inside a peft-wrapped model."""
+    return peft_model.get_base_model().base_model
+
+
+# ------------------------------------------------------------------ roles on the shared base
+class AdapterCritic(nn.Module):
+    """The critic as its own adapter on the shared base, plus a value head.
+
+    The adapter's parameters are registered here too (as the same tensors), so the critic's
+    ``parameters()`` are exactly what the critic trains; the base is not a sub-module: it
+    belongs to the actor.
+    """
+
+    def __init__(self, peft_model, adapter_name: str = "critic", value_head: ValueHead | None = None):
+        super().__init__()
+        self._peft_model = [peft_model]  # a list keeps it out of this module's sub-modules
+        self.adapter_name = adapter_name
+        self.value_head = value_head or ValueHead(hidden_size_of(peft_model.get_base_model()))
+        self.adapter = nn.ParameterList(adapter_parameters(peft_model, adapter_name))
+
+    @property
+    def peft_model(self):
+        return self._peft_model[0]
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        with active_adapter(self.peft_model, self.adapter_name):
+            hidden = trunk_of(self.peft_model)(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            ).last_hidden_state  # (B, L, H)
+        return self.value_head(hidden)  # (B, L)
+
+    def save(self, path: str | Path, tokenizer=None) -> None:
+        save_adapter(self.peft_model, self.adapter_name, path, tokenizer, extra={VALUE_HEAD: self.value_head.state_dict()})
+
+    def load_saved(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        load_adapter_weights(self.peft_model, self.adapter_name, path)
+        self.value_head.load_state_dict(load_file(str(Path(path) / VALUE_HEAD)))
+
+
+class _AdapterTrunk:
+    """Callable trunk that runs the shared base with one adapter active (not an nn.Module:
+    freezing the reward must not freeze the base that the actor trains)."""
+
+    def __init__(self, peft_model, adapter_name: str):
+        self.peft_model, self.adapter_name = peft_model, adapter_name
+
+    def __call__(self, **inputs):
+        with active_adapter(self.peft_model, self.adapter_name):
+            return trunk_of(self.peft_model)(**inputs)
+
+
+class AdapterRewardModel(nn.Module):
+    """A reward adapter on the shared base, shaped like a sequence classifier for
+    :class:`~ppo_rlhf.rollout.reward.ModelReward`: ``base_model`` (the trunk, run with the
+    reward adapter) and ``score`` (its head)."""
+
+    def __init__(self, peft_model, adapter_name: str, score: nn.Linear):
+        super().__init__()
+        self.score = score
+        self.base_model = _AdapterTrunk(peft_model, adapter_name)
+        self.config = peft_model.get_base_model().config
+
+
+def score_head_from(other_weights: dict, path: str | Path) -> nn.Linear:
+    """The score head saved in a reward adapter folder (peft's ``modules_to_save``)."""
+    weight_keys = [k for k in other_weights if k.endswith("score.weight")]
+    if not weight_keys:
+        raise ValueError(f"{path} holds no score head (score.weight): is it a reward adapter from `ppo-rlhf rm --lora`?")
+    weight = other_weights[weight_keys[0]]
+    bias = other_weights.get(weight_keys[0][: -len("weight")] + "bias")
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)  # (K, H) weight
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        if bias is not None:
+            head.bias.copy_(bias)
+    return head
+
+
+# ------------------------------------------------------------------ full models from adapters
+def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None = None, base: str | Path | None = None):
+    """Base + adapter merged into one plain ``transformers`` model.  ``kind``: "causal_lm" or
+    "classifier" (the adapter's score head is loaded as the classifier's head).  ``base``: the
+    base folder, if not the one the adapter records."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    path = Path(path)
+    record = json.loads((path / ADAPTER_CONFIG).read_text())
+    if record.get("peft_type") != "LORA":
+        raise ModelError(f"{path} holds a {record.get('peft_type')} adapter; ppo-rlhf loads LoRA adapters")
+    is_reward = record.get("task_type") == "SEQ_CLS"
+    if is_reward != (kind == "classifier"):
+        wanted, found = ("a reward", "a causal-LM") if kind == "classifier" else ("a causal-LM", "a reward")
+        raise ModelError(f"{path} holds {found} adapter (task_type {record.get('task_type')}), not {wanted} adapter")
+    base = Path(base) if base is not None else adapter_base_path(path)
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"adapter {path} was trained on {base}, which is not a model folder (no config.json)")
+    if kind == "classifier":
+        _, _, other = read_adapter(path)
+        num_labels = score_head_from(other, path).out_features
+        model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=num_labels, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    merged = PeftModel.from_pretrained(model, path).merge_and_unload()
+    merged.name_or_path = str(path)
+    return merged
+
+
+def merge_adapter_folder(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
+    """Fold an adapter into its base and save a full model folder (with the tokenizer)."""
+    from ppo_rlhf.models.loading import load_tokenizer, save_pretrained_atomic
+
+    adapter = Path(adapter)
+    record = json.loads((adapter / ADAPTER_CONFIG).read_text())
+    kind = "classifier" if record.get("task_type") == "SEQ_CLS" else "causal_lm"
+    model = load_adapter_as_model(adapter, kind, base=base)
+    has_tokenizer = (adapter / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(adapter if has_tokenizer else (base or adapter_base_path(adapter)))
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id  # HF's own classifier pooling needs it
+    return save_pretrained_atomic(model, tokenizer, out)

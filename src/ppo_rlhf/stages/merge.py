@@ -1,0 +1,37 @@
+"""``ppo-rlhf merge``: fold a LoRA adapter into its base, giving a full Hugging Face model folder.
+
+Works for a policy adapter (``RUN/checkpoints/actor`` of a ``ppo --lora`` run: a causal LM) and a
+reward adapter (``rm --lora``: a sequence classifier).  The base is the folder the adapter
+records (``base_model_name_or_path``), unless ``--base`` names another copy of it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ppo_rlhf.config import ConfigError, check, option
+from ppo_rlhf.models.lora import ADAPTER_CONFIG, merge_adapter_folder
+
+
+@dataclass
+class MergeConfig:
+    adapter: str | None = option(None, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")
+    base: str | None = option(None, "base model folder (default: the one the adapter records)")
+    out: str | None = option(None, "where to write the merged model (with the tokenizer)")
+
+    def validate(self) -> None:
+        check(self.adapter is not None, "adapter", "an adapter folder", self.adapter)
+        check(self.out is not None, "out", "a folder to write", self.out)
+
+
+def run_merge(config: MergeConfig) -> dict:
+    adapter = Path(config.adapter)
+    if not (adapter / ADAPTER_CONFIG).is_file():
+        raise FileNotFoundError(f"{adapter} is not a LoRA adapter folder (no {ADAPTER_CONFIG})")
+    if Path(config.out).resolve() == adapter.resolve():
+        raise ConfigError("--out must differ from --adapter: the merged model would replace the adapter")
+    start = time.perf_counter()
+    out = merge_adapter_folder(adapter, config.out, base=config.base)
+    return {"adapter": str(adapter), "merged": str(out), "seconds": round(time.perf_counter() - start, 2)}

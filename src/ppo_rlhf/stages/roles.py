@@ -1,0 +1,152 @@
+"""The four PPO roles -- actor, reference, reward, critic -- loaded from a PPOConfig.
+
+Full models: the actor and a frozen reference are two copies of ``--model``; the reward is a
+model folder or a function; the critic is a value head on the actor (shared) or its own model.
+
+``--lora``: one base in memory (models/lora.py).  The actor is the base + a policy adapter,
+the reference is the base with adapters disabled, a reward adapter trained on the same base
+(``rm --lora``) runs on it too, and ``--critic lora`` gives the critic an adapter of its own,
+initialised from the reward adapter when there is one (as a separate critic starts from the
+reward model).  A reward model that is not an adapter of this base loads as a model of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.models import Critic, load_causal_lm, load_sequence_classifier, load_tokenizer, same_vocabulary
+from ppo_rlhf.models.value import ValueHead
+from ppo_rlhf.models.loading import TOKENIZER_FILES, is_adapter_only, require_model_folder
+from ppo_rlhf.models.lora import (
+    AdapterCritic,
+    AdapterRewardModel,
+    adapter_base_path,
+    add_adapter_from,
+    read_adapter,
+    score_head_from,
+)
+from ppo_rlhf.rollout.reward import FunctionReward, ModelReward
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+POLICY, CRITIC, REWARD = "policy", "critic", "reward"  # adapter names on the shared base
+
+
+@dataclass
+class Roles:
+    actor: object  # causal LM, or a peft model with the policy adapter active
+    ref: object | None  # None: the actor's base with adapters disabled
+    reward: object  # ModelReward or FunctionReward
+    critic: object | None  # Critic, AdapterCritic, or None for a value head on the actor
+    tokenizer: object
+
+
+def load_roles(config: PPOConfig, task) -> Roles:
+    if config.model is None:
+        raise ConfigError("no actor: give --model DIR (the SFT checkpoint)")
+    if config.lora:
+        return load_single_base_roles(config, task)
+    # The model before its tokenizer: a folder of the wrong kind is then named as such.
+    actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)
+    tokenizer = load_tokenizer(config.model)
+    reward = build_reward(config, tokenizer, task)
+    return Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
+
+
+def load_single_base_roles(config: PPOConfig, task) -> Roles:
+    from peft import get_peft_model
+
+    base = load_causal_lm(config.model)
+    tokenizer = load_tokenizer(config.model)
+    actor = get_peft_model(base, config.lora_config("CAUSAL_LM", base), adapter_name=POLICY)
+    reward_adapter = None
+    if config.reward_model and is_adapter_of(config.reward_model, config.model):
+        reward_adapter = read_adapter(config.reward_model)  # (config, LoRA weights, score head weights)
+        add_adapter_from(actor, REWARD, reward_adapter[0], reward_adapter[1])
+        head = score_head_from(reward_adapter[2], config.reward_model)
+        reward = ModelReward(AdapterRewardModel(actor, REWARD, head), load_tokenizer(config.reward_model), tokenizer,
+                             label_field=config.label_field)
+    else:
+        reward = build_reward(config, tokenizer, task)
+
+    critic = None
+    if config.critic == "lora":
+        if reward_adapter is not None:
+            add_adapter_from(actor, CRITIC, reward_adapter[0], reward_adapter[1])
+            critic = AdapterCritic(actor, CRITIC, value_head_from(reward.model.score))
+        else:
+            actor.add_adapter(CRITIC, config.lora_config("CAUSAL_LM", base))
+            critic = AdapterCritic(actor, CRITIC)
+    elif config.critic == "separate":
+        critic = build_critic(config, tokenizer, base)
+
+    # Which adapters train is decided here, once: peft's add/set_adapter also toggle it.
+    actor.set_adapter(POLICY)
+    trained = [POLICY] + ([CRITIC] if config.critic == "lora" else [])
+    actor.set_requires_grad(trained, True)
+    if reward_adapter is not None:
+        actor.set_requires_grad(REWARD, False)
+    return Roles(actor, None, reward, critic, tokenizer)
+
+
+def value_head_from(score) -> ValueHead:
+    """A value head starting as a one-output reward head (a pairwise reward model's), else fresh."""
+    head = ValueHead(score.in_features)
+    if score.out_features == 1:
+        with torch.no_grad():
+            head.summary.weight.copy_(score.weight)
+            head.summary.bias.copy_(score.bias if score.bias is not None else torch.zeros(1))
+    return head
+
+
+def is_adapter_of(adapter: str, model: str) -> bool:
+    """Whether ``adapter`` is a LoRA adapter trained on the model folder ``model``."""
+    return is_adapter_only(adapter) and adapter_base_path(adapter).resolve() == Path(model).resolve()
+
+
+def build_reward(config: PPOConfig, tokenizer, task):
+    if config.reward_fn:
+        return FunctionReward(config.reward_fn)
+    if config.reward_model:
+        model = load_sequence_classifier(config.reward_model)
+        return ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field)
+    if task is not None:
+        return FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward")
+    raise ConfigError("no reward: give --reward-model DIR or --reward-fn module:function")
+
+
+def shares_vocabulary(folder: str, tokenizer, actor) -> bool:
+    """Whether the model in ``folder`` reads the actor's token ids as the same tokens: by its
+    tokenizer when it has one, else (a critic checkpoint) by its vocabulary size."""
+    folder = Path(folder)
+    if not is_adapter_only(folder):
+        require_model_folder(folder, "critic initialisation model")
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return same_vocabulary(load_tokenizer(folder), tokenizer)
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(folder), "vocab_size", None) == actor.config.vocab_size
+
+
+def critic_init_folder(config: PPOConfig, tokenizer, actor) -> str:
+    """Where a separate critic starts.  It scores the actor's own token ids, position by
+    position, so (unlike the reward model, which can re-encode text) it must share the actor's
+    vocabulary: the reward model is the default only when it does, else the actor itself."""
+    if config.critic_model:
+        if not shares_vocabulary(config.critic_model, tokenizer, actor):
+            raise ConfigError(f"--critic-model {config.critic_model} has a different vocabulary from the actor "
+                              f"{config.model}; a separate critic reads the actor's token ids, so give a model "
+                              f"with the actor's tokenizer (or leave --critic-model empty)")
+        return config.critic_model
+    if config.reward_model and shares_vocabulary(config.reward_model, tokenizer, actor):
+        return config.reward_model
+    return config.model
+
+
+def build_critic(config: PPOConfig, tokenizer, actor):
+    if config.critic == "shared":
+        return None
+    return Critic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor))

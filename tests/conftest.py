@@ -1,0 +1,41 @@
+"""Session fixtures: the tiny model zoo (tests/zoo.py) and pairwise reward models trained on it."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from datasets import Dataset
+
+from zoo import ARCHS, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, build_model, run, write_jsonl
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    folders = {arch: build_model(arch, root / arch) for arch in ARCHS}
+    sft_rows = [{"question": p, "answer": " good answer"} for p in PROMPTS] * 2
+    data = {"jsonl": write_jsonl(root / "sft.jsonl", sft_rows), "parquet": root / "sft.parquet", "disk": root / "sft_disk"}
+    Dataset.from_list(sft_rows).to_parquet(str(data["parquet"]))
+    Dataset.from_list(sft_rows).save_to_disk(str(data["disk"]))
+    pairs = write_jsonl(root / "pairs.jsonl", [{"query": p, "good": " good answer", "bad": " bad answer, i do not know"}
+                                               for p in PROMPTS] * 4)
+    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    chat = write_jsonl(root / "chat.jsonl", [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS])
+    (root / f"{REWARDS_MODULE}.py").write_text(REWARDS_SOURCE)
+    sys.path.insert(0, str(root))
+    yield {"root": root, **folders, "data": data, "pairs": pairs, "prompts": prompts, "chat": chat}
+    sys.path.remove(str(root))
+    sys.modules.pop(REWARDS_MODULE, None)
+
+
+@pytest.fixture(scope="session")
+def reward_models(zoo):
+    """One pairwise reward model per architecture that PPO needs one for (llama, qwen2)."""
+    out = {}
+    for arch in ("llama", "qwen2"):
+        run(["rm", "--mode", "pairwise", "--model", zoo[arch], "--data", zoo["pairs"], "--prompt-field", "query",
+             "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
+             "--eval-fraction", 0.25, "--out", zoo["root"] / f"rm_{arch}", *THREADS])
+        out[arch] = zoo["root"] / f"rm_{arch}"
+    return out

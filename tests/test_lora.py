@@ -1,0 +1,239 @@
+"""LoRA on one base (peft): every PPO role from one set of base weights.
+
+The tiny zoo of tests/zoo.py goes through ``rm --lora`` and ``ppo --lora`` in each critic mode
+and reward kind; then the single-base mechanics are checked against plain models: the
+reference is exactly the base, the reward adapter on the shared base scores what the merged
+reward model scores, the critic adapter starts as the reward, only the trained adapters move,
+a killed run resumes to the same weights, and ``merge`` gives a full model computing the same
+logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+from safetensors.torch import load_file
+
+from ppo_rlhf.config import build_config
+from ppo_rlhf.models import load_causal_lm, load_sequence_classifier
+from ppo_rlhf.models.lora import AdapterCritic
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.logprobs import forward_response
+from ppo_rlhf.rollout.responses import generate_responses
+from ppo_rlhf.rollout.reward import ScoringBatch
+from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.stages.roles import load_roles
+from ppo_rlhf.trainers.ppo import PPOTrainer
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+from zoo import PROMPTS, REWARDS_MODULE, THREADS, run, run_failing
+
+LORA = ["--lora", "--lora-r", 4, "--lora-alpha", 8]
+BUDGET = ["--iterations", 2, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 8,
+          "--max-length", 64, "--do-sample", "--lr", 1e-2, "--save-every", 0, *THREADS]
+
+
+@pytest.fixture(scope="module")
+def reward_adapters(zoo):
+    """A pairwise reward adapter per architecture, trained on that architecture's base."""
+    out = {}
+    for arch in ("gpt2", "llama", "qwen2"):
+        folder = zoo["root"] / f"rm_lora_{arch}"
+        run(["rm", "--mode", "pairwise", "--model", zoo[arch], "--data", zoo["pairs"], "--prompt-field", "query",
+             "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
+             "--eval-fraction", 0.25, "--out", folder, *LORA, *THREADS])
+        out[arch] = folder / "checkpoints" / "reward"
+    return out
+
+
+def lora_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(folder) / "adapter_model.safetensors"))
+
+
+def test_rm_lora_writes_a_peft_folder_that_peft_loads(zoo, reward_adapters):
+    for arch, folder in reward_adapters.items():
+        summary = json.loads((folder.parent.parent / "summary.json").read_text())
+        assert summary["eval_accuracy"] >= 0.8, (arch, summary)
+        assert not (folder / "config.json").exists()  # an adapter, not a copy of the base
+        base = AutoModelForSequenceClassification.from_pretrained(zoo[arch], num_labels=1)
+        model = PeftModel.from_pretrained(base, folder)
+        assert any("lora_B" in k and v.abs().sum() > 0 for k, v in lora_tensors(folder).items()), arch
+        assert any(k.endswith("score.weight") for k in lora_tensors(folder)), "the score head is saved with it"
+        assert model.peft_config["default"].base_model_name_or_path == str(Path(zoo[arch]).resolve())
+
+
+@pytest.mark.parametrize("arch, critic, reward", [
+    ("llama", "lora", "adapter"),   # all four roles on one base; critic adapter from the reward adapter
+    ("llama", "shared", "fn"),
+    ("qwen2", "shared", "adapter"),
+    ("qwen2", "separate", "fn"),    # a separate critic beside a LoRA actor
+    ("gpt2", "lora", "fn"),         # Conv1D layers; a fresh critic adapter
+    ("gpt2", "shared", "model"),    # a full reward model of another architecture (re-encoded text)
+])
+def test_ppo_lora_in_each_critic_mode_and_reward_kind(zoo, reward_models, reward_adapters, tmp_path, arch, critic,
+                                                      reward):
+    reward_args = {"fn": ["--reward-fn", f"{REWARDS_MODULE}:length_score"],
+                   "adapter": ["--reward-model", reward_adapters[arch]],
+                   "model": ["--reward-model", reward_models["llama"] / "checkpoints" / "reward"]}[reward]
+    out = tmp_path / "ppo"
+    run(["ppo", "--model", zoo[arch], "--prompts", zoo["prompts"], *reward_args, "--critic", critic, *LORA, *BUDGET,
+         "--eval-prompts", zoo["prompts"], "--eval-size", 3, "--out", out])
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    actor = Path(summary["checkpoints"]["actor"])
+    assert (actor / "adapter_config.json").is_file() and not (actor / "config.json").exists()
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo[arch]), actor)
+    assert model.config.model_type == arch
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in lora_tensors(actor).items()), "the policy did not move"
+    critic_folder = Path(summary["checkpoints"]["critic"])
+    assert (critic_folder / "value_head.safetensors").is_file()
+    assert (critic_folder / "adapter_config.json").is_file() == (critic == "lora")
+
+
+def test_the_first_command_line_works_as_written(zoo, tmp_path):
+    # ppo-rlhf ppo --model DIR --prompts FILE.jsonl --reward-fn module:function --lora --out RUN
+    out = tmp_path / "run"
+    run(["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:length_score",
+         "--lora", "--out", out, "--iterations", 1, "--batch-size", 4, "--mini-batch-size", 2, "--max-new-tokens", 4,
+         *THREADS])
+    actor = json.loads((out / "summary.json").read_text())["checkpoints"]["actor"]
+    assert PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo["llama"]), actor).config.model_type == "llama"
+    # The actor folder is usable wherever a causal LM is: eval loads base + adapter.
+    run(["eval", "--model", actor, "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:length_score",
+         "--size", 3, "--max-new-tokens", 4, "--max-length", 64, "--out", tmp_path / "eval", *THREADS])
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["prompts"] == 3
+
+
+# ---------------------------------------------------------------- single-base mechanics
+def single_base_trainer(zoo, reward_adapters, arch="llama", critic="lora", **overrides) -> PPOTrainer:
+    config = build_config(PPOConfig, {
+        "model": str(zoo[arch]), "reward_model": str(reward_adapters[arch]), "critic": critic, "lora": True,
+        "lora_r": 4, "lora_alpha": 8, "batch_size": 4, "mini_batch_size": 2, "ppo_epochs": 2, "max_new_tokens": 6,
+        "max_length": 64, "do_sample": True, "lr": 1e-2, **overrides})
+    roles = load_roles(config, None)
+    generator = TorchGenerator(roles.tokenizer.eos_token_id, roles.tokenizer.pad_token_id, config.max_new_tokens,
+                               do_sample=True, seed=0)
+    return PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator, critic=roles.critic)
+
+
+def rollout(trainer: PPOTrainer):
+    return generate_responses(trainer.actor, trainer.tokenizer, trainer.generator, PROMPTS[:4], 56)
+
+
+def test_one_base_in_memory_and_only_adapters_train(zoo, reward_adapters):
+    trainer = single_base_trainer(zoo, reward_adapters)
+    base_parameters = {id(p) for p in trainer.actor.get_base_model().parameters()}
+    assert trainer.ref is None
+    assert isinstance(trainer.critic, AdapterCritic)
+    # Neither the reward nor the critic holds weights of its own beyond its head and adapter.
+    assert all(id(p) in base_parameters for p in trainer.critic.adapter)
+    assert list(trainer.reward.model.parameters()) == list(trainer.reward.model.score.parameters())
+    names = {id(p): n for n, p in trainer.actor.named_parameters()}
+    trained = [names[id(p)] for group in trainer.optimizer.param_groups for p in group["params"] if id(p) in names]
+    assert trained and all("lora_" in n for n in trained)
+    assert {n.split(".")[-2] for n in trained} == {"policy", "critic"}  # never the reward adapter, never the base
+    actor_group, critic_group = ({id(p) for p in g["params"]} for g in trainer.optimizer.param_groups)
+    assert not actor_group & critic_group
+
+
+def test_reference_is_the_base_and_the_first_ratio_is_one(zoo, reward_adapters):
+    trainer = single_base_trainer(zoo, reward_adapters)
+    sequences = rollout(trainer).sequences
+    plain = load_causal_lm(zoo["llama"]).eval()
+    with torch.no_grad():
+        expected = forward_response(plain, sequences).logits
+        reference = trainer.reference_logits(sequences)
+        actor = forward_response(trainer.actor, sequences).logits  # LoRA B starts at 0: the actor is the base
+    torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actor, expected, atol=1e-5, rtol=1e-5)
+    trainer.step([{"prompt": p} for p in PROMPTS[:4]])
+    with torch.no_grad():
+        moved = forward_response(trainer.actor, sequences).logits
+        reference_after = trainer.reference_logits(sequences)
+    assert not torch.allclose(moved, expected, atol=1e-4)  # the policy moved ...
+    torch.testing.assert_close(reference_after, expected, atol=1e-5, rtol=1e-5)  # ... the reference did not
+
+
+def test_reward_adapter_on_the_shared_base_scores_like_the_merged_reward_model(zoo, reward_adapters):
+    trainer = single_base_trainer(zoo, reward_adapters)
+    responses = rollout(trainer)
+    batch = ScoringBatch([{}] * 4, PROMPTS[:4], responses.texts, responses.finished, responses.sequences)
+    shared = trainer.reward(batch)
+    merged = load_sequence_classifier(reward_adapters["llama"]).eval()  # base + adapter folded into one model
+    from ppo_rlhf.rollout.reward import ModelReward
+
+    torch.testing.assert_close(shared, ModelReward(merged)(batch), atol=1e-4, rtol=1e-4)
+    # ... and the critic adapter starts as that reward model: its value at the last token is the score.
+    with torch.no_grad():
+        values = trainer.critic(responses.sequences.input_ids, responses.sequences.attention_mask,
+                                torch.clamp(responses.sequences.attention_mask.cumsum(1) - 1, min=0))
+    last = responses.sequences.attention_mask.shape[1] - 1 - responses.sequences.attention_mask.flip(1).argmax(1)
+    torch.testing.assert_close(values[torch.arange(4), last], shared, atol=1e-4, rtol=1e-4)
+
+
+def test_reward_adapter_never_moves(zoo, reward_adapters):
+    trainer = single_base_trainer(zoo, reward_adapters)
+    reward_before = {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if ".reward." in n}
+    base_before = {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if "lora_" not in n}
+    critic_before = [p.detach().clone() for p in trainer.critic.adapter]
+    for _ in range(2):
+        trainer.step([{"prompt": p} for p in PROMPTS[:4]])
+    parameters = dict(trainer.actor.named_parameters())
+    assert all(torch.equal(parameters[n], v) for n, v in reward_before.items())
+    assert all(torch.equal(parameters[n], v) for n, v in base_before.items())
+    assert any(not torch.equal(p, v) for p, v in zip(trainer.critic.adapter, critic_before)), "the critic did not train"
+
+
+def test_lora_run_killed_midway_resumes_to_the_same_weights(zoo, reward_adapters, tmp_path):
+    common = ["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-model", reward_adapters["llama"],
+              "--critic", "lora", *LORA, *BUDGET[2:-4], "--save-every", 1, *THREADS]
+    run([*common, "--iterations", 3, "--out", tmp_path / "straight"])
+    run([*common, "--iterations", 2, "--out", tmp_path / "resumed"])
+    run([*common, "--iterations", 3, "--out", tmp_path / "resumed", "--resume"])
+    for role in ("actor", "critic"):
+        straight = lora_tensors(tmp_path / "straight" / "checkpoints" / role)
+        resumed = lora_tensors(tmp_path / "resumed" / "checkpoints" / role)
+        assert straight.keys() == resumed.keys()
+        for key in straight:
+            torch.testing.assert_close(resumed[key], straight[key], atol=1e-6, rtol=1e-5, msg=f"{role} {key}")
+    steps = [r["step"] for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]
+    assert steps == [1, 2, 3]
+
+
+def test_merge_gives_a_full_model_with_the_same_logits(zoo, reward_adapters, tmp_path):
+    out = tmp_path / "ppo"
+    run(["ppo", "--model", zoo["qwen2"], "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:length_score",
+         *LORA, *BUDGET, "--out", out])
+    actor = out / "checkpoints" / "actor"
+    run(["merge", "--adapter", actor, "--out", tmp_path / "merged"])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo["qwen2"]), actor).eval()
+    ids = torch.tensor([[5, 17, 42, 9, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
+    # A reward adapter merges into a sequence classifier.
+    run(["merge", "--adapter", reward_adapters["qwen2"], "--out", tmp_path / "merged_rm"])
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged_rm")
+    assert classifier.config.num_labels == 1 and classifier.config.pad_token_id is not None
+
+
+# ---------------------------------------------------------------- bad input
+def test_critic_lora_needs_lora(zoo, tmp_path, capsys):
+    err = run_failing(["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn",
+                       f"{REWARDS_MODULE}:length_score", "--critic", "lora", "--out", tmp_path], capsys)
+    assert "critic" in err and "--lora" in err
+
+
+def test_a_reward_adapter_is_not_taken_for_a_policy(zoo, reward_adapters, tmp_path, capsys):
+    err = run_failing(["ppo", "--model", reward_adapters["llama"], "--prompts", zoo["prompts"], "--reward-fn",
+                       f"{REWARDS_MODULE}:length_score", "--out", tmp_path], capsys)
+    assert str(reward_adapters["llama"]) in err and "reward adapter" in err
+
+
+def test_rm_lora_needs_a_base(tmp_path, capsys):
+    err = run_failing(["rm", "--lora", "--out", tmp_path], capsys)
+    assert "lora" in err and "--model" in err

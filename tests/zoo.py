@@ -1,0 +1,108 @@
+"""Tiny random models of three architectures with real (trained-here) BPE tokenizers, and the
+helpers the real-model tests share (fixtures are in conftest.py).
+
+    gpt2   GPT2LMHeadModel,  pad distinct from EOS, no BOS added, no chat template
+    llama  LlamaForCausalLM, pad = EOS, BOS added by the tokenizer
+    qwen2  Qwen2ForCausalLM, EOS <|im_end|>, a chat template
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+
+from ppo_rlhf.cli import main
+
+TEXT = ["the cat sat on the mat", "a dog ran in the park", "good answer", "bad answer", "hello world",
+        "what is two plus two", "four", "say something nice", "you are great", "i do not know"]
+PROMPTS = ["hello world", "the cat sat", "what is two plus two", "say something nice", "a dog ran", "you are"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+ARCHS = ("gpt2", "llama", "qwen2")
+THREADS = ["--num-threads", 1]
+REWARDS_MODULE = "ppo_rlhf_test_rewards"
+REWARDS_SOURCE = '''
+import math
+
+def length_score(prompts, responses):
+    return [len(r) / 10 for r in responses]
+
+def wrong_length(prompts, responses):
+    return [0.0]
+
+def not_a_number(prompts, responses):
+    return [math.nan] * len(responses)
+'''
+
+
+# ---------------------------------------------------------------- building tiny models
+def byte_level_bpe(special: list[str], vocab_size: int, bos: str | None = None) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(TEXT, trainer)
+    if bos:  # Llama-style: the tokenizer itself puts BOS in front
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])
+    return tokenizer
+
+
+def make_tokenizer(arch: str) -> PreTrainedTokenizerFast:
+    if arch == "gpt2":
+        return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>", "<pad>"], 300),
+                                       bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>")
+    if arch == "llama":
+        return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<s>", "</s>"], 320, bos="<s>"),
+                                       bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=byte_level_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 310),
+        eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def make_config(arch: str, tokenizer):
+    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+               bos_token_id=tokenizer.bos_token_id)
+    if arch == "gpt2":
+        return GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128, initializer_range=0.2, **ids)
+    config_class = LlamaConfig if arch == "llama" else Qwen2Config
+    # initializer_range 0.2: decisive logits, so greedy decoding is not decided by rounding.
+    return config_class(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
+                        tie_word_embeddings=arch == "qwen2", **ids)
+
+
+def build_model(arch: str, folder: Path) -> Path:
+    tokenizer = make_tokenizer(arch)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def run(args) -> None:
+    assert main([str(a) for a in args]) == 0, args
+
+
+def run_failing(args, capsys) -> str:
+    """The command's stderr; it must exit 2 without a traceback."""
+    assert main([str(a) for a in args]) == 2, args
+    return capsys.readouterr().err
+
+
+def weights_changed(before: Path, after: Path) -> bool:
+    old = AutoModelForCausalLM.from_pretrained(before).state_dict()
+    new = AutoModelForCausalLM.from_pretrained(after).state_dict()
+    return any(not torch.equal(old[k], v) for k, v in new.items() if k in old)
