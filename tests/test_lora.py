@@ -20,10 +20,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from safetensors.torch import load_file
 
 from ppo_rlhf.config import build_config
+from ppo_rlhf.core import entropy_from_logits, masked_mean, policy_loss, value_loss
 from ppo_rlhf.models import load_causal_lm, load_sequence_classifier
 from ppo_rlhf.models.lora import AdapterCritic
 from ppo_rlhf.rollout.generation import TorchGenerator
-from ppo_rlhf.rollout.logprobs import forward_response
+from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.runlog import read_metrics
@@ -186,6 +187,26 @@ def test_reward_adapter_never_moves(zoo, reward_adapters):
     assert all(torch.equal(parameters[n], v) for n, v in reward_before.items())
     assert all(torch.equal(parameters[n], v) for n, v in base_before.items())
     assert any(not torch.equal(p, v) for p, v in zip(trainer.critic.adapter, critic_before)), "the critic did not train"
+
+
+def test_actor_then_critic_backward_gives_the_gradients_of_the_summed_loss(zoo, reward_adapters):
+    # The update runs the actor's backward pass before building the critic's graph (memory);
+    # the gradients must be those of one backward pass of pg_loss + vf_coef * vf_loss - c * entropy.
+    trainer = single_base_trainer(zoo, reward_adapters, ppo_epochs=1, mini_batch_size=4, lr=1e-30, critic_lr=1e-30,
+                                  max_grad_norm=1e9, entropy_coef=0.01, vf_coef=0.5, cliprange_value=None)
+    experience, _ = trainer.make_experience([{"prompt": p} for p in PROMPTS[:4]])
+    trainer.update(experience)  # one minibatch: the whole batch (in another order; the losses are means)
+    update_grads = [p.grad.clone() for p in trainer.trainable_parameters]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    logits, values = trainer.policy_and_values(experience.sequences)
+    mask = experience.mask
+    pg_loss, _ = policy_loss(logprobs_from_logits(logits, experience.sequences.response_ids), experience.logprobs,
+                             experience.advantages, mask, 0.2)
+    vf_loss, _ = value_loss(values, experience.values, experience.returns, mask, None)
+    (pg_loss + 0.5 * vf_loss - 0.01 * masked_mean(entropy_from_logits(logits), mask)).backward()
+    assert any(g.abs().sum() > 0 for g in update_grads[:5]) and any(g.abs().sum() > 0 for g in update_grads[-5:])
+    for parameter, expected in zip(trainer.trainable_parameters, update_grads):
+        torch.testing.assert_close(parameter.grad, expected, atol=1e-6, rtol=1e-4)
 
 
 def test_lora_run_killed_midway_resumes_to_the_same_weights(zoo, reward_adapters, tmp_path):

@@ -218,7 +218,7 @@ class AdapterCritic(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         with active_adapter(self.peft_model, self.adapter_name):
             hidden = trunk_of(self.peft_model)(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             ).last_hidden_state  # (B, L, H)
         return self.value_head(hidden)  # (B, L)
 

@@ -57,7 +57,7 @@ class Critic(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, L, H)
         return self.value_head(hidden)  # (B, L)
 

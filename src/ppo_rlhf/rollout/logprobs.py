@@ -37,7 +37,7 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0) -> R
     attention_mask = sequences.attention_mask
     hidden = trunk(
         input_ids=sequences.input_ids, attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
+        position_ids=position_ids_from_mask(attention_mask), use_cache=False,
     ).last_hidden_state  # (B, P+T, H)
     start = sequences.prompt_length - 1
     hidden = hidden[:, start:-1]  # (B, T, H)
@@ -45,7 +45,10 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0) -> R
     softcap = getattr(config, "final_logit_softcapping", None)
     if softcap:  # Gemma-style models cap logits inside their forward; keep that here too
         logits = torch.tanh(logits / softcap) * softcap
-    return ResponseForward(logits=logits.float() / temperature, hidden=hidden)
+    logits = logits.float()
+    if temperature != 1.0:  # (no copy of a (B, T, V) tensor for nothing)
+        logits = logits / temperature
+    return ResponseForward(logits=logits, hidden=hidden)
 
 
 def critic_values(critic, sequences: Sequences) -> torch.Tensor:

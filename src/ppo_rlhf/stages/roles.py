@@ -48,12 +48,19 @@ def load_roles(config: PPOConfig, task) -> Roles:
     if config.model is None:
         raise ConfigError("no actor: give --model DIR (the SFT checkpoint)")
     if config.lora:
-        return load_single_base_roles(config, task)
-    # The model before its tokenizer: a folder of the wrong kind is then named as such.
-    actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)
-    tokenizer = load_tokenizer(config.model)
-    reward = build_reward(config, tokenizer, task)
-    return Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
+        roles = load_single_base_roles(config, task)
+    else:
+        # The model before its tokenizer: a folder of the wrong kind is then named as such.
+        actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)
+        tokenizer = load_tokenizer(config.model)
+        reward = build_reward(config, tokenizer, task)
+        roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
+    if config.gradient_checkpointing:
+        # Only the trained models: the reference and the reward never run a backward pass.
+        for model in (roles.actor, getattr(roles.critic, "backbone", None)):
+            if model is not None:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return roles
 
 
 def load_single_base_roles(config: PPOConfig, task) -> Roles:

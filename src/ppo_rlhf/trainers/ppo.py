@@ -137,13 +137,9 @@ class PPOTrainer:
         return self.critic if self.critic is not None else self.value_head
 
     # ------------------------------------------------------------ forward passes
-    def policy_and_values(self, sequences: Sequences, critic_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Response logits (B, T, V) of the actor and values (B, T) of the critic.
-
-        ``critic_only``: no gradient reaches the actor (a shared trunk stays as it is).
-        """
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not critic_only):
-            out = forward_response(self.actor, sequences, self.config.temperature)
+    def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
+        """Response logits (B, T, V) of the actor and values (B, T) of the critic."""
+        out = forward_response(self.actor, sequences, self.config.temperature)
         if self.critic is None:
             values = self.value_head(out.hidden)
         else:
@@ -229,19 +225,33 @@ class PPOTrainer:
         minibatches = [mb for _ in range(config.ppo_epochs) for mb in torch.randperm(batch_size).split(config.mini_batch_size)]
         for mb_index in minibatches:
             mb = experience.select(mb_index)
-            logits, values = self.policy_and_values(mb.sequences, critic_only=warming_up)
-            logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+            with torch.set_grad_enabled(not warming_up):
+                out = forward_response(self.actor, mb.sequences, config.temperature)
+            logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
             pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio)
-            vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
-            entropy = masked_mean(entropy_from_logits(logits), mb.mask)
+            # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
+            # several (B, T, V) tensors for the backward pass).
+            with torch.set_grad_enabled(config.entropy_coef != 0 and not warming_up):
+                entropy = masked_mean(entropy_from_logits(out.logits), mb.mask)
             if config.max_approx_kl is not None and not warming_up and pg_stats["approx_kl"] > config.max_approx_kl:
                 break  # the policy has moved far enough from the one that collected the batch
-            if warming_up:
-                loss = config.vf_coef * vf_loss
-            else:
-                loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
+            actor_loss = None if warming_up else pg_loss - config.entropy_coef * entropy
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if self.critic is None:
+                # The value head reads the actor's trunk: one graph, one backward pass.
+                vf_loss, vf_stats = value_loss(self.value_head(out.hidden), mb.values, mb.returns, mb.mask,
+                                               config.cliprange_value)
+                loss = config.vf_coef * vf_loss
+                (loss if actor_loss is None else actor_loss + loss).backward()
+            else:
+                # A separate critic shares no parameters with the actor: the actor's backward pass
+                # runs first and frees its graph before the critic's is built (same gradients as
+                # one backward of the sum, half the activation memory).
+                if actor_loss is not None:
+                    actor_loss.backward()
+                vf_loss, vf_stats = value_loss(critic_values(self.critic, mb.sequences), mb.values, mb.returns,
+                                               mb.mask, config.cliprange_value)
+                (config.vf_coef * vf_loss).backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
             self.optimizer.step()
             # Statistics averaged over every minibatch of the update, not just the last one.
