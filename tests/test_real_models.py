@@ -40,6 +40,8 @@ from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.roles import critic_init_folder
 from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.reward import RewardConfig, pairwise_texts
+from ppo_rlhf.trainers.sft import SFTConfig, sft_examples
 
 torch.set_num_threads(1)
 
@@ -238,6 +240,41 @@ def test_chat_template_prompts_are_not_given_special_tokens_twice(zoo):
         assert tokens[0] == "<s>" and tokens[1] != "<s>", tokens
     texts = apply_chat_template(tokenizer, messages)
     assert texts[0].endswith("<|im_start|>assistant\n") and "be nice" in texts[0]
+
+
+def test_sft_and_pairwise_rm_format_prompts_as_ppo_does(zoo):
+    # SFT, the reward model and PPO must see one prompt format: through the chat template, with
+    # no special tokens added on top (this template writes BOS itself), the reply after it + EOS.
+    tokenizer, _ = load(zoo["llama"])
+    tokenizer.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE
+    messages = [{"role": "user", "content": "hello world"}]
+    prompt_text = apply_chat_template(tokenizer, [messages])[0]
+    rows = [{"q": messages, "a": " good answer", "b": " bad answer"}, {"q": "the cat sat", "a": " good answer", "b": "no"}]
+    sft = build_config(SFTConfig, {"prompt_field": "q", "completion_field": "a", "chat_template": True})
+    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, sft)
+    ppo_prompt = encode_prompts(tokenizer, [prompt_text], 64, add_special_tokens=False)[0][0].tolist()
+    first = input_ids[0][attention_mask[0].bool()].tolist()
+    assert first[: len(ppo_prompt)] == ppo_prompt and first.count(tokenizer.bos_token_id) == 1
+    learned = labels[0][labels[0] != -100].tolist()
+    assert learned == tokenizer(" good answer", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert tokenizer.decode(input_ids[1][attention_mask[1].bool()]).startswith("<s><|im_start|>user\nthe cat sat")
+    rm = build_config(RewardConfig, {"mode": "pairwise", "prompt_field": "q", "chosen_field": "a", "rejected_field": "b",
+                                     "chat_template": True})
+    chosen, rejected = pairwise_texts(tokenizer, rows, rm)
+    assert chosen[0] == prompt_text + " good answer</s>" and rejected[0] == prompt_text + " bad answer</s>"
+
+
+def test_sft_and_rm_commands_take_chat_messages(zoo, tmp_path):
+    chat_rows = [{"messages": [{"role": "user", "content": p}], "good": " good answer", "bad": " bad answer, i do not know"}
+                 for p in PROMPTS] * 4
+    data = tmp_path / "chat_pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows))
+    run(["sft", "--model", zoo["qwen2"], "--data", data, "--prompt-field", "messages", "--completion-field", "good",
+         "--chat-template", "--steps", 2, "--batch-size", 4, "--out", tmp_path / "sft", *THREADS])
+    run(["rm", "--mode", "pairwise", "--model", zoo["qwen2"], "--data", data, "--prompt-field", "messages",
+         "--chosen-field", "good", "--rejected-field", "bad", "--chat-template", "--steps", 15, "--batch-size", 8,
+         "--lr", 1e-2, "--eval-fraction", 0.25, "--out", tmp_path / "rm", *THREADS])
+    assert json.loads((tmp_path / "rm" / "summary.json").read_text())["eval_accuracy"] >= 0.8
 
 
 def test_pad_equal_to_eos_masks_from_the_first_eos(zoo):

@@ -76,11 +76,14 @@ class ModelReward:
     When the reward model's tokenizer differs from the policy's, prompt and response are
     decoded to text and re-encoded with the reward tokenizer (EOS appended when the response
     had one; a prompt given as chat messages formatted with the reward tokenizer's own chat
-    template; a sequence longer than the reward model's positions cut from the left).
+    template, and so is a plain prompt when PPO formats prompts that way; a sequence longer than
+    the reward model's positions cut from the left).
     """
 
-    def __init__(self, model, tokenizer=None, policy_tokenizer=None, label_field: str = "label", batch_size: int = 256):
+    def __init__(self, model, tokenizer=None, policy_tokenizer=None, label_field: str = "label", batch_size: int = 256,
+                 chat_template: bool = False):
         self.model = model.eval()
+        self.chat_template = chat_template  # prompts were formatted with the chat template (ppo --chat-template)
         self.label_field = label_field
         self.batch_size = batch_size
         self.tokenizer = tokenizer
@@ -93,7 +96,8 @@ class ModelReward:
             return batch.sequences.input_ids, batch.sequences.attention_mask
         # The same text as the reward model saw in training: prompt + response + EOS (pairwise_texts).
         eos = self.tokenizer.eos_token or ""
-        prompts = [p if isinstance(p, str) else apply_chat_template(self.tokenizer, [p])[0] for p in batch.prompts]
+        prompts = [apply_chat_template(self.tokenizer, [p])[0] if self.chat_template or not isinstance(p, str) else p
+                   for p in batch.prompts]
         texts = [p + r + (eos if f else "") for p, r, f in zip(prompts, batch.responses, batch.finished)]
         truncation_side = self.tokenizer.truncation_side
         self.tokenizer.truncation_side = "left"  # a long prompt loses its start, never the response

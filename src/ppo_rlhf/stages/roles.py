@@ -75,7 +75,7 @@ def load_single_base_roles(config: PPOConfig, task) -> Roles:
         add_adapter_from(actor, REWARD, reward_adapter[0], reward_adapter[1])
         head = score_head_from(reward_adapter[2], config.reward_model)
         reward = ModelReward(AdapterRewardModel(actor, REWARD, head), load_tokenizer(config.reward_model), tokenizer,
-                             label_field=config.label_field)
+                             label_field=config.label_field, chat_template=config.chat_template)
     else:
         reward = build_reward(config, tokenizer, task)
 
@@ -119,7 +119,8 @@ def build_reward(config: PPOConfig, tokenizer, task):
         return FunctionReward(config.reward_fn)
     if config.reward_model:
         model = load_sequence_classifier(config.reward_model)
-        return ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field)
+        return ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,
+                           chat_template=config.chat_template)
     if task is not None:
         return FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward")
     raise ConfigError("no reward: give --reward-model DIR or --reward-fn module:function")

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.trainers.sft import lr_at
 
@@ -38,6 +39,8 @@ class RewardConfig(LoraOptions):
     prompt_field: str = option("prompt", "pairwise: field holding the prompt")
     chosen_field: str = option("chosen", "pairwise: field holding the preferred response")
     rejected_field: str = option("rejected", "pairwise: field holding the other response")
+    chat_template: bool = option(False, "pairwise: format each prompt (a user message, or a list of chat messages) "
+                                        "with the tokenizer's chat template, as ppo --chat-template will")
     text_field: str = option("text", "classification: field holding the text")
     label_field: str = option("label", "classification: field holding the class index")
     steps: int = option(300, "optimizer steps")
@@ -72,12 +75,14 @@ class RewardConfig(LoraOptions):
         return (self.text_field, self.label_field)
 
 
-def encode_texts(tokenizer, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_texts(tokenizer, texts: list[str], max_length: int, add_special_tokens: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and mask; long texts keep their end (where the response is)."""
     side = tokenizer.truncation_side
     tokenizer.truncation_side = "left"
     try:
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
+                            add_special_tokens=add_special_tokens)
     finally:
         tokenizer.truncation_side = side
     return encoded["input_ids"], encoded["attention_mask"]
@@ -87,8 +92,11 @@ def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], li
     """prompt + response + EOS for the chosen and the rejected response of each row: the same
     shape of sequence the reward model will score at PPO time."""
     eos = tokenizer.eos_token or ""
-    chosen = [r[config.prompt_field] + r[config.chosen_field] + eos for r in rows]
-    rejected = [r[config.prompt_field] + r[config.rejected_field] + eos for r in rows]
+    prompts = [r[config.prompt_field] for r in rows]
+    if config.chat_template:
+        prompts = apply_chat_template(tokenizer, prompts)
+    chosen = [p + r[config.chosen_field] + eos for p, r in zip(prompts, rows)]
+    rejected = [p + r[config.rejected_field] + eos for p, r in zip(prompts, rows)]
     return chosen, rejected
 
 
@@ -105,7 +113,9 @@ class _Examples:
         if config.mode == "pairwise":
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
             # Encoded together so both halves share one padded width (a batch stacks them).
-            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length)
+            # A chat template writes its own special tokens: none added on top (as PPO encodes them).
+            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length,
+                                     add_special_tokens=not config.chat_template)
             self.chosen = ids[: len(rows)], mask[: len(rows)]
             self.rejected = ids[len(rows):], mask[len(rows):]
         else:

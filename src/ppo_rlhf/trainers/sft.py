@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
+from ppo_rlhf.rollout.responses import apply_chat_template
 
 
 @dataclass
@@ -24,6 +25,8 @@ class SFTConfig:
     out: str = option("runs/sft", "run folder (checkpoints, metrics, summary)")
     prompt_field: str = option("prompt", "field of the data rows holding the prompt")
     completion_field: str = option("completion", "field of the data rows holding the completion to learn")
+    chat_template: bool = option(False, "format each prompt (a user message, or a list of chat messages) with the "
+                                        "tokenizer's chat template; the completion is the assistant's reply")
     steps: int = option(1500, "optimizer steps")
     batch_size: int = option(256, "sequences per step")
     lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up")
@@ -60,10 +63,14 @@ def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], max_length: int):
-    """Right-padded (N, L) input ids, attention mask and labels (-100 outside the completion)."""
+def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], max_length: int,
+                         add_special_tokens: bool = True):
+    """Right-padded (N, L) input ids, attention mask and labels (-100 outside the completion).
+
+    ``add_special_tokens=False`` for prompts already formatted by a chat template, which writes
+    its own BOS and turn markers (the same way PPO encodes them)."""
     eos = tokenizer.eos_token_id
-    prompt_ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+    prompt_ids = tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
     completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
     sequences, label_rows = [], []
     for p, c in zip(prompt_ids, completion_ids):
@@ -82,6 +89,15 @@ def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], 
     return input_ids, attention_mask, labels
 
 
+def sft_examples(tokenizer, rows: list[dict], config: SFTConfig):
+    """The rows' (input ids, attention mask, labels), prompts through the chat template if asked."""
+    prompts = [r[config.prompt_field] for r in rows]
+    if config.chat_template:
+        prompts = apply_chat_template(tokenizer, prompts)
+    return tokenize_completions(tokenizer, prompts, [r[config.completion_field] for r in rows], config.max_length,
+                                add_special_tokens=not config.chat_template)
+
+
 def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
     """Mean next-token cross-entropy over the labelled (completion) tokens."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
@@ -93,9 +109,7 @@ def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
 def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None):
     """Train ``model`` in place; returns the list of evaluation records."""
     torch.manual_seed(config.seed)
-    input_ids, attention_mask, labels = tokenize_completions(
-        tokenizer, [r[config.prompt_field] for r in rows], [r[config.completion_field] for r in rows], config.max_length
-    )
+    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=generator)
