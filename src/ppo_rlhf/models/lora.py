@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -31,6 +32,9 @@ from ppo_rlhf.checkpoint import atomic_directory
 from ppo_rlhf.config import check, option
 from ppo_rlhf.models.loading import ModelError
 from ppo_rlhf.models.value import ValueHead, hidden_size_of
+
+# peft asks transformers a deprecated question on every wrap; the user can do nothing about it.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -89,7 +89,9 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> bool:
     return True
 
 
-def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: int = 0) -> dict:
+def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: int | None = None) -> dict:
+    """``show_samples``: overrides ``config.show_samples`` (the demo prints its own)."""
+    show_samples = config.show_samples if show_samples is None else show_samples
     set_threads(config.num_threads)
     seed_everything(config.seed)
     task = load_task(config.task, config.seed)
