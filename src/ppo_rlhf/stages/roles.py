@@ -69,21 +69,22 @@ def load_single_base_roles(config: PPOConfig, task) -> Roles:
     base = load_causal_lm(config.model)
     tokenizer = load_tokenizer(config.model)
     actor = get_peft_model(base, config.lora_config("CAUSAL_LM", base), adapter_name=POLICY)
-    reward_adapter = None
+    reward_adapter = None  # (LoRA config, LoRA weights) of a reward adapter trained on this base
     if config.reward_model and is_adapter_of(config.reward_model, config.model):
-        reward_adapter = read_adapter(config.reward_model)  # (config, LoRA weights, score head weights)
-        add_adapter_from(actor, REWARD, reward_adapter[0], reward_adapter[1])
-        head = score_head_from(reward_adapter[2], config.reward_model)
-        reward = ModelReward(AdapterRewardModel(actor, REWARD, head), load_tokenizer(config.reward_model), tokenizer,
-                             label_field=config.label_field, chat_template=config.chat_template)
+        adapter_config, lora_weights, head_weights = read_adapter(config.reward_model)
+        reward_adapter = adapter_config, lora_weights
+        add_adapter_from(actor, REWARD, *reward_adapter)
+        score_head = score_head_from(head_weights, config.reward_model)
+        reward = ModelReward(AdapterRewardModel(actor, REWARD, score_head), load_tokenizer(config.reward_model),
+                             tokenizer, label_field=config.label_field, chat_template=config.chat_template)
     else:
         reward = build_reward(config, tokenizer, task)
 
     critic = None
     if config.critic == "lora":
-        if reward_adapter is not None:
-            add_adapter_from(actor, CRITIC, reward_adapter[0], reward_adapter[1])
-            critic = AdapterCritic(actor, CRITIC, value_head_from(reward.model.score))
+        if reward_adapter is not None:  # the critic starts as the reward model, as a separate critic would
+            add_adapter_from(actor, CRITIC, *reward_adapter)
+            critic = AdapterCritic(actor, CRITIC, value_head_from(score_head))
         else:
             actor.add_adapter(CRITIC, config.lora_config("CAUSAL_LM", base))
             critic = AdapterCritic(actor, CRITIC)
