@@ -71,7 +71,7 @@ def test_rm_lora_writes_a_peft_folder_that_peft_loads(zoo, reward_adapters):
     ("llama", "lora", "adapter"),   # all four roles on one base; critic adapter from the reward adapter
     ("llama", "shared", "fn"),
     ("qwen2", "shared", "adapter"),
-    ("qwen2", "separate", "fn"),    # a separate critic beside a LoRA actor
+    ("qwen2", "separate", "adapter"),  # a separate critic beside a LoRA actor, from the merged reward adapter
     ("gpt2", "lora", "fn"),         # Conv1D layers; a fresh critic adapter
     ("gpt2", "shared", "model"),    # a full reward model of another architecture (re-encoded text)
 ])
