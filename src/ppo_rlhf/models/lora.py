@@ -140,8 +140,8 @@ def add_adapter_from(peft_model, adapter_name: str, config, lora_weights: dict) 
     result = set_peft_model_state_dict(peft_model, lora_weights, adapter_name=adapter_name)
     missing = [k for k in result.missing_keys if "lora_" in k and f".{adapter_name}." in k]
     if missing:
-        raise ValueError(f"adapter weights do not fit the base model: {len(missing)} LoRA matrices missing, "
-                         f"e.g. {missing[0]}")
+        raise ModelError(f"the {adapter_name} adapter's weights do not fit the base model: {len(missing)} LoRA "
+                         f"matrices missing, e.g. {missing[0]}")
 
 
 def load_adapter_weights(peft_model, adapter_name: str, path: str | Path) -> None:
