@@ -66,7 +66,8 @@ class PPOConfig(LoraOptions):
                                                "(rollout policy -> current) exceeds this; empty: never")
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none)")
     vf_coef: float = option(0.1, "weight of the value loss")
-    entropy_coef: float = option(0.0, "weight of the entropy bonus")
+    entropy_coef: float = option(0.0, "weight of the entropy bonus (loss -= entropy_coef * entropy); negative: an "
+                                      "entropy penalty that sharpens the policy (the built-in task's preset uses -0.3)")
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1")
