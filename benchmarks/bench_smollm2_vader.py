@@ -68,7 +68,7 @@ def write_report(config: PPOConfig, summary: dict, records: list[dict], wall: fl
         + " → ".join(f"{r['eval/score']:+.3f} (it {r['step']})" for r in evals) + ".",
         f"- KL to the base per reply: last 5 iterations {mean(last, 'kl'):.2f} (max {max(r['kl'] for r in iterations):.2f}).",
         f"- Seconds per iteration: {mean(iterations, 'time/iteration'):.1f} (generate {mean(iterations, 'time/generate'):.1f}, "
-        f"score {mean(iterations, 'time/score'):.2f}, forward {mean(iterations, 'time/forward'):.1f}, "
+        f"score {mean(iterations, 'time/score'):.3f}, forward {mean(iterations, 'time/forward'):.1f}, "
         f"train {mean(iterations, 'time/train'):.1f}); {mean(iterations, 'tokens_per_s'):.0f} tokens/s through the "
         f"iteration, generation {mean(iterations, 'generated_tokens_per_s'):.0f} tokens/s. Whole run with evaluations: "
         f"{wall:.0f} s.",
