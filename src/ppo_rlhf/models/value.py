@@ -53,7 +53,16 @@ class Critic(nn.Module):
             return cls(load_adapter_as_model(path, "classifier").base_model)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"critic initialisation model not found: {path}")
-        return cls(AutoModel.from_pretrained(path))
+        # The trunk of a reward model (or causal LM): its head stays behind on purpose, which
+        # transformers would report at length as unexpected weights.
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            return cls(AutoModel.from_pretrained(path))
+        finally:
+            hf_logging.set_verbosity(verbosity)
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.backbone(
