@@ -209,6 +209,22 @@ def test_actor_then_critic_backward_gives_the_gradients_of_the_summed_loss(zoo, 
         torch.testing.assert_close(parameter.grad, expected, atol=1e-6, rtol=1e-4)
 
 
+def test_gradient_checkpointing_gives_the_same_gradients(zoo, reward_adapters):
+    settings = dict(ppo_epochs=1, mini_batch_size=4, lr=1e-30, critic_lr=1e-30, max_grad_norm=1e9)
+    torch.manual_seed(0)  # the same random LoRA A matrices in both
+    plain = single_base_trainer(zoo, reward_adapters, **settings)
+    torch.manual_seed(0)
+    checkpointed = single_base_trainer(zoo, reward_adapters, gradient_checkpointing=True, **settings)
+    experience, _ = plain.make_experience([{"prompt": p} for p in PROMPTS[:4]])
+    torch.manual_seed(0)
+    plain.update(experience)
+    torch.manual_seed(0)  # the same minibatch order
+    checkpointed.update(experience)
+    assert checkpointed.actor.get_base_model().is_gradient_checkpointing
+    for expected, parameter in zip(plain.trainable_parameters, checkpointed.trainable_parameters):
+        torch.testing.assert_close(parameter.grad, expected.grad, atol=1e-6, rtol=1e-4)
+
+
 def test_lora_run_killed_midway_resumes_to_the_same_weights(zoo, reward_adapters, tmp_path):
     common = ["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-model", reward_adapters["llama"],
               "--critic", "lora", *LORA, *BUDGET[2:-4], "--save-every", 1, *THREADS]

@@ -219,8 +219,13 @@ class AdapterCritic(nn.Module):
     def peft_model(self):
         return self._peft_model[0]
 
+    def scope(self):
+        """The critic adapter active: around its backward pass too, where gradient checkpointing
+        recomputes the activations (with another adapter active they would be another model's)."""
+        return active_adapter(self.peft_model, self.adapter_name)
+
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        with active_adapter(self.peft_model, self.adapter_name):
+        with self.scope():
             hidden = trunk_of(self.peft_model)(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             ).last_hidden_state  # (B, L, H)

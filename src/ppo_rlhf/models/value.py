@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -63,6 +64,11 @@ class Critic(nn.Module):
             return cls(AutoModel.from_pretrained(path))
         finally:
             hf_logging.set_verbosity(verbosity)
+
+    def scope(self):
+        """Context for this critic's forward and backward passes (nothing to set up for a model
+        of its own; see AdapterCritic)."""
+        return contextlib.nullcontext()
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.backbone(

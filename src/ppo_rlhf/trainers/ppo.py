@@ -249,9 +249,12 @@ class PPOTrainer:
                 # one backward of the sum, half the activation memory).
                 if actor_loss is not None:
                     actor_loss.backward()
-                vf_loss, vf_stats = value_loss(critic_values(self.critic, mb.sequences), mb.values, mb.returns,
-                                               mb.mask, config.cliprange_value)
-                (config.vf_coef * vf_loss).backward()
+                # The critic's scope spans its backward pass too: gradient checkpointing recomputes
+                # activations there, and a critic adapter must be the active one when it does.
+                with self.critic.scope():
+                    vf_loss, vf_stats = value_loss(critic_values(self.critic, mb.sequences), mb.values, mb.returns,
+                                                   mb.mask, config.cliprange_value)
+                    (config.vf_coef * vf_loss).backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
             self.optimizer.step()
             # Statistics averaged over every minibatch of the update, not just the last one.
