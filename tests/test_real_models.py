@@ -229,6 +229,28 @@ def test_reward_model_with_another_tokenizer_scores_the_re_encoded_text(zoo, rew
         assert torch.allclose(scores[i], expected, atol=1e-5), i
 
 
+def test_a_re_encoding_reward_model_formats_chat_prompts_as_in_training(zoo, reward_models):
+    # qwen2 policy, llama reward model whose tokenizer has a template that writes BOS itself:
+    # the reward model must see what `rm --chat-template` trained it on, with one BOS.
+    policy_tokenizer, _ = load(zoo["qwen2"])
+    folder = reward_models["llama"] / "checkpoints" / "reward"
+    reward_tokenizer = AutoTokenizer.from_pretrained(folder)
+    reward_tokenizer.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE
+    reward = ModelReward(AutoModelForSequenceClassification.from_pretrained(folder), reward_tokenizer,
+                         policy_tokenizer, chat_template=True)
+    prompts = ["hello world", [{"role": "user", "content": "the cat sat"}]]
+    batch = ScoringBatch([{}] * 2, prompts, [" good answer", " bad"], [True, False], None)
+    input_ids, attention_mask = reward._inputs(batch)
+    rm_config = build_config(RewardConfig, {"mode": "pairwise", "chat_template": True})
+    trained_on, _ = pairwise_texts(reward_tokenizer, [{"prompt": "hello world", "chosen": " good answer",
+                                                       "rejected": " bad"}], rm_config)
+    first = input_ids[0][attention_mask[0].bool()].tolist()
+    assert first == reward_tokenizer(trained_on[0], add_special_tokens=False)["input_ids"]
+    assert first.count(reward_tokenizer.bos_token_id) == 1
+    second = reward_tokenizer.decode(input_ids[1][attention_mask[1].bool()])
+    assert second.startswith("<s><|im_start|>user\nthe cat sat") and not second.endswith("</s>")
+
+
 def test_chat_template_prompts_are_not_given_special_tokens_twice(zoo):
     tokenizer, model = load(zoo["llama"])  # adds BOS itself
     tokenizer.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE  # ... and so does this template

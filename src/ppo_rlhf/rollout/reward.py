@@ -95,17 +95,25 @@ class ModelReward:
         if self.same_tokenizer:
             return batch.sequences.input_ids, batch.sequences.attention_mask
         # The same text as the reward model saw in training: prompt + response + EOS (pairwise_texts).
+        # A prompt formatted by the reward tokenizer's chat template already holds its special
+        # tokens (BOS, turn markers): none are added on top, as in `rm --chat-template`.
+        has_template = getattr(self.tokenizer, "chat_template", None) is not None
         eos = self.tokenizer.eos_token or ""
-        prompts = [apply_chat_template(self.tokenizer, [p])[0] if self.chat_template or not isinstance(p, str) else p
-                   for p in batch.prompts]
-        texts = [p + r + (eos if f else "") for p, r, f in zip(prompts, batch.responses, batch.finished)]
+        input_ids = []
         truncation_side = self.tokenizer.truncation_side
         self.tokenizer.truncation_side = "left"  # a long prompt loses its start, never the response
         try:
-            encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True,
-                                     truncation=self.max_length is not None, max_length=self.max_length)
+            for prompt, response, finished in zip(batch.prompts, batch.responses, batch.finished):
+                templated = self.chat_template or not isinstance(prompt, str)
+                if templated:
+                    prompt = apply_chat_template(self.tokenizer, [prompt])[0]
+                input_ids.append(self.tokenizer(
+                    prompt + response + (eos if finished else ""), add_special_tokens=not (templated and has_template),
+                    truncation=self.max_length is not None, max_length=self.max_length,
+                )["input_ids"])
         finally:
             self.tokenizer.truncation_side = truncation_side
+        encoded = self.tokenizer.pad({"input_ids": input_ids}, padding=True, return_tensors="pt")
         return encoded["input_ids"], encoded["attention_mask"]
 
     @torch.no_grad()
