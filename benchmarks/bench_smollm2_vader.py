@@ -41,7 +41,7 @@ def main() -> None:
     start = time.perf_counter()
     summary = run_ppo(config)
     wall = time.perf_counter() - start
-    records = [r for r in read_metrics(Path(args.out) / "metrics.jsonl")]
+    records = read_metrics(Path(args.out) / "metrics.jsonl")
     write_report(config, summary, records, wall, torch.get_num_threads(), Path(args.results))
 
 

@@ -27,6 +27,7 @@ from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
+from ppo_rlhf.rollout.sequences import position_ids_from_mask
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
@@ -171,7 +172,7 @@ def test_reward_adapter_on_the_shared_base_scores_like_the_merged_reward_model(z
     # ... and the critic adapter starts as that reward model: its value at the last token is the score.
     with torch.no_grad():
         values = trainer.critic(responses.sequences.input_ids, responses.sequences.attention_mask,
-                                torch.clamp(responses.sequences.attention_mask.cumsum(1) - 1, min=0))
+                                position_ids_from_mask(responses.sequences.attention_mask))
     last = responses.sequences.attention_mask.shape[1] - 1 - responses.sequences.attention_mask.flip(1).argmax(1)
     torch.testing.assert_close(values[torch.arange(4), last], shared, atol=1e-4, rtol=1e-4)
 

@@ -83,10 +83,14 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
+def adapter_record(path: str | Path) -> dict:
+    """The adapter's ``adapter_config.json`` as a dict (peft type, task type, base folder)."""
+    return json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+
+
 def adapter_base_path(path: str | Path) -> Path:
     """The base model folder an adapter was trained on, as recorded in its config."""
-    record = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
-    base = record.get("base_model_name_or_path")
+    base = adapter_record(path).get("base_model_name_or_path")
     if not base:
         raise FileNotFoundError(f"adapter {path} does not record its base model (base_model_name_or_path)")
     return Path(base)
@@ -289,7 +293,7 @@ def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
-    record = json.loads((path / ADAPTER_CONFIG).read_text())
+    record = adapter_record(path)
     if record.get("peft_type") != "LORA":
         raise ModelError(f"{path} holds a {record.get('peft_type')} adapter; ppo-rlhf loads LoRA adapters")
     is_reward = record.get("task_type") == "SEQ_CLS"
@@ -315,8 +319,7 @@ def merge_adapter_folder(adapter: str | Path, out: str | Path, base: str | Path 
     from ppo_rlhf.models.loading import load_tokenizer, save_pretrained_atomic
 
     adapter = Path(adapter)
-    record = json.loads((adapter / ADAPTER_CONFIG).read_text())
-    kind = "classifier" if record.get("task_type") == "SEQ_CLS" else "causal_lm"
+    kind = "classifier" if adapter_record(adapter).get("task_type") == "SEQ_CLS" else "causal_lm"
     model = load_adapter_as_model(adapter, kind, base=base)
     has_tokenizer = (adapter / "tokenizer_config.json").is_file()
     tokenizer = load_tokenizer(adapter if has_tokenizer else (base or adapter_base_path(adapter)))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ppo_rlhf.config import ConfigError, check, option
-from ppo_rlhf.models.lora import ADAPTER_CONFIG, merge_adapter_folder
+from ppo_rlhf.models.lora import ADAPTER_CONFIG, is_adapter_folder, merge_adapter_folder
 
 
 @dataclass
@@ -28,7 +28,7 @@ class MergeConfig:
 
 def run_merge(config: MergeConfig) -> dict:
     adapter = Path(config.adapter)
-    if not (adapter / ADAPTER_CONFIG).is_file():
+    if not is_adapter_folder(adapter):
         raise FileNotFoundError(f"{adapter} is not a LoRA adapter folder (no {ADAPTER_CONFIG})")
     if Path(config.out).resolve() == adapter.resolve():
         raise ConfigError("--out must differ from --adapter: the merged model would replace the adapter")
