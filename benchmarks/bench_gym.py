@@ -69,7 +69,7 @@ def run_sb3(preset: str, seed: int, total_steps: int, eval_episodes: int) -> dic
 
     model = PPO(
         "MlpPolicy", env, n_steps=config.num_steps, batch_size=config.mini_batch_size, n_epochs=config.ppo_epochs,
-        gamma=config.gamma, gae_lambda=config.lam, ent_coef=config.ent_coef,
+        gamma=config.gamma, gae_lambda=config.lam, ent_coef=config.entropy_coef,
         vf_coef=config.vf_coef / 2,  # SB3's value loss is the plain MSE, ours 0.5 * MSE
         max_grad_norm=config.max_grad_norm, clip_range_vf=config.cliprange_value,
         learning_rate=schedule(config.lr, config.anneal_lr), clip_range=schedule(config.clip_ratio, config.anneal_clip),

@@ -8,6 +8,8 @@ import torch
 from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
+    KL_PLACEMENTS,
+    check_kl_placement,
     entropy_from_logits,
     explained_variance,
     full_kl,
@@ -184,3 +186,152 @@ def test_merge_moments_by_hand_for_tensors_and_arrays():
     moments.update(torch.tensor([1.0, 3.0]))
     moments.update(torch.tensor([5.0]))
     assert moments.mean.item() == pytest.approx(3.0) and moments.std.item() == pytest.approx((8 / 3) ** 0.5)
+
+
+# ---------------------------------------------------------------- padding never leaks
+INF_PADDING_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0]])
+
+
+def test_gae_inf_in_padding_stays_out():
+    reference, _ = masked_gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3), 0.9, 0.8)
+    rewards = torch.tensor([[0.0, 0.0, 1.0, float("inf"), float("nan")]])
+    values = torch.tensor([[0.5, 0.6, 0.7, float("-inf"), float("inf")]])
+    advantages, returns = masked_gae(rewards, values, INF_PADDING_MASK, gamma=0.9, lam=0.8)
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    assert torch.allclose(advantages[:, :3], reference, atol=1e-6)
+    assert torch.all(advantages[:, 3:] == 0)
+
+
+def test_whiten_inf_in_padding_comes_back_zero():
+    x = torch.tensor([1.0, 2.0, 3.0, float("inf")])
+    assert torch.equal(masked_whiten(x, torch.tensor([1, 1, 1, 0]))[3:], torch.zeros(1))
+
+
+def test_loss_gradients_are_finite_and_zero_on_padding():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -1.0]], requires_grad=True)
+    old_logprobs = torch.tensor([[-1.1, -1.9, -0.5, float("-inf"), float("nan")]])
+    advantages = torch.tensor([[1.0, -1.0, 0.5, float("inf"), 2.0]])
+    loss, _ = policy_loss(logprobs, old_logprobs, advantages, INF_PADDING_MASK, clip_ratio=0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert torch.all(logprobs.grad[:, 3:] == 0)
+
+    values = torch.tensor([[0.1, 0.2, 0.3, 5.0, 6.0]], requires_grad=True)
+    returns = torch.tensor([[0.0, 1.0, 0.0, float("inf"), float("-inf")]])
+    old_values = torch.tensor([[0.0, 0.0, 0.0, float("nan"), 0.0]])
+    for clip in (None, 0.2):
+        values.grad = None
+        vf, _ = value_loss(values, old_values, returns, INF_PADDING_MASK, clip)
+        vf.backward()
+        assert torch.isfinite(vf) and torch.isfinite(values.grad).all(), clip
+        assert torch.all(values.grad[:, 3:] == 0), clip
+
+
+def test_float64_stays_float64():
+    x64 = torch.tensor([[0.1, -0.2, 0.3]], dtype=torch.float64)
+    mask = torch.ones(1, 3)
+    advantages, returns = masked_gae(x64, x64, mask, 1.0, 0.95)
+    assert advantages.dtype == returns.dtype == torch.float64
+    assert masked_whiten(x64, mask).dtype == torch.float64
+    loss, stats = policy_loss(x64, x64 * 0.9, x64, mask, 0.2)
+    assert loss.dtype == torch.float64 and stats["approx_kl"].dtype == torch.float64
+    logits = torch.randn(2, 5, dtype=torch.float64)
+    assert entropy_from_logits(logits).dtype == torch.float64
+    assert full_kl(logits, logits.flip(-1)).dtype == torch.float64
+    # half precision is computed in float32
+    assert entropy_from_logits(logits.bfloat16()).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- diagnostics
+def test_approx_kl_estimates_kl_old_new_by_hand():
+    # log ratio r = log new/old = 0.5: (e^0.5 - 1) - 0.5 = 0.1487213 (the mirror form gives 0.1065307)
+    _, stats = policy_loss(torch.tensor([0.0]), torch.tensor([-0.5]), torch.zeros(1), None, 0.2)
+    assert stats["approx_kl"].item() == pytest.approx(0.1487213, abs=1e-6)
+
+
+def test_approx_kl_is_unbiased_for_kl_old_new():
+    # old = (1/2, 1/2) samples the tokens, new = (0.9, 0.1).  Enumerating both tokens with the old
+    # policy's weights: KL(old || new) = 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5108256.
+    # (The mirror form exp(-r) - 1 + r gives 1.2669 here: it overestimates.)
+    old, new = torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1])
+    _, stats = policy_loss(new.log(), old.log(), torch.zeros(2), None, 0.2)  # mean = old-weighted here
+    assert stats["approx_kl"].item() == pytest.approx(0.5108256, abs=1e-6)
+
+
+def test_vf_clipfrac_counts_only_active_clipping():
+    # old 0, clip 0.2.  V = 0.5, R = 0: clipped V 0.2 is closer to R, so the unclipped loss is used.
+    # V = 0.5, R = 1: clipped loss (0.2 - 1)^2 = 0.64 > 0.25: the clip is active.  V = 0.1: inside.
+    values = torch.tensor([0.5, 0.5, 0.1])
+    _, stats = value_loss(values, torch.zeros(3), torch.tensor([0.0, 1.0, 1.0]), None, 0.2)
+    assert stats["vf_clipfrac"].item() == pytest.approx(1 / 3)
+
+
+def test_vf_clipfrac_ignores_float_round_off_inside_the_range():
+    generator = torch.Generator().manual_seed(0)
+    # V_old = V + u: V_old + clamp(V - V_old) differs from V by float round-off, not by clipping.
+    values = torch.randn(10_000, generator=generator)
+    old_values = values + 0.19 * (2 * torch.rand(10_000, generator=generator) - 1)  # all inside +-0.2
+    returns = torch.randn(10_000, generator=generator)
+    _, stats = value_loss(values, old_values, returns, None, 0.2)
+    assert stats["vf_clipfrac"].item() == 0.0
+
+
+# ---------------------------------------------------------------- where the KL goes
+# One categorical distribution: pi = softmax(theta) at theta = 0 (uniform over 3 tokens), the
+# reference q = (1/2, 1/4, 1/4).  Expectations are exact sums over the 3 tokens.
+#   log(pi/q) = (ln 2/3, ln 4/3, ln 4/3) = (-0.405465, 0.287682, 0.287682)
+#   KL(pi||q) = (1/3)(-0.405465 + 2 * 0.287682) = 0.056633
+#   grad KL(pi||q) = pi_j (log(pi_j/q_j) - KL) = (-0.154033, 0.077016, 0.077016)
+#   grad KL(q||pi) = pi - q = (-0.166667, 0.083333, 0.083333)
+# Descent along either gradient raises pi_0 toward q_0 = 1/2: toward the reference.
+Q = torch.tensor([0.5, 0.25, 0.25])
+GRAD_KL_PI_Q = torch.tensor([-0.154033, 0.077016, 0.077016])
+GRAD_KL_Q_PI = torch.tensor([-1 / 6, 1 / 12, 1 / 12])
+
+
+def expected_gradient(placement: str, estimator: str) -> torch.Tensor:
+    """Exact expected gradient (of the loss PPO minimises) with respect to the logits theta."""
+    theta = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    logp = torch.log_softmax(theta, dim=0)  # log pi(x) for every token x
+    ref_logp = Q.double().log()
+    pi = logp.exp().detach()  # the sampling distribution: not differentiated
+    if estimator == "full":
+        k = full_kl(theta.expand(3, 3), ref_logp.expand(3, 3))  # the same at every token
+    else:
+        k = kl_penalty(logp, ref_logp, estimator)
+    if placement == "reward":  # score function: the KL as a reward, k detached, times log pi
+        loss = (pi * k.detach() * logp).sum()
+    else:  # differentiated directly
+        loss = (pi * k).sum()
+    (grad,) = torch.autograd.grad(loss, theta)
+    return grad.float()
+
+
+def test_kl_in_the_reward_only_k1_pulls_toward_the_reference():
+    assert torch.allclose(expected_gradient("reward", "k1"), GRAD_KL_PI_Q, atol=1e-6)
+    # k2 and k3 in the reward: g_j = (1/3)(k_j - mean k), a few percent of the size, pointing away:
+    #   k2 = (0.082201, 0.041380, 0.041380), mean 0.054987 -> (0.009071, -0.004536, -0.004536)
+    #   k3 = (0.094535, 0.037682, 0.037682), mean 0.056633 -> (0.012634, -0.006317, -0.006317)
+    k2, k3 = expected_gradient("reward", "k2"), expected_gradient("reward", "k3")
+    assert torch.allclose(k2, torch.tensor([0.009071, -0.004536, -0.004536]), atol=1e-6)
+    assert torch.allclose(k3, torch.tensor([0.012634, -0.006317, -0.006317]), atol=1e-6)
+    for wrong in (k2, k3):
+        assert torch.dot(wrong, GRAD_KL_PI_Q) < 0  # descent on it *raises* the KL
+    assert torch.allclose(expected_gradient("reward", "full"), torch.zeros(3), atol=1e-7)  # no gradient at all
+
+
+def test_kl_in_the_loss_k2_k3_full_pull_toward_the_reference():
+    assert torch.allclose(expected_gradient("loss", "k2"), GRAD_KL_PI_Q, atol=1e-6)
+    assert torch.allclose(expected_gradient("loss", "full"), GRAD_KL_PI_Q, atol=1e-6)
+    assert torch.allclose(expected_gradient("loss", "k3"), GRAD_KL_Q_PI, atol=1e-6)
+    assert torch.allclose(expected_gradient("loss", "k1"), torch.zeros(3), atol=1e-7)  # never pulls
+
+
+def test_kl_placements_refuse_the_wrong_estimators():
+    assert check_kl_placement("reward", None) == "k1" and check_kl_placement("loss", None) == "k3"
+    for placement, estimator in (("reward", "k2"), ("reward", "k3"), ("reward", "full"), ("loss", "k1")):
+        with pytest.raises(ValueError, match=f"{estimator} cannot go in the {placement}"):
+            check_kl_placement(placement, estimator)
+    for placement, allowed in KL_PLACEMENTS.items():
+        for estimator in allowed:
+            assert check_kl_placement(placement, estimator) == estimator

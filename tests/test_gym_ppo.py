@@ -199,7 +199,7 @@ def test_pendulum_short_run_and_target_kl_stop(tmp_path):
     # Box actions, observation and reward normalisation, and a target KL so small that the
     # update stops at the second minibatch (the first one sees the unchanged policy: KL 0).
     values = config_with_preset("pendulum", {
-        "total_steps": 1024, "num_steps": 256, "eval_episodes": 1, "target_kl": 1e-6, "out_dir": str(tmp_path),
+        "total_steps": 1024, "num_steps": 256, "eval_episodes": 1, "max_approx_kl": 1e-6, "out_dir": str(tmp_path),
     })
     summary = train(build_config(GymPPOConfig, values))
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
@@ -213,7 +213,7 @@ def test_pendulum_short_run_and_target_kl_stop(tmp_path):
 # ---------------------------------------------------------------- config
 @pytest.mark.parametrize("key, value", [
     ("lr", -1e-3), ("mini_batch_size", 100), ("gamma", 1.5), ("clip_ratio", 0.0), ("num_envs", 0),
-    ("target_kl", -0.1), ("hidden_sizes", "64,x"),
+    ("max_approx_kl", -0.1), ("hidden_sizes", "64,x"),
 ])
 def test_bad_config_names_the_key(key, value):
     with pytest.raises(ConfigError, match=key):

@@ -1,6 +1,7 @@
 """Every command smoke-run on a tiny budget, run folders checked, checkpoints reloaded."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,23 @@ def test_max_approx_kl_ends_the_update_early(trained, tmp_path):
     assert steps == [1, 1]
     run(ppo_args(trained, tmp_path / "free", "--iterations", 1, "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"))
     assert [r["update_steps"] for r in read_metrics(tmp_path / "free" / "metrics.jsonl") if "update_steps" in r] == [4]
+
+
+@pytest.mark.parametrize("estimator", ["k3", "full"])
+def test_kl_in_the_loss(trained, tmp_path, estimator):
+    out = tmp_path / "ppo"
+    run(ppo_args(trained, out, "--iterations", 2, "--kl-in", "loss", "--kl-estimator", estimator,
+                 "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"))
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "kl_loss" in r]
+    assert len(records) == 2
+    assert all(r["kl_loss"] >= 0 and math.isfinite(r["kl_loss"]) for r in records)
+    # The reward is the score alone: no KL term in it.
+    assert all(r["non_score_reward"] == 0.0 for r in records)
+
+
+def test_logged_kl_coef_is_the_one_the_iteration_used(trained, tmp_path):
+    out = tmp_path / "ppo"
+    run(ppo_args(trained, out, "--iterations", 2, "--kl-coef", 0.2, "--target-kl", 1e-6, "--kl-horizon", 10,
+                 "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"))
+    coefs = [r["kl_coef"] for r in read_metrics(out / "metrics.jsonl") if "kl_coef" in r]
+    assert coefs[0] == 0.2 and coefs[1] != 0.2  # the controller moves only after iteration 1

@@ -8,20 +8,26 @@ from ppo_rlhf.core.kl import (
     AdaptiveKLController,
     FixedKLController,
     KL_ESTIMATORS,
+    KL_PLACEMENTS,
+    check_kl_placement,
     full_kl,
     kl_penalty,
 )
-from ppo_rlhf.core.losses import entropy_from_logits, explained_variance, policy_loss, value_loss
-from ppo_rlhf.core.masked import masked_mean, masked_var, masked_whiten
+from ppo_rlhf.core.losses import approx_kl_per_token, entropy_from_logits, explained_variance, policy_loss, value_loss
+from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
 
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "KL_ESTIMATORS",
+    "KL_PLACEMENTS",
+    "check_kl_placement",
+    "approx_kl_per_token",
     "entropy_from_logits",
     "explained_variance",
     "full_kl",
     "gae_advantages",
+    "keep_masked",
     "kl_penalty",
     "masked_gae",
     "masked_mean",

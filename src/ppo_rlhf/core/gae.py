@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ppo_rlhf.core.masked import keep_masked
+
 
 def gae_advantages(
     rewards: torch.Tensor,
@@ -56,12 +58,12 @@ def masked_gae(
     Returns:
         advantages (B, T), returns (B, T) with ``returns = advantages + values``.
     """
-    mask = mask.to(values.dtype)
-    values = values * mask
-    rewards = rewards * mask
+    # Padding is selected away (keep_masked), never multiplied by 0: padded positions may hold
+    # anything, a critic's output past the end of a response say, and 0 * inf is NaN.
+    values, rewards = keep_masked(values, mask), keep_masked(rewards, mask)
     # Shift left by one: what follows token t.  Past the end there is nothing (0).
-    next_mask = torch.nn.functional.pad(mask[..., 1:], (0, 1), value=0.0)  # (B, T)
+    next_mask = torch.nn.functional.pad(mask[..., 1:].to(values.dtype), (0, 1), value=0.0)  # (B, T)
     next_values = torch.nn.functional.pad(values[..., 1:], (0, 1), value=0.0) * next_mask
-    advantages = gae_advantages(rewards, values, next_values, next_mask, gamma, lam) * mask
-    returns = (advantages + values) * mask
+    advantages = keep_masked(gae_advantages(rewards, values, next_values, next_mask, gamma, lam), mask)
+    returns = keep_masked(advantages + values, mask)
     return advantages, returns

@@ -7,6 +7,18 @@ With ``log_ratio = logprobs - ref_logprobs`` on tokens sampled from the actor:
 - ``k3 = exp(-log_ratio) - 1 + log_ratio``: unbiased and always >= 0 (Schulman, "Approximating
   KL divergence", 2020).
 - ``full``: the exact KL summed over the vocabulary at each position (needs both logits).
+
+Where the KL goes decides which estimator is right (Tang & Munos, 2025, "On a few pitfalls in
+KL divergence gradient estimation for RL"):
+
+- in the **reward** (``r[t] = -kl_coef * k[t]``), PPO differentiates it through the score
+  function, ``E[k * grad log pi]``.  Only k1 then gives the gradient of KL(actor || ref).  k2
+  and k3 give a small gradient that can point *away* from the reference, and ``full``, a
+  function of the state only, gives none to the distribution it measures.
+- in the **loss** (``+ kl_coef * mean(k)``, differentiated directly, as GRPO-style trainers
+  do), k2 and ``full`` give the gradient of KL(actor || ref) and k3 that of KL(ref || actor):
+  all three pull toward the reference.  k1 there has zero expected gradient
+  (``E[grad log pi] = 0``): it measures the KL but never pulls.
 """
 
 from __future__ import annotations
@@ -15,7 +27,30 @@ import math
 
 import torch
 
+from ppo_rlhf.core.precision import compute_dtype
+
 KL_ESTIMATORS = ("k1", "k2", "k3", "full")
+# Which estimators are correct in each placement (see the module docstring), the first the default.
+KL_PLACEMENTS = {"reward": ("k1",), "loss": ("k3", "k2", "full")}
+
+
+def check_kl_placement(placement: str, estimator: str | None) -> str:
+    """The estimator to use in ``placement`` (its default when ``estimator`` is None), or
+    ValueError saying why the combination is wrong and what is allowed."""
+    if placement not in KL_PLACEMENTS:
+        raise ValueError(f"unknown KL placement {placement!r}; allowed: {', '.join(KL_PLACEMENTS)}")
+    allowed = KL_PLACEMENTS[placement]
+    if estimator is None:
+        return allowed[0]
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+    if estimator not in allowed:
+        why = ("in the reward, PPO differentiates the KL through the score function, and only k1 then pulls "
+               "toward the reference; put k2, k3 or full in the loss (kl_in: loss)" if placement == "reward" else
+               "k1 differentiated directly has zero expected gradient (E[grad log pi] = 0): it would never pull "
+               "toward the reference; use k1 in the reward (kl_in: reward), or k3, k2 or full in the loss")
+        raise ValueError(f"KL estimator {estimator} cannot go in the {placement}: {why}")
+    return estimator
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
@@ -35,8 +70,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     """Exact KL(actor || ref) at every position: (..., V) logits -> (...)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
+    dtype = compute_dtype(logits)
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    ref_logp = torch.log_softmax(ref_logits.to(dtype), dim=-1)
     return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
 
 

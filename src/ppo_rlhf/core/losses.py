@@ -1,14 +1,20 @@
 """PPO's clipped losses and the diagnostics people read to see whether an update was sane.
 
 Each loss returns ``(loss, stats)``: ``loss`` is the differentiable scalar, ``stats`` a dict of
-detached scalars named as in the metrics (SPEC section 2.8).
+detached scalars named as in the metrics (docs/design.md, "Metrics").
+
+Padded positions may hold anything (inf log-probs, garbage values).  Every per-token input is
+*selected* with the mask before any arithmetic, so neither the loss nor its gradient can see
+the padding: a product with a 0 mask would still turn an inf into NaN, in the forward pass or
+in the backward pass (0 * inf).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ppo_rlhf.core.masked import masked_mean, masked_var
+from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var
+from ppo_rlhf.core.precision import compute_dtype
 
 
 def policy_loss(
@@ -24,7 +30,8 @@ def policy_loss(
     Where the clipped branch wins, the gradient is zero: the policy has already moved far enough
     in the direction the advantage asks for.
     """
-    log_ratio = logprobs - old_logprobs
+    log_ratio = keep_masked(logprobs - old_logprobs, mask)  # padding: ratio 1, gradient 0
+    advantages = keep_masked(advantages, mask)
     ratio = torch.exp(log_ratio)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
     pg_loss1 = -advantages * ratio
@@ -38,10 +45,19 @@ def policy_loss(
             "ppo_ratio": masked_mean(ratio, mask),
             "ppo_ratio_clamped": masked_mean(clipped_ratio, mask),
             "clipfrac": masked_mean((pg_loss2 > pg_loss1).to(logprobs.dtype), mask),
-            # k3 estimate of KL(old || new): >= 0 and low-variance (CleanRL's approx_kl).
-            "approx_kl": masked_mean(torch.expm1(-log_ratio) + log_ratio, mask),
+            "approx_kl": masked_mean(approx_kl_per_token(log_ratio), mask),
         }
     return loss, stats
+
+
+def approx_kl_per_token(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Estimate of KL(old || new) from tokens sampled by the *old* policy, ``log_ratio = log new/old``.
+
+    ``(ratio - 1) - log ratio`` (Schulman's k3 with ratio = new/old): unbiased under the old
+    policy's samples and >= 0.  The mirror form ``exp(-r) - 1 + r`` estimates KL(new || old)
+    and, on the old policy's samples, overestimates it (it fires early stops too soon).
+    """
+    return torch.expm1(log_ratio) - log_ratio
 
 
 def value_loss(
@@ -53,26 +69,31 @@ def value_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss: ``0.5 * mean(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2))``.
 
-    ``clip_range_value=None`` gives the plain squared error.
+    ``clip_range_value=None`` gives the plain squared error.  ``vf_clipfrac`` is the fraction of
+    tokens where the clip is active: V left the range *and* the clipped branch is the one used
+    (its gradient is zero there).  Comparing the two losses alone would count float round-off
+    inside the range as clipping.
     """
+    values, old_values, returns = keep_masked(values, mask), keep_masked(old_values, mask), keep_masked(returns, mask)
     loss_unclipped = (values - returns).square()
     if clip_range_value is None:
         per_token = loss_unclipped
-        clipped_more = torch.zeros_like(loss_unclipped)
+        clip_active = torch.zeros_like(loss_unclipped)
     else:
         values_clipped = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)
         loss_clipped = (values_clipped - returns).square()
         per_token = torch.maximum(loss_unclipped, loss_clipped)
-        clipped_more = (loss_clipped > loss_unclipped).to(values.dtype)
+        outside = (values - old_values).abs() > clip_range_value
+        clip_active = (outside & (loss_clipped > loss_unclipped)).to(values.dtype)
     loss = 0.5 * masked_mean(per_token, mask)
     with torch.no_grad():
-        stats = {"vf_loss": loss.detach(), "vf_clipfrac": masked_mean(clipped_more, mask)}
+        stats = {"vf_loss": loss.detach(), "vf_clipfrac": masked_mean(clip_active, mask)}
     return loss, stats
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution at each position: (..., V) -> (...)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(logits.to(compute_dtype(logits)), dim=-1)
     return -(logp.exp() * logp).sum(dim=-1)
 
 
@@ -83,5 +104,5 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     """
     var_returns = masked_var(returns, mask)
     if var_returns.item() == 0.0:
-        return torch.tensor(float("nan"))
+        return torch.full((), float("nan"), dtype=returns.dtype, device=returns.device)
     return 1.0 - masked_var(returns - values, mask) / var_returns

@@ -11,6 +11,18 @@ from __future__ import annotations
 import torch
 
 
+def keep_masked(values: torch.Tensor, mask: torch.Tensor | None, fill: float = 0.0) -> torch.Tensor:
+    """``values`` where ``mask`` is set, ``fill`` elsewhere.
+
+    A selection, not a product: ``values * mask`` turns an inf or NaN in the padding into NaN,
+    in the forward pass and in the backward pass (0 * inf), and padded positions may hold
+    anything.  The gradient at a position ``mask`` leaves out is exactly 0.
+    """
+    if mask is None:
+        return values
+    return torch.where(mask.bool(), values, torch.full((), fill, dtype=values.dtype, device=values.device))
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` over the positions ``mask`` selects.
 
@@ -19,9 +31,8 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor | None, dim: int | None
     """
     if mask is None:
         return values.mean() if dim is None else values.mean(dim=dim)
+    values = keep_masked(values, mask)
     mask = mask.to(values.dtype)
-    # where() instead of values * mask: 0 * inf is NaN, and padding positions may hold inf.
-    values = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     total = values.sum() if dim is None else values.sum(dim=dim)
     return total / count.clamp(min=1.0)
@@ -52,13 +63,11 @@ def masked_whiten(
 ) -> torch.Tensor:
     """Scale ``values`` to unit variance over the masked positions (and mean 0 if ``shift_mean``).
 
-    Masked-out positions come back as 0 so that padding never carries a signal.
+    Masked-out positions come back as 0.
     """
     mean = masked_mean(values, mask)
     variance = masked_var(values, mask)
     whitened = (values - mean) * torch.rsqrt(variance + eps)
     if not shift_mean:
         whitened = whitened + mean
-    if mask is not None:
-        whitened = whitened * mask.to(whitened.dtype)
-    return whitened
+    return keep_masked(whitened, mask)  # padding never carries a signal

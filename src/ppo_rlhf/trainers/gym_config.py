@@ -36,11 +36,12 @@ class GymPPOConfig:
         0.2, "clip each value prediction to old value +- this; 'none' disables.  In return units: "
         "with large unscaled returns it slows the critic badly")
     vf_coef: float = option(0.5, "weight of the value loss; ours is 0.5 * squared error, so 1.0 here equals SB3's 0.5")
-    ent_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes")
+    entropy_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes")
     max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this")
     norm_adv: bool = option(True, "whiten advantages per minibatch (mean 0, std 1)")
-    target_kl: float | None = option(
-        None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this (SB3 stops at 1.5x its target_kl); 'none' disables")
+    max_approx_kl: float | None = option(
+        None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this (SB3's target_kl, "
+        "which stops at 1.5x its value; the language-model trainer's option of the same name); 'none' disables")
     # --- network
     hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear")
     activation: str = option("tanh", "hidden activation", choices=("tanh", "relu"))
@@ -77,8 +78,9 @@ class GymPPOConfig:
         check(0 < self.clip_ratio < 1, "clip_ratio", "0 < clip_ratio < 1", self.clip_ratio)
         check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "a number > 0 or none",
               self.cliprange_value)
-        check(self.target_kl is None or self.target_kl > 0, "target_kl", "a number > 0 or none", self.target_kl)
-        for key in ("vf_coef", "ent_coef"):
+        check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "a number > 0 or none",
+              self.max_approx_kl)
+        for key in ("vf_coef", "entropy_coef"):
             check(getattr(self, key) >= 0, key, "a number >= 0", getattr(self, key))
         check(self.max_grad_norm > 0, "max_grad_norm", "a number > 0", self.max_grad_norm)
         try:  # lists come from YAML as ints, from the command line as strings ("64,64")
@@ -96,14 +98,14 @@ class GymPPOConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": dict(
         env_id="CartPole-v1", total_steps=100_000, num_envs=8, num_steps=32, mini_batch_size=256,
-        gamma=0.98, lam=0.8, ppo_epochs=20, ent_coef=0.0, lr=0.001, anneal_lr=True, clip_ratio=0.2,
+        gamma=0.98, lam=0.8, ppo_epochs=20, entropy_coef=0.0, lr=0.001, anneal_lr=True, clip_ratio=0.2,
         anneal_clip=True, cliprange_value=None, vf_coef=1.0, max_grad_norm=0.5,
     ),
     # The zoo uses gSDE and lr 1e-3 here.  With a state-independent log-std instead, lr 1e-3 let the
     # policy collapse on 2 of 3 seeds (benchmarks/results/gym.md); lr 3e-4 did not.
     "pendulum": dict(
         env_id="Pendulum-v1", total_steps=200_000, num_envs=4, num_steps=1024, mini_batch_size=64,
-        gamma=0.9, lam=0.95, ppo_epochs=10, ent_coef=0.0, lr=0.0003, anneal_lr=False, clip_ratio=0.2,
+        gamma=0.9, lam=0.95, ppo_epochs=10, entropy_coef=0.0, lr=0.0003, anneal_lr=False, clip_ratio=0.2,
         anneal_clip=False, cliprange_value=None, vf_coef=1.0, max_grad_norm=0.5,
         norm_obs=True, norm_reward=True,
     ),

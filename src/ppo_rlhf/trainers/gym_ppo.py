@@ -161,14 +161,14 @@ def ppo_update(
                 mb_advantages = masked_whiten(mb_advantages, None)
 
             pg_loss, pg_stats = policy_loss(new_logprobs, b_logprobs[mb_inds], mb_advantages, None, clip_ratio)
-            if config.target_kl is not None and pg_stats["approx_kl"].item() > config.target_kl:
+            if config.max_approx_kl is not None and pg_stats["approx_kl"].item() > config.max_approx_kl:
                 stopped_early = True  # the policy already moved far enough: skip this step and the rest
                 break
             vf_loss, vf_stats = value_loss(new_values, b_values[mb_inds], b_returns[mb_inds], None, config.cliprange_value)
             entropy_bonus = entropy.mean()
             loss = pg_loss + config.vf_coef * vf_loss
-            if config.ent_coef > 0:  # with no weight, leave it out of the graph: a cheaper backward
-                loss = loss - config.ent_coef * entropy_bonus
+            if config.entropy_coef > 0:  # with no weight, leave it out of the graph: a cheaper backward
+                loss = loss - config.entropy_coef * entropy_bonus
 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

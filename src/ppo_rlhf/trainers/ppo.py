@@ -26,6 +26,7 @@ from ppo_rlhf.core import (
     entropy_from_logits,
     explained_variance,
     full_kl,
+    keep_masked,
     kl_penalty,
     masked_gae,
     masked_mean,
@@ -86,7 +87,7 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
 
 def shaped_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
     """Stage 5: ``r[t] = -kl_coef * kl[t]`` on every response token, plus the score on the last."""
-    rewards = -kl_coef * kl * mask
+    rewards = keep_masked(-kl_coef * kl, mask)
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last_token_index(mask)] += scores
     return rewards
@@ -183,13 +184,13 @@ class PPOTrainer:
         ref_logits = self.reference_logits(sequences)
         ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
 
-        # 5. shaped rewards
-        if config.kl_estimator == "full":
-            kl = full_kl(logits, ref_logits)
-        else:
-            kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator)
-        kl = kl * mask
-        rewards = shaped_rewards(scores, kl, mask, self.kl_controller.value)
+        # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
+        # and the reward is the score alone; either way kl[t] is logged and drives the controller.
+        estimator = config.kl_estimator_used
+        kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
+        kl = keep_masked(kl, mask)
+        kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
+        rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward)
 
         # 6. advantages and returns
         advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
@@ -197,7 +198,7 @@ class PPOTrainer:
             advantages = masked_whiten(advantages, mask)
         timings["time/forward"] = time.perf_counter() - start
 
-        experience = Experience(sequences, logprobs, ref_logprobs, values * mask, kl, rewards, advantages, returns,
+        experience = Experience(sequences, logprobs, ref_logprobs, keep_masked(values, mask), kl, rewards, advantages, returns,
                                 scores, raw_scores)
         return experience, timings
 
@@ -213,6 +214,18 @@ class PPOTrainer:
         return scores
 
     # ------------------------------------------------------------ stage 7
+    def kl_loss(self, logits: torch.Tensor, logprobs: torch.Tensor, mb: Experience) -> torch.Tensor:
+        """kl_in: loss.  The mean per-token KL estimate of the *current* policy against the
+        reference, differentiated directly (core/kl.py says why k1 is not allowed here)."""
+        estimator = self.config.kl_estimator_used
+        if estimator == "full":
+            with torch.no_grad():  # the reference's full distribution, for this minibatch only
+                ref_logits = self.reference_logits(mb.sequences)
+            per_token = full_kl(logits, ref_logits)
+        else:
+            per_token = kl_penalty(logprobs, mb.ref_logprobs, estimator)
+        return masked_mean(per_token, mb.mask)
+
     def update(self, experience: Experience) -> dict[str, float]:
         config = self.config
         # During critic warm-up the policy loss is left out and the actor gets no gradient.
@@ -236,6 +249,11 @@ class PPOTrainer:
             if config.max_approx_kl is not None and not warming_up and pg_stats["approx_kl"] > config.max_approx_kl:
                 break  # the policy has moved far enough from the one that collected the batch
             actor_loss = None if warming_up else pg_loss - config.entropy_coef * entropy
+            if config.kl_in == "loss" and not warming_up:
+                kl_loss = self.kl_loss(out.logits, logprobs, mb)
+                pg_stats["kl_loss"] = kl_loss.detach()
+                if actor_loss is not None:
+                    actor_loss = actor_loss + self.kl_controller.value * kl_loss
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic is None:
                 # The value head reads the actor's trunk: one graph, one backward pass.
@@ -269,12 +287,13 @@ class PPOTrainer:
     # ------------------------------------------------------------ one iteration
     def step(self, rows: list[dict]) -> dict[str, float]:
         """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics."""
+        kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         experience, timings = self.make_experience(rows)
         start = time.perf_counter()
         stats = self.update(experience)
         timings["time/train"] = time.perf_counter() - start
         mask = experience.mask.float()
-        kl_per_response = (experience.kl * mask).sum(dim=1).mean().item()
+        kl_per_response = experience.kl.sum(dim=1).mean().item()  # kl is 0 on padding
         self.kl_controller.update(kl_per_response, experience.scores.shape[0])
         self.iteration += 1
 
@@ -284,7 +303,7 @@ class PPOTrainer:
         metrics = {
             "score": experience.raw_scores.mean().item(),
             "kl": kl_per_response,
-            "kl_coef": self.kl_controller.value,
+            "kl_coef": kl_coef,
             "non_score_reward": (experience.rewards.sum(dim=1) - experience.scores).mean().item(),
             "explained_variance": explained_variance(experience.values, experience.returns, experience.mask).item(),
             "response_length": mask.sum(dim=1).mean().item(),

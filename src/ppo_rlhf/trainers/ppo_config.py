@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppo_rlhf.config import check, option
-from ppo_rlhf.core import KL_ESTIMATORS
+from ppo_rlhf.config import ConfigError, check, option
+from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, check_kl_placement
 from ppo_rlhf.models.lora import LoraOptions
 
 
@@ -38,10 +38,13 @@ class PPOConfig(LoraOptions):
     temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs")
     # --- reward shaping
     kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)")
-    kl_estimator: str = option("k1", "per-token KL estimator: k1 (log ratio), k2, k3, or full (exact over the "
-                                     "vocabulary; it depends on the state only, so as a reward it is credited to "
-                                     "the tokens before, never to the distribution it measures)",
-                               choices=KL_ESTIMATORS)
+    kl_in: str = option("reward", "where the KL to the reference goes: reward (r[t] = -kl_coef * kl[t], PPO's "
+                                  "classic) or loss (+ kl_coef * mean(kl), differentiated directly, as GRPO does)",
+                        choices=KL_PLACEMENTS)
+    kl_estimator: str | None = option(None, "per-token KL estimator, checked against kl_in: k1 (log ratio) in the "
+                                            "reward; k3, k2 or full (exact over the vocabulary) in the loss; "
+                                            "empty: k1 in the reward, k3 in the loss",
+                                      choices=(None, *KL_ESTIMATORS))
     target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed")
     kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%")
     missing_eos_penalty: float | None = option(None, "score given to responses that never emit EOS (empty: no penalty)")
@@ -98,6 +101,11 @@ class PPOConfig(LoraOptions):
         check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "> 0 or empty", self.max_approx_kl)
         check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "> 0 or empty", self.cliprange_value)
         check(self.kl_coef >= 0, "kl_coef", ">= 0", self.kl_coef)
+        try:
+            check_kl_placement(self.kl_in, self.kl_estimator)
+        except ValueError as error:
+            raise ConfigError(f"invalid value for 'kl_estimator': {self.kl_estimator!r} with kl_in "
+                              f"{self.kl_in!r}; {error}") from None
         check(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or empty", self.target_kl)
         check(self.kl_horizon > 0, "kl_horizon", "> 0", self.kl_horizon)
         check(0 <= self.gamma <= 1, "gamma", "0 <= gamma <= 1", self.gamma)
@@ -116,6 +124,11 @@ class PPOConfig(LoraOptions):
         check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
         check((self.reward_model is None) != (self.reward_fn is None) or self.task is not None,
               "reward_model", "exactly one of reward_model and reward_fn", self.reward_model)
+
+    @property
+    def kl_estimator_used(self) -> str:
+        """The estimator in force: the one given, or kl_in's default."""
+        return check_kl_placement(self.kl_in, self.kl_estimator)
 
     @property
     def max_prompt_length(self) -> int:
