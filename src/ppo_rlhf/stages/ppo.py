@@ -25,6 +25,7 @@ from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.runlog import RunLog, read_metrics
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
 from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -120,12 +121,18 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
         return metrics, samples
 
+    print(f"ppo-rlhf ppo -> {out}" + (f" (resumed at iteration {trainer.iteration})" if resumed else ""))
+    for line in plan_lines(config, roles, trainer, len(train_rows)):
+        print("  " + line)
+    for warning in plan_warnings(config):
+        print(f"warning: {warning}")
     before, samples_before = (evaluator(actor) if evaluator else ({}, []))
     if not resumed and before:
         run_log.log(0, before)
     final_eval = None  # the evaluation of the last iteration, reused as the run's result
     train_seconds = 0.0
-    progress = tqdm(range(trainer.iteration, config.iterations), desc="ppo", leave=False, mininterval=1.0)
+    first_iteration = trainer.iteration
+    progress = tqdm(range(first_iteration, config.iterations), desc="ppo", leave=False, mininterval=1.0)
     for iteration in progress:
         batch_index = torch.randint(len(train_rows), (config.batch_size,), generator=rng)
         start = time.perf_counter()
@@ -139,6 +146,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             if done == config.iterations:
                 final_eval = eval_metrics, samples
         run_log.log(done, metrics)
+        if iteration == first_iteration and (warning := score_spread_warning(metrics, done)):
+            tqdm.write(f"warning: {warning}")
         progress.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
         if config.save_every and (done % config.save_every == 0 or done == config.iterations):
             save_last(trainer, out, rng)

@@ -302,6 +302,7 @@ class PPOTrainer:
         n_tokens = n_response_tokens + experience.sequences.prompt_mask.sum().item()
         metrics = {
             "score": experience.raw_scores.mean().item(),
+            "score_std": experience.raw_scores.std(unbiased=False).item(),
             "kl": kl_per_response,
             "kl_coef": kl_coef,
             "non_score_reward": (experience.rewards.sum(dim=1) - experience.scores).mean().item(),

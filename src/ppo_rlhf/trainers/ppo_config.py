@@ -9,6 +9,13 @@ from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, check_kl_placement
 from ppo_rlhf.models.lora import LoraOptions
 
 
+# Default learning rates.  1e-5 is the usual full fine-tuning value for PPO on 0.1-7B models; a LoRA
+# adapter at 1e-5 barely moves (its update is the product of two small matrices, one starting at
+# 0), and 3e-4 is the value the SmolLM2 + LoRA example learns with (benchmarks/results/smollm2_vader.md).
+FULL_MODEL_LR = 1e-5
+LORA_LR = 3e-4
+
+
 @dataclass
 class PPOConfig(LoraOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
@@ -34,7 +41,9 @@ class PPOConfig(LoraOptions):
     batch_size: int = option(64, "prompts per PPO iteration (rollout batch)")
     max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit")
     max_new_tokens: int = option(128, "longest response in tokens")
-    do_sample: bool = option(False, "sample responses (else greedy: no exploration beyond the policy's argmax)")
+    do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
+                                   "debugging mode in which every copy of a prompt gets the same response and "
+                                   "nothing is explored (it warns at start)")
     temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs")
     # --- reward shaping
     kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)")
@@ -57,7 +66,8 @@ class PPOConfig(LoraOptions):
     # --- update
     ppo_epochs: int = option(4, "passes over each rollout batch")
     mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size")
-    lr: float = option(1e-5, "learning rate of the actor (AdamW)")
+    lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: {FULL_MODEL_LR:g} for a full model, "
+                                    f"{LORA_LR:g} with --lora (an adapter needs larger steps to move)")
     critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr")
     critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise")
     weight_decay: float = option(0.0, "AdamW weight decay")
@@ -93,6 +103,8 @@ class PPOConfig(LoraOptions):
         check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of batch_size ({self.batch_size})", self.mini_batch_size)
+        if self.lr is None:  # resolved here, so config.yaml records the value used
+            self.lr = LORA_LR if self.lora else FULL_MODEL_LR
         check(self.lr > 0, "lr", "> 0", self.lr)
         check(self.adam_eps > 0, "adam_eps", "> 0", self.adam_eps)
         check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)

@@ -1,0 +1,67 @@
+"""What a PPO run will do, said before its first update, and the settings that cannot learn.
+
+A run that cannot learn should say so at start, not after 200 flat iterations: greedy rollouts
+explore nothing, and a reward that gives every response the same score has nothing to teach.
+"""
+
+from __future__ import annotations
+
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+
+def _count(parameters) -> str:
+    n = sum(p.numel() for p in parameters)
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,}"
+
+
+def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
+    """A few lines: each role, the rollout, the update, the KL."""
+    first = next(roles.actor.parameters())
+    where = f"{first.device}, {str(first.dtype).replace('torch.', '')}"
+    critic_ids = {id(p) for p in trainer.critic_module().parameters()}
+    actor_trained = [p for p in trainer.trainable_parameters if id(p) not in critic_ids]
+    critic_trained = [p for p in trainer.trainable_parameters if id(p) in critic_ids]
+    if config.lora:
+        actor = f"LoRA policy adapter (r {config.lora_r}) on {config.model}"
+        reference = "the same base with adapters disabled"
+    else:
+        actor = f"{config.model} (all weights trained)"
+        reference = f"a frozen copy of {config.model}"
+    critic = {"shared": "value head on the actor's trunk", "separate": "a separate model",
+              "lora": "its own LoRA adapter + value head on the shared base"}[config.critic]
+    reward = f"function {config.reward_fn}" if config.reward_fn else (
+        f"model {config.reward_model}" if config.reward_model else f"the {config.task} task's rule")
+    decoding = f"sampled at temperature {config.temperature:g}" if config.do_sample else "GREEDY"
+    minibatches = config.batch_size // config.mini_batch_size
+    kl = (f"{config.kl_estimator_used} in the {config.kl_in}, kl_coef {config.kl_coef:g}"
+          + (f" adapted toward {config.target_kl:g} per response" if config.target_kl is not None else " (fixed)"))
+    return [
+        f"actor:     {actor}; {_count(actor_trained)} parameters trained, on {where}",
+        f"reference: {reference}",
+        f"critic:    {critic}; {_count(critic_trained)} parameters trained",
+        f"reward:    {reward}",
+        f"rollout:   {config.batch_size} prompts per iteration (drawn from {n_prompts}), {decoding}, "
+        f"up to {config.max_new_tokens} new tokens",
+        f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
+        f"lr {config.lr:g} (critic {config.critic_lr or config.lr:g})",
+        f"KL:        {kl}",
+    ]
+
+
+def plan_warnings(config: PPOConfig) -> list[str]:
+    """Settings that cannot learn, known before the first rollout."""
+    warnings = []
+    if not config.do_sample:
+        warnings.append("greedy rollouts (--no-do-sample): every copy of a prompt gets the same response and nothing "
+                        "is explored, so PPO barely learns; this is a debugging mode (drop --no-do-sample to sample)")
+    return warnings
+
+
+def score_spread_warning(metrics: dict, iteration: int) -> str | None:
+    """A reward that gives the whole batch one score teaches nothing: the advantages are then the
+    KL penalty's alone."""
+    if metrics.get("score_std") == 0.0:
+        return (f"every response of iteration {iteration} got the same score ({metrics['score']:g}): the reward has "
+                f"no spread across the batch, so there is nothing to learn from it; check the reward on a few "
+                f"responses (the first training samples are in the metrics)")
+    return None
