@@ -10,6 +10,7 @@ from ppo_rlhf.core import (
     FixedKLController,
     KL_PLACEMENTS,
     check_kl_placement,
+    chunked_entropy,
     entropy_from_logits,
     explained_variance,
     full_kl,
@@ -20,6 +21,7 @@ from ppo_rlhf.core import (
     masked_var,
     masked_whiten,
     policy_loss,
+    token_logprobs,
     value_loss,
 )
 
@@ -335,3 +337,22 @@ def test_kl_placements_refuse_the_wrong_estimators():
     for placement, allowed in KL_PLACEMENTS.items():
         for estimator in allowed:
             assert check_kl_placement(placement, estimator) == estimator
+
+
+# ---------------------------------------------------------------- log-probs without (B, T, V) copies
+@pytest.mark.parametrize("chunk", [1, 3, 1024])
+def test_chunked_logprobs_and_entropy_equal_the_plain_ones(chunk):
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=generator, requires_grad=True)
+    tokens = torch.randint(11, (2, 5), generator=generator)
+    plain = torch.log_softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    chunked = token_logprobs(logits, tokens, chunk=chunk)
+    assert torch.allclose(chunked, plain, atol=1e-6)
+    (plain_grad,) = torch.autograd.grad(plain.sum(), logits)
+    (chunked_grad,) = torch.autograd.grad(chunked.sum(), logits)
+    assert torch.allclose(chunked_grad, plain_grad, atol=1e-6)
+    logp = torch.log_softmax(logits, dim=-1)
+    assert torch.allclose(chunked_entropy(logits, chunk=chunk), -(logp.exp() * logp).sum(-1), atol=1e-6)
+    # bf16 logits are computed in float32, float64 stays float64
+    assert token_logprobs(logits.detach().bfloat16(), tokens, chunk).dtype == torch.float32
+    assert token_logprobs(logits.detach().double(), tokens, chunk).dtype == torch.float64

@@ -13,6 +13,7 @@ from ppo_rlhf.core.kl import (
     full_kl,
     kl_penalty,
 )
+from ppo_rlhf.core.logprobs import chunked_entropy, token_logprobs
 from ppo_rlhf.core.losses import approx_kl_per_token, entropy_from_logits, explained_variance, policy_loss, value_loss
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
 
@@ -34,5 +35,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "token_logprobs",
     "value_loss",
 ]

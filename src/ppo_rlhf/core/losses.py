@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var
-from ppo_rlhf.core.precision import compute_dtype
+from ppo_rlhf.core.logprobs import chunked_entropy
 
 
 def policy_loss(
@@ -93,8 +93,7 @@ def value_loss(
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution at each position: (..., V) -> (...)."""
-    logp = torch.log_softmax(logits.to(compute_dtype(logits)), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+    return chunked_entropy(logits)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
