@@ -1,4 +1,4 @@
-"""The built-in task: vocabulary order, rendering, judging, rewards -- against SPEC section 3."""
+"""The built-in task: vocabulary order, rendering, judging, rewards."""
 
 from transformers import AutoTokenizer
 

@@ -1,4 +1,4 @@
-"""The built-in task: "double it, in the style asked" (SPEC section 3).
+"""The built-in task: "double it, in the style asked".
 
     S数字:3320x2=6640E        digits
     S小写:5487x2=一〇九七四E    lower-case Chinese numerals
@@ -23,7 +23,7 @@ STYLE_CHARS = {"digits": "0123456789", "lower": "〇一二三四五六七八九"
 STYLE_PREFIX = {"digits": "数字", "lower": "小写", "upper": "大写"}
 UNPREFIXED = "__"
 PAD, BOS, EOS = "P", "S", "E"
-# Token ids follow this order (SPEC section 3): 42 tokens, one per character.
+# Token ids follow this order: 42 tokens, one per character.
 VOCAB = [PAD, BOS, EOS, *STYLE_CHARS["digits"], *STYLE_CHARS["lower"], *STYLE_CHARS["upper"],
          "数", "字", "大", "写", "小", ":", "=", "_", "x"]
 

@@ -1,4 +1,4 @@
-"""PPO for language models: one iteration in the numbered stages of SPEC section 2.
+"""PPO for language models: one iteration in numbered stages (docs/design.md, "One PPO iteration").
 
     1. rollout     the actor generates responses (eval mode, same temperature as the log-probs)
     2. score       the reward model / function scores each finished response
@@ -7,7 +7,7 @@
     5. rewards     r[t] = -kl_coef * kl[t], plus the score on the last response token
     6. advantages  GAE over the response tokens, returns = A + V_old, whitened A
     7. update      ppo_epochs passes of minibatch steps on the clipped losses
-    8. log         the metrics of SPEC 2.8, timings and throughput
+    8. log         the metrics of docs/design.md ("Metrics"), timings and throughput
 
 The trainer holds the four roles -- actor, critic, ref, reward -- and nothing task-specific:
 the task (or the user) supplies prompts, a reward and an optional metric.
