@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/ppo-rlhf demo
+	$(VENV)/bin/ppo-rlhf demo --overwrite
 
 test: install
 	$(PY) -m pytest
@@ -44,7 +44,7 @@ $(SMOLLM2)/config.json: | $(STAMP)
 smollm2: $(SMOLLM2)/config.json
 
 example-smollm2: smollm2
-	$(VENV)/bin/ppo-rlhf ppo --config examples/smollm2_vader/ppo.yaml
+	$(VENV)/bin/ppo-rlhf ppo --config examples/smollm2_vader/ppo.yaml --overwrite
 
 bench-lora: smollm2
 	$(PY) benchmarks/bench_lora_memory.py

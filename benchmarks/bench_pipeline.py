@@ -69,7 +69,7 @@ def main() -> None:
     out = Path(args.out)
 
     start = time.perf_counter()
-    demo_config = build_config(DemoConfig, {"out": str(out / "demo"), "seed": args.seed})
+    demo_config = build_config(DemoConfig, {"out": str(out / "demo"), "seed": args.seed, "overwrite": True})
     demo = run_demo(demo_config)
     demo_seconds = time.perf_counter() - start
 

@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
-    values = {**load_yaml(CONFIG), "out": args.out, "num_threads": args.num_threads}
+    values = {**load_yaml(CONFIG), "out": args.out, "num_threads": args.num_threads, "overwrite": True}
     config = build_config(PPOConfig, values)
     if not (Path(config.model) / "config.json").is_file():
         raise SystemExit(f"{config.model} is missing; make it with: ppo-rlhf convert-gguf --out {config.model}")

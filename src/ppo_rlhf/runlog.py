@@ -18,13 +18,16 @@ from typing import Any, Iterable
 
 import yaml
 
-from ppo_rlhf.checkpoint import atomic_write_json, atomic_write_text
+from ppo_rlhf.checkpoint import atomic_write_json, atomic_write_text, strict_json
 
 
 class RunLog:
     """Appends metrics to ``metrics.jsonl`` and TensorBoard; draws curves; writes the summary."""
 
-    def __init__(self, out_dir: str | Path, config: dict[str, Any] | None = None, tensorboard: bool = True):
+    def __init__(self, out_dir: str | Path, config: dict[str, Any] | None = None, tensorboard: bool = True,
+                 resume_after: int | None = None):
+        """``resume_after``: the step a resumed run continues after; TensorBoard events of later
+        steps (written before the kill, about to be written again) are purged."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if config is not None:
@@ -34,7 +37,8 @@ class RunLog:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # heavy import, only when used
 
-            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"))
+            purge_step = None if resume_after is None else resume_after + 1
+            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": int(step)}
@@ -44,7 +48,7 @@ class RunLog:
             if self._tb is not None and isinstance(value, float) and math.isfinite(value):
                 self._tb.add_scalar(key, value, step)
         with self.metrics_path.open("a") as handle:
-            handle.write(json.dumps(record, allow_nan=True) + "\n")
+            handle.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
 
     def records(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics_path)
@@ -62,11 +66,26 @@ class RunLog:
             self._tb = None
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, notices: list[str] | None = None) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``.  A torn last line (the run was killed while writing
+    it) is dropped, with a notice appended to ``notices``; a bad line anywhere else is an error
+    naming the file and line."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number}: not a JSON record; the metrics file is damaged") from None
+            if notices is not None:
+                notices.append(f"{path}:{number}: dropped a torn last line (the run was killed while writing it)")
+    return records
 
 
 def plot_metrics(records: list[dict], keys: Iterable[str], path: Path, x: str = "step", title: str = "") -> Path | None:

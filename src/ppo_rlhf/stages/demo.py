@@ -49,6 +49,7 @@ PPO_PRESET = {
 @dataclass
 class DemoConfig:
     out: str = option("runs/demo", "run folder for the whole pipeline")
+    overwrite: bool = option(False, "replace the demo run already in --out (all three stages)")
     reward: str = option("model", "PPO reward: the learned style classifier, or the rule-based reward",
                          choices=("model", "rule"))
     critic: str = option("separate", "critic: separate model from the RM's trunk, or a value head on the actor (shared)",
@@ -74,7 +75,7 @@ def stage_configs(config: DemoConfig) -> tuple[SFTConfig, RewardConfig, PPOConfi
     unknown = set(overrides) - {"sft", "rm", "ppo"}
     if unknown:
         raise ConfigError(f"unknown section(s) {sorted(unknown)} in {config.stages_config}; allowed: sft, rm, ppo")
-    common = {"seed": config.seed, "num_threads": config.num_threads}
+    common = {"seed": config.seed, "num_threads": config.num_threads, "overwrite": config.overwrite}
     sft = {**SFT_PRESET, **common, "out": str(out / "sft"), "task": "doubling"}
     rm = {**RM_PRESET, **common, "out": str(out / "rm"), "task": "doubling"}
     ppo = {**PPO_PRESET, **common, "out": str(out), "critic": config.critic,

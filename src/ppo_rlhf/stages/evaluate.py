@@ -9,12 +9,13 @@ from ppo_rlhf.config import ConfigError, check, option, to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
+from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(RunFolderOptions):
     model: str | None = option(None, "causal LM folder to evaluate")
     task: str | None = option(None, "built-in task supplying held-out prompts and metric", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
@@ -46,6 +47,8 @@ def run_eval(config: EvalConfig) -> dict:
     seed_everything(config.seed)
     if config.model is None:
         raise ConfigError("give --model DIR, the model to evaluate")
+    if config.out:
+        check_run_folder(config.out, config.overwrite)
     task = load_task(config.task, config.seed)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     model, tokenizer = load_causal_lm(config.model), load_tokenizer(config.model)
@@ -67,6 +70,7 @@ def run_eval(config: EvalConfig) -> dict:
     summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
                **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
     if config.out:
+        start_run_folder(config.out, config.overwrite)
         run_log = RunLog(Path(config.out), to_dict(config), tensorboard=False)
         run_log.write_summary(summary)
         run_log.close()

@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import atomic_directory, atomic_write_text
+from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.run_folder import changed_settings, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog, read_metrics
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
@@ -46,15 +47,33 @@ def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
     return train, held_out[: config.eval_size]
 
 
-def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> None:
-    """Everything needed to continue, in one folder replaced atomically."""
+RUN_CONFIG = "run_config.json"  # the settings of the run a checkpoint belongs to
+
+
+def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig, progress: dict) -> None:
+    """Everything needed to continue, in one folder replaced atomically.  ``progress``: what the
+    summary needs from before a kill (the starting evaluation, PPO seconds so far)."""
     with atomic_directory(out / "checkpoints" / "last") as staging:
         save_actor(trainer.actor, None, staging / "actor")
         if trainer.critic is not None:
             trainer.critic.save(staging / "critic")
         torch.save({"trainer": trainer.state_dict(), "prompt_rng": rng.get_state(), "torch_rng": torch.get_rng_state(),
-                    "sample_rng": trainer.generator.rng.get_state() if getattr(trainer.generator, "rng", None) else None},
+                    "sample_rng": trainer.generator.rng.get_state() if getattr(trainer.generator, "rng", None) else None,
+                    "progress": progress},
                    staging / "trainer_state.pt")
+        atomic_write_json(staging / RUN_CONFIG, to_dict(config))
+
+
+def check_resume_settings(config: PPOConfig, out: Path) -> None:
+    """Refuse a resume whose settings would make it another run, naming each one changed."""
+    saved_path = out / "checkpoints" / "last" / RUN_CONFIG
+    if not saved_path.is_file():
+        return  # a checkpoint from before run_config.json was written: nothing to compare
+    changed = changed_settings(json.loads(saved_path.read_text()), to_dict(config))
+    if changed:
+        raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
+                          f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
+                          f"to use them")
 
 
 def is_peft_model(model) -> bool:
@@ -68,10 +87,9 @@ def save_actor(actor, tokenizer, path: Path) -> Path:
     return save_pretrained_atomic(actor, tokenizer, path)
 
 
-def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> bool:
+def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig) -> dict:
+    """Restore the state saved by :func:`save_last`; returns its ``progress``."""
     last = out / "checkpoints" / "last"
-    if not (last / "trainer_state.pt").is_file():
-        return False
     if is_peft_model(trainer.actor):
         load_adapter_weights(trainer.actor, trainer.actor.active_adapter, last / "actor")
     else:
@@ -80,14 +98,20 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator) -> bool:
         trainer.critic.load_saved(last / "critic")
     state = torch.load(last / "trainer_state.pt", weights_only=False)
     trainer.load_state_dict(state["trainer"])
+    # The learning rates are the ones asked now (a resume may change them), not the saved ones.
+    actor_group, critic_group = trainer.optimizer.param_groups
+    actor_group["lr"], critic_group["lr"] = config.lr, config.critic_lr or config.lr
     rng.set_state(state["prompt_rng"])
     torch.set_rng_state(state["torch_rng"])
     if state["sample_rng"] is not None and getattr(trainer.generator, "rng", None) is not None:
         trainer.generator.rng.set_state(state["sample_rng"])
     # Drop metrics logged after the checkpoint: they will be logged again.
-    records = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] <= trainer.iteration]
+    notices = []
+    records = [r for r in read_metrics(out / "metrics.jsonl", notices) if r["step"] <= trainer.iteration]
+    for notice in notices:
+        print(notice)
     atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    return True
+    return state.get("progress", {})
 
 
 def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: int | None = None) -> dict:
@@ -95,6 +119,10 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     show_samples = config.show_samples if show_samples is None else show_samples
     set_threads(config.num_threads)
     seed_everything(config.seed)
+    out = Path(config.out)
+    check_run_folder(out, config.overwrite, config.resume, resumable=out / "checkpoints" / "last" / "trainer_state.pt")
+    if config.resume:
+        check_resume_settings(config, out)
     task = load_task(config.task, config.seed)
     roles = load_roles(config, task)
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
@@ -102,10 +130,13 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=config.do_sample, temperature=config.temperature, seed=config.seed)
     trainer = PPOTrainer(actor, roles.ref, reward, tokenizer, config, generator, critic=roles.critic)
-    out = Path(config.out)
     rng = torch.Generator().manual_seed(config.seed)
-    resumed = config.resume and load_last(trainer, out, rng)
-    run_log = RunLog(out, config_record or to_dict(config))
+    for notice in start_run_folder(out, config.overwrite):
+        print(notice)
+    # What the summary needs from before a resume: the true starting evaluation, PPO seconds so far.
+    carried = load_last(trainer, out, rng, config) if config.resume else {}
+    resumed = config.resume
+    run_log = RunLog(out, config_record or to_dict(config), resume_after=trainer.iteration if resumed else None)
     evaluator = None
     if eval_rows:
         evaluator = Evaluator(tokenizer, eval_rows, task.metric if task else None,
@@ -121,16 +152,21 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
         return metrics, samples
 
-    print(f"ppo-rlhf ppo -> {out}" + (f" (resumed at iteration {trainer.iteration})" if resumed else ""))
+    print(f"ppo-rlhf ppo -> {out}" + (f" (resumed from {out / 'checkpoints' / 'last'}, after iteration "
+                                      f"{trainer.iteration} of {config.iterations})" if resumed else ""))
     for line in plan_lines(config, roles, trainer, len(train_rows)):
         print("  " + line)
     for warning in plan_warnings(config):
         print(f"warning: {warning}")
-    before, samples_before = (evaluator(actor) if evaluator else ({}, []))
-    if not resumed and before:
-        run_log.log(0, before)
+    if "before" in carried:
+        before, samples_before = carried["before"], carried["samples_before"]
+    else:
+        before, samples_before = (evaluator(actor) if evaluator else ({}, []))
+        if before:
+            run_log.log(0, before)
     final_eval = None  # the evaluation of the last iteration, reused as the run's result
-    train_seconds = 0.0
+    train_seconds = carried.get("train_seconds", 0.0)
+    scores = dict(carried.get("scores", {}))  # the training score of the first and of the last iteration
     first_iteration = trainer.iteration
     progress = tqdm(range(first_iteration, config.iterations), desc="ppo", leave=False, mininterval=1.0)
     for iteration in progress:
@@ -146,11 +182,14 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             if done == config.iterations:
                 final_eval = eval_metrics, samples
         run_log.log(done, metrics)
+        scores.setdefault("first", metrics["score"])
+        scores["last"] = metrics["score"]
         if iteration == first_iteration and (warning := score_spread_warning(metrics, done)):
             tqdm.write(f"warning: {warning}")
         progress.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
         if config.save_every and (done % config.save_every == 0 or done == config.iterations):
-            save_last(trainer, out, rng)
+            save_last(trainer, out, rng, config, {"before": before, "samples_before": samples_before,
+                                                  "train_seconds": train_seconds, "scores": scores})
 
     actor_dir = save_actor(actor, tokenizer, out / "checkpoints" / "actor")
     with atomic_directory(out / "checkpoints" / "critic") as staging:
@@ -170,6 +209,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         "stage": "ppo",
         "iterations": config.iterations,
         "ppo_seconds": round(train_seconds, 2),
+        "training_score": scores,
         "before": before,
         "after": after,
         "after_sampled": sampled,

@@ -10,6 +10,7 @@ from ppo_rlhf.data import load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import require_model_folder
 from ppo_rlhf.models.lora import save_adapter
+from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
@@ -30,6 +31,8 @@ def run_reward(config: RewardConfig) -> dict:
     set_threads(config.num_threads)
     seed_everything(config.seed)
     start = time.perf_counter()
+    out = Path(config.out)
+    check_run_folder(out, config.overwrite)
     task = load_task(config.task if not config.data else None, config.seed)
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
     if config.model:
@@ -47,7 +50,8 @@ def run_reward(config: RewardConfig) -> dict:
         model = build_sequence_classifier(tokenizer, num_labels, config.n_layer, config.n_head, config.n_embd,
                                           dropout=config.dropout, seed=config.seed)
     rows = load_rows(config.data, config.required_fields) if config.data else task.rm_rows()
-    out = Path(config.out)
+    for notice in start_run_folder(out, config.overwrite):
+        print(notice)
     run_log = RunLog(out, to_dict(config))
     result = train_reward_model(model, tokenizer, rows, config, run_log=run_log)
     if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder)

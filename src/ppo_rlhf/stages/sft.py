@@ -9,6 +9,7 @@ from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
+from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.sft import SFTConfig, train_sft
@@ -18,6 +19,8 @@ def run_sft(config: SFTConfig) -> dict:
     set_threads(config.num_threads)
     seed_everything(config.seed)
     start = time.perf_counter()
+    out = Path(config.out)
+    check_run_folder(out, config.overwrite)
     # A user's model trained on the user's data: the built-in task has nothing to add (its
     # held-out prompts and metric mean nothing to that model).  Without --model, the task still
     # supplies the tokenizer of the model built from scratch.
@@ -36,7 +39,8 @@ def run_sft(config: SFTConfig) -> dict:
     if task is not None:
         evaluator = Evaluator(tokenizer, task.eval_rows(), task.metric, max_prompt_length=task.max_prompt_length,
                               max_new_tokens=task.max_new_tokens)
-    out = Path(config.out)
+    for notice in start_run_folder(out, config.overwrite):
+        print(notice)
     run_log = RunLog(out, to_dict(config))
     evaluations = train_sft(model, tokenizer, rows, config, run_log=run_log, evaluator=evaluator)
     checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "sft")

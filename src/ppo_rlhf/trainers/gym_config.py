@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ppo_rlhf.config import check, option
+from ppo_rlhf.run_folder import RunFolderOptions
 
 
 @dataclass
-class GymPPOConfig:
+class GymPPOConfig(RunFolderOptions):
     """Defaults follow CleanRL's ppo.py; the presets below follow the RL Baselines3 Zoo."""
 
     env_id: str = option("CartPole-v1", "gymnasium environment id; Discrete or Box actions, flat Box observations", flag="--env")

@@ -15,7 +15,7 @@ the update into a batch of B = T * N samples (``b_`` names), minibatches of ``mi
 from __future__ import annotations
 
 import collections
-import shutil
+import difflib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +25,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from ppo_rlhf.config import to_dict
+from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
+from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy, space_spec
 from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_preset  # noqa: F401 -- re-exported
 
 
 def make_envs(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown gymnasium environment {env_id!r} (--env){hint}")
     # SAME_STEP autoreset: a finished env is reset inside step() and its last observation comes
     # back in infos["final_obs"] -- exactly what bootstrapping a truncated episode needs.
     return gym.vector.SyncVectorEnv(
@@ -191,12 +196,12 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     out_dir = config.resolved_out_dir()
-    # A new run replaces the logs of an earlier one in the same folder (the run log appends).
-    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-    shutil.rmtree(out_dir / "tb", ignore_errors=True)
+    check_run_folder(out_dir, config.overwrite)
+    envs = make_envs(config.env_id, config.num_envs)  # an unknown env stops here, before anything is removed
+    for notice in start_run_folder(out_dir, config.overwrite):
+        print(notice)
     log = RunLog(out_dir, to_dict(config))
 
-    envs = make_envs(config.env_id, config.num_envs)
     agent = ActorCritic(space_spec(envs.single_observation_space, envs.single_action_space),
                         config.hidden_sizes, config.activation, config.log_std_init)
     # fused: one kernel for the whole parameter update instead of a dozen per tensor (~4x faster here)

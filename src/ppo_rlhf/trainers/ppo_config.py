@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, check_kl_placement
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.run_folder import RunFolderOptions
 
 
 # Default learning rates.  1e-5 is the usual full fine-tuning value for PPO on 0.1-7B models; a LoRA
@@ -17,7 +18,7 @@ LORA_LR = 3e-4
 
 
 @dataclass
-class PPOConfig(LoraOptions):
+class PPOConfig(RunFolderOptions, LoraOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -91,7 +92,8 @@ class PPOConfig(LoraOptions):
     show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json")
     eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
     save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)")
-    resume: bool = option(False, "continue from OUT/checkpoints/last if it exists")
+    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but for "
+                                 "iterations, evaluation, saving and learning rates)")
     seed: int = option(0, "random seed")
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 

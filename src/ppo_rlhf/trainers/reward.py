@@ -19,13 +19,14 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.trainers.sft import lr_at
 
 
 @dataclass
-class RewardConfig(LoraOptions):
+class RewardConfig(RunFolderOptions, LoraOptions):
     """``--lora``: train a LoRA adapter and a score head on the frozen ``--model``; PPO with
     ``--lora`` on the same base then runs the reward from that one base."""
 

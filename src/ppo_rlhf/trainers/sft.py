@@ -14,11 +14,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
+from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(RunFolderOptions):
     model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk) with prompt and completion; empty: the task's")
     task: str = option("doubling", "built-in task that supplies data, tokenizer and metric", choices=("doubling",))

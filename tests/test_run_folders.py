@@ -1,0 +1,128 @@
+"""Run folders never mix, nothing is lost: refusals, --overwrite, --resume and its checks,
+recovery from what a kill leaves behind, strict JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from ppo_rlhf.checkpoint import atomic_write_json, recover_interrupted_writes
+from ppo_rlhf.cli import main
+from ppo_rlhf.runlog import read_metrics
+
+TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--num-threads", "1"]
+RULE = ["--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"]
+
+
+def run(args):
+    assert main([str(a) for a in args]) == 0, args
+
+
+def fails(args, capsys) -> str:
+    assert main([str(a) for a in args]) == 2, args
+    return capsys.readouterr().err
+
+
+def sft_args(out, *extra):
+    return ["sft", "--task", "doubling", "--steps", 4, "--batch-size", 16, "--eval-every", 0, "--out", out, *TINY, *extra]
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft") / "run"
+    run(sft_args(out))
+    return out / "checkpoints" / "sft"
+
+
+def ppo_args(model, out, *extra):
+    return ["ppo", "--task", "doubling", "--model", model, "--out", out, "--batch-size", 8, "--mini-batch-size", 4,
+            "--ppo-epochs", 1, "--max-new-tokens", 7, "--max-length", 19, "--eval-every", 0, "--eval-size", 16,
+            "--lr", 1e-4, "--num-threads", 1, *RULE, *extra]
+
+
+def test_a_second_run_into_the_same_folder_is_refused_and_changes_nothing(tmp_path, capsys):
+    out = tmp_path / "sft"
+    run(sft_args(out))
+    metrics = (out / "metrics.jsonl").read_text()
+    err = fails(sft_args(out), capsys)
+    assert f"--out {out} already holds a run" in err and "--overwrite" in err and "--resume" not in err
+    assert (out / "metrics.jsonl").read_text() == metrics
+    run(sft_args(out, "--overwrite"))  # replaces it: one run's rows, not two
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [r["step"] for r in map(json.loads, metrics.splitlines())]
+
+
+def test_resume_without_a_checkpoint_fails_clearly(sft_model, tmp_path, capsys):
+    err = fails(ppo_args(sft_model, tmp_path / "new", "--iterations", 2, "--resume"), capsys)
+    assert "nothing to resume" in err and "drop --resume" in err
+    assert not (tmp_path / "new" / "metrics.jsonl").exists()
+    err = fails(ppo_args(sft_model, tmp_path / "new", "--resume", "--overwrite"), capsys)
+    assert "contradict" in err
+
+
+def test_resume_refuses_changed_meaning_and_takes_a_new_learning_rate(sft_model, tmp_path, capsys):
+    out = tmp_path / "ppo"
+    run(ppo_args(sft_model, out, "--iterations", 1, "--save-every", 1))
+    err = fails(ppo_args(sft_model, out, "--iterations", 2, "--resume", "--kl-coef", 0.9, "--critic", "separate"),
+                capsys)
+    assert "kl_coef: 0.3 -> 0.9" in err and "critic: 'shared' -> 'separate'" in err
+    other_model = tmp_path / "other"
+    shutil.copytree(sft_model, other_model)  # the same shape: it would silently swap the KL reference
+    err = fails(ppo_args(other_model, out, "--iterations", 2, "--resume"), capsys)
+    assert "model:" in err
+    run(ppo_args(sft_model, out, "--iterations", 2, "--resume", "--lr", 5e-4))
+    printed = capsys.readouterr().out
+    assert "resumed from" in printed and "after iteration 1 of 2" in printed and "lr 0.0005" in printed
+    state = torch.load(out / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)
+    assert state["trainer"]["optimizer"]["param_groups"][0]["lr"] == 5e-4
+
+
+def test_resume_keeps_the_starting_evaluation_and_drops_a_torn_line(sft_model, tmp_path, capsys):
+    out = tmp_path / "ppo"
+    run(ppo_args(sft_model, out, "--iterations", 2, "--save-every", 1, "--eval-every", 1))
+    first = json.loads((out / "summary.json").read_text())
+    # A kill mid-write leaves a torn last line; a kill between the two renames of the checkpoint
+    # swap leaves the new checkpoint in staging and the old one moved aside.
+    with (out / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 3, "sco')
+    last = out / "checkpoints" / "last"
+    shutil.copytree(last, out / "checkpoints" / ".last.tmp-abc")
+    last.rename(out / "checkpoints" / ".last.old-123")
+    run(ppo_args(sft_model, out, "--iterations", 3, "--save-every", 1, "--eval-every", 1, "--resume"))
+    printed = capsys.readouterr().out
+    assert "dropped a torn last line" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["before"] == first["before"]  # the SFT model's evaluation, not the resumed one's
+    assert summary["ppo_seconds"] >= first["ppo_seconds"]
+    assert summary["training_score"]["first"] == first["training_score"]["first"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_recovery_of_an_interrupted_swap(tmp_path):
+    (tmp_path / ".last.tmp-x").mkdir()
+    (tmp_path / ".last.tmp-x" / "state").write_text("new")
+    (tmp_path / ".last.old-1").mkdir()
+    (tmp_path / ".other.tmp-y").mkdir()  # an unfinished write of a folder that still exists
+    (tmp_path / "other").mkdir()
+    notices = recover_interrupted_writes(tmp_path)
+    assert (tmp_path / "last" / "state").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last", "other"]
+    assert any("completed" in n for n in notices)
+
+
+def test_a_mistyped_gym_env_removes_nothing(tmp_path, capsys):
+    out = tmp_path / "gym"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    err = fails(["gym", "--env", "CartPole-v9", "--out", out, "--overwrite"], capsys)
+    assert "unknown gymnasium environment 'CartPole-v9'" in err and "CartPole-v1" in err
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_summaries_and_metrics_are_strict_json(tmp_path):
+    atomic_write_json(tmp_path / "s.json", {"a": float("nan"), "b": [float("inf"), 1.0]})
+    assert json.loads((tmp_path / "s.json").read_text(), parse_constant=lambda c: pytest.fail(c)) == \
+        {"a": None, "b": [None, 1.0]}
