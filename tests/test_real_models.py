@@ -1,15 +1,19 @@
 """Real Hugging Face architectures through the whole pipeline: a user's model and data.
 
-Tiny random models of three architectures (tests/zoo.py), each with a real BPE tokenizer:
+Tiny random models of five architectures (tests/zoo.py), each with a real BPE tokenizer:
 
-    gpt2   GPT2LMHeadModel,  pad distinct from EOS, no BOS added, no chat template
-    llama  LlamaForCausalLM, pad = EOS, BOS added by the tokenizer
-    qwen2  Qwen2ForCausalLM, EOS <|im_end|>, a chat template
+    gpt2     GPT2LMHeadModel,    pad distinct from EOS, no BOS added, no chat template
+    llama    LlamaForCausalLM,   pad = EOS, BOS added by the tokenizer
+    qwen2    Qwen2ForCausalLM,   EOS <|im_end|>, a chat template
+    granite  GraniteForCausalLM, logits divided inside forward() (no reward model: transformers
+                                 has no GraniteForSequenceClassification)
+    gemma    GemmaForCausalLM,   stop ids <eos> and the chat template's <end_of_turn>
 
 go through ``sft`` (JSONL, Parquet, save_to_disk; custom field names), pairwise ``rm`` and ``ppo``
 (shared and separate critic; reward model, reward function, a reward model with another
 tokenizer; chat-template prompts), then the places where real models break quietly (left
-padding, the trunk behind the LM head, last-token scores, EOS = pad), bad input, and
+padding, logits changed inside forward(), last-token scores, EOS = pad, more than one stop id),
+bad input, and
 ``convert-gguf``.  Budgets are tiny: this checks that everything runs and is wired right, not
 that anything learns.
 """
@@ -45,11 +49,12 @@ from ppo_rlhf.trainers.sft import SFTConfig, sft_examples
 
 torch.set_num_threads(1)
 
-from zoo import (ARCHS, CHAT_TEMPLATE, PROMPTS, REWARDS_MODULE, THREADS, build_model, make_tokenizer, run, run_failing,
-                 weights_changed)
+from zoo import (ARCHS, CHAT_TEMPLATE, PROMPTS, REWARDS_MODULE, THREADS, build_model, make_config, make_tokenizer, run,
+                 run_failing, weights_changed)
 
 # ---------------------------------------------------------------- the three commands
-@pytest.mark.parametrize("arch, data_format", [("gpt2", "jsonl"), ("llama", "parquet"), ("qwen2", "disk")])
+@pytest.mark.parametrize("arch, data_format", [("gpt2", "jsonl"), ("llama", "parquet"), ("qwen2", "disk"),
+                                               ("granite", "jsonl"), ("gemma", "parquet")])
 def test_sft_on_each_architecture_and_data_format(zoo, tmp_path, arch, data_format):
     out = tmp_path / "sft"
     run(["sft", "--model", zoo[arch], "--data", zoo["data"][data_format], "--prompt-field", "question",
@@ -92,6 +97,8 @@ def ppo_case(zoo, reward_models, arch, critic, reward, *extra):
     ("qwen2", "separate", "model"),
     ("gpt2", "shared", "model"),     # the llama reward model: another tokenizer, text re-encoded
     ("gpt2", "separate", "fn"),
+    ("granite", "shared", "model"),  # the llama reward model: the same vocabulary, ids shared
+    ("gemma", "separate", "model"),
 ])
 def test_ppo_in_each_critic_mode_and_reward_kind(zoo, reward_models, tmp_path, arch, critic, reward):
     out = tmp_path / "ppo"
@@ -133,8 +140,9 @@ def test_ppo_on_chat_messages_with_score_options(zoo, reward_models, tmp_path):
     assert all("score_used" in r and abs(r["score_used"]) <= 2.0 for r in records)
 
 
-def test_eval_of_a_user_model_with_a_reward(zoo, tmp_path):
-    run(["eval", "--model", zoo["qwen2"], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
+@pytest.mark.parametrize("arch", ("qwen2", "granite", "gemma"))
+def test_eval_of_a_user_model_with_a_reward(zoo, tmp_path, arch):
+    run(["eval", "--model", zoo[arch], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
          "--reward-fn", f"{REWARDS_MODULE}:length_score", "--size", 4, "--max-new-tokens", 6, "--max-length", 64,
          "--out", tmp_path / "eval", *THREADS])
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
@@ -177,19 +185,52 @@ def test_left_padding_gives_the_same_greedy_response_as_alone(zoo, arch):
         assert reference[0, alone_ids.shape[1]:].tolist() == alone[0].tolist(), (arch, prompt)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_response_logprobs_match_a_plain_forward(zoo, arch):
-    # forward_response runs the trunk and the LM head apart: check it finds both in each architecture.
-    tokenizer, model = load(zoo[arch])
+def causal_lm(zoo, arch: str):
+    """(tokenizer, model) of the zoo's folder, or built from its config for the forward-only architectures."""
+    if arch in zoo:
+        return load(zoo[arch])
+    tokenizer = make_tokenizer(arch)
+    torch.manual_seed(0)
+    return tokenizer, AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).eval()
+
+
+class RecordsLogits(torch.nn.Module):
+    """The model, keeping the (B, V) logits that each generation step chose its token from."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.logits = model, []
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        self.logits.append(out.logits[:, -1].clone())
+        return out
+
+
+@pytest.mark.parametrize("arch", (*ARCHS, "cohere", "gemma2"))
+def test_response_logits_are_the_ones_generation_samples_from(zoo, arch):
+    # Granite divides its logits inside forward(), Cohere multiplies them, Gemma 2 caps them:
+    # what PPO trains must be the model's own output, the distribution the tokens came from.
+    tokenizer, model = causal_lm(zoo, arch)
     ids, mask = encode_prompts(tokenizer, ["what is two plus two", "hello"], 64)
-    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 5, do_sample=True, seed=0)
-    sequences = Sequences(ids, mask, *generator.generate(model, ids, mask))
-    got = logprobs_from_logits(forward_response(model, sequences, temperature=0.7).logits, sequences.response_ids)
-    full = model(input_ids=sequences.input_ids, attention_mask=sequences.attention_mask,
-                 position_ids=position_ids_from_mask(sequences.attention_mask)).logits
-    expected = logprobs_from_logits(full[:, ids.shape[1] - 1:-1] / 0.7, sequences.response_ids)
+    recorder = RecordsLogits(model).eval()  # (the generator restores the mode it found)
+    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 5, do_sample=True, temperature=0.7, seed=0)
+    sequences = Sequences(ids, mask, *generator.generate(recorder, ids, mask))
+    out = forward_response(model, sequences, temperature=0.7)
+    attention_mask = sequences.attention_mask
+    full = model(input_ids=sequences.input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask)).logits  # (B, P+T, V)
     keep = sequences.response_mask.bool()
-    assert torch.allclose(got[keep], expected[keep], atol=1e-5)
+    prompt_length = ids.shape[1]
+    assert torch.allclose(out.logits[keep], full[:, prompt_length - 1:-1][keep] / 0.7, atol=1e-5)
+    # The old pass's log-probs are those each token was sampled with: the first PPO ratio is 1.
+    sampled_with = logprobs_from_logits(torch.stack(recorder.logits, dim=1) / 0.7, sequences.response_ids)
+    old_logprobs = logprobs_from_logits(out.logits, sequences.response_ids)
+    assert torch.allclose(old_logprobs[keep], sampled_with[keep], atol=1e-5)
+    # The value head reads the trunk's final (normed) hidden states at the same positions.
+    trunk = model.base_model(input_ids=sequences.input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+    assert torch.allclose(out.hidden, trunk[:, prompt_length - 1:-1], atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ("llama", "qwen2"))
