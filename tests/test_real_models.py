@@ -36,11 +36,12 @@ from transformers import (
 )
 
 from ppo_rlhf.config import build_config
+from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import apply_chat_template, encode_prompts, generate_responses
 from ppo_rlhf.rollout.reward import ModelReward, ScoringBatch, last_token_scores
-from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
+from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask, stop_token_ids
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.roles import critic_init_folder
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -367,6 +368,78 @@ def test_pad_equal_to_eos_masks_from_the_first_eos(zoo):
     assert ids[0, 2:].tolist() == [tokenizer.eos_token_id] * 3 and ids[1, 4] == tokenizer.eos_token_id
     assert out.finished == [True, True] and not any("</s>" in t for t in out.texts)
 
+
+
+def test_the_stop_ids_are_the_tokenizer_eos_and_the_models_end_of_turn(zoo):
+    tokenizer, model = load(zoo["gemma"])  # its generation_config.json names <eos> and <end_of_turn>
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert stop_token_ids(tokenizer, model) == [tokenizer.eos_token_id, end_of_turn]
+    tokenizer, model = load(zoo["llama"])
+    assert stop_token_ids(tokenizer, model) == [tokenizer.eos_token_id]
+    assert stop_token_ids(tokenizer) == [tokenizer.eos_token_id]
+
+
+def forced_tokens(model, forced: dict[tuple[int, int], int]):
+    """Make ``model`` choose token id ``forced[row, step]`` at that generation step (1-based);
+    returns the hook's handle."""
+    steps = [0]
+
+    def force(module, args, out):
+        steps[0] += 1
+        for (row, step), token in forced.items():
+            if steps[0] == step:
+                out.logits[row, -1, token] = 1e4
+        return out
+
+    return model.register_forward_hook(force)
+
+
+def test_a_response_ends_at_the_chat_models_end_of_turn(zoo):
+    # Gemma-style: the tokenizer's EOS is <eos>, the chat template ends a turn with <end_of_turn>;
+    # generation_config.json names both.  Either ends the response: the mask, the finished flag
+    # and the length all stop there.
+    tokenizer, model = load(zoo["gemma"])
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    seen = {}
+
+    def metric(prompts, responses, finished):
+        seen["finished"] = finished
+        return {}
+
+    evaluator = Evaluator(tokenizer, [{"prompt": "hello"}, {"prompt": "the cat sat"}], metric, max_new_tokens=8)
+    handle = forced_tokens(model, {(0, 3): end_of_turn, (1, 2): tokenizer.eos_token_id})
+    try:
+        metrics, _ = evaluator(model)
+    finally:
+        handle.remove()
+    assert seen["finished"] == [True, True] and metrics["eval/response_length"] == 2.5
+
+    generator = TorchGenerator(stop_token_ids(tokenizer, model), tokenizer.pad_token_id, 8, do_sample=False)
+    handle = forced_tokens(model, {(0, 3): end_of_turn, (1, 2): tokenizer.eos_token_id})
+    try:
+        out = generate_responses(model, tokenizer, generator, ["hello", "the cat sat"], 32)
+    finally:
+        handle.remove()
+    ids, mask = out.sequences.response_ids, out.sequences.response_mask
+    assert ids.shape[1] == 3  # generation stopped once every row had ended
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert ids[0, 2] == end_of_turn and ids[1, 1] == tokenizer.eos_token_id and ids[1, 2] == tokenizer.pad_token_id
+    assert out.finished == [True, True] and not any("<end_of_turn>" in t or "<eos>" in t for t in out.texts)
+
+
+def test_sft_labels_end_at_the_templates_end_of_turn_without_a_second_stop(zoo):
+    # A completion written with the chat template's end of turn already ends the response:
+    # appending EOS after it would teach the model a token that generation never reaches.
+    tokenizer, model = load(zoo["gemma"])
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    rows = [{"prompt": [{"role": "user", "content": "hello"}], "completion": " good answer<end_of_turn>"},
+            {"prompt": [{"role": "user", "content": "the cat sat"}], "completion": " good answer"}]
+    config = build_config(SFTConfig, {"chat_template": True})
+    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
+    answer = tokenizer(" good answer", add_special_tokens=False)["input_ids"]
+    assert labels[0][labels[0] != -100].tolist() == answer + [end_of_turn]
+    assert labels[1][labels[1] != -100].tolist() == answer + [tokenizer.eos_token_id]  # no stop: EOS added
+    assert input_ids[0][attention_mask[0].bool()].tolist()[-2:] == [answer[-1], end_of_turn]
 
 def test_separate_critic_starts_from_the_reward_model_only_with_the_actor_vocabulary(zoo, reward_models):
     llama_rm = str(reward_models["llama"] / "checkpoints" / "reward")
