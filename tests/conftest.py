@@ -31,9 +31,9 @@ def zoo(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reward_models(zoo):
-    """One pairwise reward model per architecture that PPO needs one for (llama, qwen2)."""
+    """One pairwise reward model per architecture that PPO needs one for (llama, qwen2, gemma)."""
     out = {}
-    for arch in ("llama", "qwen2"):
+    for arch in ("llama", "qwen2", "gemma"):
         run(["rm", "--mode", "pairwise", "--model", zoo[arch], "--data", zoo["pairs"], "--prompt-field", "query",
              "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
              "--eval-fraction", 0.25, "--out", zoo["root"] / f"rm_{arch}", *THREADS])

@@ -1,15 +1,19 @@
 """Real Hugging Face architectures through the whole pipeline: a user's model and data.
 
-Tiny random models of three architectures (tests/zoo.py), each with a real BPE tokenizer:
+Tiny random models of five architectures (tests/zoo.py), each with a real BPE tokenizer:
 
-    gpt2   GPT2LMHeadModel,  pad distinct from EOS, no BOS added, no chat template
-    llama  LlamaForCausalLM, pad = EOS, BOS added by the tokenizer
-    qwen2  Qwen2ForCausalLM, EOS <|im_end|>, a chat template
+    gpt2     GPT2LMHeadModel,    pad distinct from EOS, no BOS added, no chat template
+    llama    LlamaForCausalLM,   pad = EOS, BOS added by the tokenizer
+    qwen2    Qwen2ForCausalLM,   EOS <|im_end|>, a chat template
+    granite  GraniteForCausalLM, logits divided inside forward() (no reward model: transformers
+                                 has no GraniteForSequenceClassification)
+    gemma    GemmaForCausalLM,   stop ids <eos> and the chat template's <end_of_turn>
 
 go through ``sft`` (JSONL, Parquet, save_to_disk; custom field names), pairwise ``rm`` and ``ppo``
 (shared and separate critic; reward model, reward function, a reward model with another
 tokenizer; chat-template prompts), then the places where real models break quietly (left
-padding, the trunk behind the LM head, last-token scores, EOS = pad), bad input, and
+padding, logits changed inside forward(), last-token scores, EOS = pad, more than one stop id),
+bad input, and
 ``convert-gguf``.  Budgets are tiny: this checks that everything runs and is wired right, not
 that anything learns.
 """
@@ -32,11 +36,12 @@ from transformers import (
 )
 
 from ppo_rlhf.config import build_config
+from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import apply_chat_template, encode_prompts, generate_responses
 from ppo_rlhf.rollout.reward import ModelReward, ScoringBatch, last_token_scores
-from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
+from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask, stop_token_ids
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.roles import critic_init_folder
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -45,11 +50,12 @@ from ppo_rlhf.trainers.sft import SFTConfig, sft_examples
 
 torch.set_num_threads(1)
 
-from zoo import (ARCHS, CHAT_TEMPLATE, PROMPTS, REWARDS_MODULE, THREADS, build_model, make_tokenizer, run, run_failing,
-                 weights_changed)
+from zoo import (ARCHS, CHAT_TEMPLATE, PROMPTS, REWARDS_MODULE, THREADS, build_model, make_config, make_tokenizer, run,
+                 run_failing, weights_changed)
 
 # ---------------------------------------------------------------- the three commands
-@pytest.mark.parametrize("arch, data_format", [("gpt2", "jsonl"), ("llama", "parquet"), ("qwen2", "disk")])
+@pytest.mark.parametrize("arch, data_format", [("gpt2", "jsonl"), ("llama", "parquet"), ("qwen2", "disk"),
+                                               ("granite", "jsonl"), ("gemma", "parquet")])
 def test_sft_on_each_architecture_and_data_format(zoo, tmp_path, arch, data_format):
     out = tmp_path / "sft"
     run(["sft", "--model", zoo[arch], "--data", zoo["data"][data_format], "--prompt-field", "question",
@@ -92,6 +98,8 @@ def ppo_case(zoo, reward_models, arch, critic, reward, *extra):
     ("qwen2", "separate", "model"),
     ("gpt2", "shared", "model"),     # the llama reward model: another tokenizer, text re-encoded
     ("gpt2", "separate", "fn"),
+    ("granite", "shared", "model"),  # the llama reward model: the same vocabulary, ids shared
+    ("gemma", "separate", "model"),
 ])
 def test_ppo_in_each_critic_mode_and_reward_kind(zoo, reward_models, tmp_path, arch, critic, reward):
     out = tmp_path / "ppo"
@@ -133,8 +141,9 @@ def test_ppo_on_chat_messages_with_score_options(zoo, reward_models, tmp_path):
     assert all("score_used" in r and abs(r["score_used"]) <= 2.0 for r in records)
 
 
-def test_eval_of_a_user_model_with_a_reward(zoo, tmp_path):
-    run(["eval", "--model", zoo["qwen2"], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
+@pytest.mark.parametrize("arch", ("qwen2", "granite", "gemma"))
+def test_eval_of_a_user_model_with_a_reward(zoo, tmp_path, arch):
+    run(["eval", "--model", zoo[arch], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
          "--reward-fn", f"{REWARDS_MODULE}:length_score", "--size", 4, "--max-new-tokens", 6, "--max-length", 64,
          "--out", tmp_path / "eval", *THREADS])
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
@@ -177,19 +186,52 @@ def test_left_padding_gives_the_same_greedy_response_as_alone(zoo, arch):
         assert reference[0, alone_ids.shape[1]:].tolist() == alone[0].tolist(), (arch, prompt)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_response_logprobs_match_a_plain_forward(zoo, arch):
-    # forward_response runs the trunk and the LM head apart: check it finds both in each architecture.
-    tokenizer, model = load(zoo[arch])
+def causal_lm(zoo, arch: str):
+    """(tokenizer, model) of the zoo's folder, or built from its config for the forward-only architectures."""
+    if arch in zoo:
+        return load(zoo[arch])
+    tokenizer = make_tokenizer(arch)
+    torch.manual_seed(0)
+    return tokenizer, AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).eval()
+
+
+class RecordsLogits(torch.nn.Module):
+    """The model, keeping the (B, V) logits that each generation step chose its token from."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.logits = model, []
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        self.logits.append(out.logits[:, -1].clone())
+        return out
+
+
+@pytest.mark.parametrize("arch", (*ARCHS, "cohere", "gemma2"))
+def test_response_logits_are_the_ones_generation_samples_from(zoo, arch):
+    # Granite divides its logits inside forward(), Cohere multiplies them, Gemma 2 caps them:
+    # what PPO trains must be the model's own output, the distribution the tokens came from.
+    tokenizer, model = causal_lm(zoo, arch)
     ids, mask = encode_prompts(tokenizer, ["what is two plus two", "hello"], 64)
-    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 5, do_sample=True, seed=0)
-    sequences = Sequences(ids, mask, *generator.generate(model, ids, mask))
-    got = logprobs_from_logits(forward_response(model, sequences, temperature=0.7).logits, sequences.response_ids)
-    full = model(input_ids=sequences.input_ids, attention_mask=sequences.attention_mask,
-                 position_ids=position_ids_from_mask(sequences.attention_mask)).logits
-    expected = logprobs_from_logits(full[:, ids.shape[1] - 1:-1] / 0.7, sequences.response_ids)
+    recorder = RecordsLogits(model).eval()  # (the generator restores the mode it found)
+    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 5, do_sample=True, temperature=0.7, seed=0)
+    sequences = Sequences(ids, mask, *generator.generate(recorder, ids, mask))
+    out = forward_response(model, sequences, temperature=0.7)
+    attention_mask = sequences.attention_mask
+    full = model(input_ids=sequences.input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask)).logits  # (B, P+T, V)
     keep = sequences.response_mask.bool()
-    assert torch.allclose(got[keep], expected[keep], atol=1e-5)
+    prompt_length = ids.shape[1]
+    assert torch.allclose(out.logits[keep], full[:, prompt_length - 1:-1][keep] / 0.7, atol=1e-5)
+    # The old pass's log-probs are those each token was sampled with: the first PPO ratio is 1.
+    sampled_with = logprobs_from_logits(torch.stack(recorder.logits, dim=1) / 0.7, sequences.response_ids)
+    old_logprobs = logprobs_from_logits(out.logits, sequences.response_ids)
+    assert torch.allclose(old_logprobs[keep], sampled_with[keep], atol=1e-5)
+    # The value head reads the trunk's final (normed) hidden states at the same positions.
+    trunk = model.base_model(input_ids=sequences.input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+    assert torch.allclose(out.hidden, trunk[:, prompt_length - 1:-1], atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ("llama", "qwen2"))
@@ -326,6 +368,78 @@ def test_pad_equal_to_eos_masks_from_the_first_eos(zoo):
     assert ids[0, 2:].tolist() == [tokenizer.eos_token_id] * 3 and ids[1, 4] == tokenizer.eos_token_id
     assert out.finished == [True, True] and not any("</s>" in t for t in out.texts)
 
+
+
+def test_the_stop_ids_are_the_tokenizer_eos_and_the_models_end_of_turn(zoo):
+    tokenizer, model = load(zoo["gemma"])  # its generation_config.json names <eos> and <end_of_turn>
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert stop_token_ids(tokenizer, model) == [tokenizer.eos_token_id, end_of_turn]
+    tokenizer, model = load(zoo["llama"])
+    assert stop_token_ids(tokenizer, model) == [tokenizer.eos_token_id]
+    assert stop_token_ids(tokenizer) == [tokenizer.eos_token_id]
+
+
+def forced_tokens(model, forced: dict[tuple[int, int], int]):
+    """Make ``model`` choose token id ``forced[row, step]`` at that generation step (1-based);
+    returns the hook's handle."""
+    steps = [0]
+
+    def force(module, args, out):
+        steps[0] += 1
+        for (row, step), token in forced.items():
+            if steps[0] == step:
+                out.logits[row, -1, token] = 1e4
+        return out
+
+    return model.register_forward_hook(force)
+
+
+def test_a_response_ends_at_the_chat_models_end_of_turn(zoo):
+    # Gemma-style: the tokenizer's EOS is <eos>, the chat template ends a turn with <end_of_turn>;
+    # generation_config.json names both.  Either ends the response: the mask, the finished flag
+    # and the length all stop there.
+    tokenizer, model = load(zoo["gemma"])
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    seen = {}
+
+    def metric(prompts, responses, finished):
+        seen["finished"] = finished
+        return {}
+
+    evaluator = Evaluator(tokenizer, [{"prompt": "hello"}, {"prompt": "the cat sat"}], metric, max_new_tokens=8)
+    handle = forced_tokens(model, {(0, 3): end_of_turn, (1, 2): tokenizer.eos_token_id})
+    try:
+        metrics, _ = evaluator(model)
+    finally:
+        handle.remove()
+    assert seen["finished"] == [True, True] and metrics["eval/response_length"] == 2.5
+
+    generator = TorchGenerator(stop_token_ids(tokenizer, model), tokenizer.pad_token_id, 8, do_sample=False)
+    handle = forced_tokens(model, {(0, 3): end_of_turn, (1, 2): tokenizer.eos_token_id})
+    try:
+        out = generate_responses(model, tokenizer, generator, ["hello", "the cat sat"], 32)
+    finally:
+        handle.remove()
+    ids, mask = out.sequences.response_ids, out.sequences.response_mask
+    assert ids.shape[1] == 3  # generation stopped once every row had ended
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert ids[0, 2] == end_of_turn and ids[1, 1] == tokenizer.eos_token_id and ids[1, 2] == tokenizer.pad_token_id
+    assert out.finished == [True, True] and not any("<end_of_turn>" in t or "<eos>" in t for t in out.texts)
+
+
+def test_sft_labels_end_at_the_templates_end_of_turn_without_a_second_stop(zoo):
+    # A completion written with the chat template's end of turn already ends the response:
+    # appending EOS after it would teach the model a token that generation never reaches.
+    tokenizer, model = load(zoo["gemma"])
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    rows = [{"prompt": [{"role": "user", "content": "hello"}], "completion": " good answer<end_of_turn>"},
+            {"prompt": [{"role": "user", "content": "the cat sat"}], "completion": " good answer"}]
+    config = build_config(SFTConfig, {"chat_template": True})
+    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
+    answer = tokenizer(" good answer", add_special_tokens=False)["input_ids"]
+    assert labels[0][labels[0] != -100].tolist() == answer + [end_of_turn]
+    assert labels[1][labels[1] != -100].tolist() == answer + [tokenizer.eos_token_id]  # no stop: EOS added
+    assert input_ids[0][attention_mask[0].bool()].tolist()[-2:] == [answer[-1], end_of_turn]
 
 def test_separate_critic_starts_from_the_reward_model_only_with_the_actor_vocabulary(zoo, reward_models):
     llama_rm = str(reward_models["llama"] / "checkpoints" / "reward")

@@ -6,7 +6,7 @@ from ppo_rlhf.models import build_causal_lm
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import encode_prompts
-from ppo_rlhf.rollout.sequences import Sequences, response_mask_from_eos
+from ppo_rlhf.rollout.sequences import Sequences, finished_flags, response_mask_from_eos
 from ppo_rlhf.tasks import doubling as d
 
 
@@ -16,6 +16,19 @@ def test_response_mask_from_first_eos_even_when_pad_is_eos():
     expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
     assert torch.equal(response_mask_from_eos(ids, eos), expected)
 
+
+
+def test_a_response_ends_at_whichever_stop_id_comes_first():
+    # EOS 2 and an end-of-turn 7, as a chat model declares both.
+    stops = torch.tensor([2, 7])
+    ids = torch.tensor([[5, 7, 2, 2], [5, 6, 2, 7], [5, 6, 8, 9], [7, 2, 2, 2]])
+    mask = response_mask_from_eos(ids, stops)
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert finished_flags(ids, mask, stops).tolist() == [True, True, False, True]
+    # One stop id, given as a plain int, as before.
+    eos_mask = response_mask_from_eos(ids, 2)
+    assert eos_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    assert finished_flags(ids, eos_mask, 2).tolist() == [True, True, False, True]
 
 def _tiny_model():
     tokenizer = d.build_tokenizer()
@@ -52,7 +65,7 @@ def test_response_logprobs_match_a_plain_forward_and_respect_temperature():
 
 def test_sampling_follows_softmax_of_logits_over_temperature():
     # The generator must sample from exactly the distribution whose log-probs PPO trains.
-    generator = TorchGenerator(eos_token_id=2, pad_token_id=0, max_new_tokens=1, do_sample=True, temperature=2.0, seed=0)
+    generator = TorchGenerator(stop_token_ids=2, pad_token_id=0, max_new_tokens=1, do_sample=True, temperature=2.0, seed=0)
     logits = torch.tensor([[0.0, 2.0, 4.0]]).repeat(20000, 1)
     counts = torch.bincount(generator.next_tokens(logits), minlength=3).float() / 20000
     expected = torch.softmax(torch.tensor([0.0, 2.0, 4.0]) / 2.0, dim=0)

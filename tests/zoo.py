@@ -1,9 +1,15 @@
-"""Tiny random models of three architectures with real (trained-here) BPE tokenizers, and the
+"""Tiny random models of five architectures with real (trained-here) BPE tokenizers, and the
 helpers the real-model tests share (fixtures are in conftest.py).
 
-    gpt2   GPT2LMHeadModel,  pad distinct from EOS, no BOS added, no chat template
-    llama  LlamaForCausalLM, pad = EOS, BOS added by the tokenizer
-    qwen2  Qwen2ForCausalLM, EOS <|im_end|>, a chat template
+    gpt2     GPT2LMHeadModel,    pad distinct from EOS, no BOS added, no chat template
+    llama    LlamaForCausalLM,   pad = EOS, BOS added by the tokenizer
+    qwen2    Qwen2ForCausalLM,   EOS <|im_end|>, a chat template
+    granite  GraniteForCausalLM, its forward divides the logits by logits_scaling (4)
+    gemma    GemmaForCausalLM,   two stop ids: the tokenizer's EOS <eos> and the chat template's
+                                 <end_of_turn>, both in generation_config.json (as gemma-it)
+
+make_config also builds two architectures that only the forward tests use: cohere (its forward
+multiplies the logits by logit_scale) and gemma2 (caps them with final_logit_softcapping).
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, GemmaConfig, GPT2Config, GraniteConfig,
+                          LlamaConfig, PreTrainedTokenizerFast, Qwen2Config)
 
 from ppo_rlhf.cli import main
 
@@ -22,7 +29,9 @@ TEXT = ["the cat sat on the mat", "a dog ran in the park", "good answer", "bad a
 PROMPTS = ["hello world", "the cat sat", "what is two plus two", "say something nice", "a dog ran", "you are"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-ARCHS = ("gpt2", "llama", "qwen2")
+GEMMA_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                       "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+ARCHS = ("gpt2", "llama", "qwen2", "granite", "gemma")
 THREADS = ["--num-threads", 1]
 REWARDS_MODULE = "ppo_rlhf_test_rewards"
 REWARDS_SOURCE = '''
@@ -57,9 +66,16 @@ def make_tokenizer(arch: str) -> PreTrainedTokenizerFast:
     if arch == "gpt2":
         return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>", "<pad>"], 300),
                                        bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>")
-    if arch == "llama":
+    if arch in ("llama", "granite", "cohere", "gemma2"):
         return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<s>", "</s>"], 320, bos="<s>"),
                                        bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    if arch == "gemma":
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=byte_level_bpe(["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], 330,
+                                            bos="<bos>"),
+            bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+        return tokenizer
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=byte_level_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 310),
         eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -72,17 +88,28 @@ def make_config(arch: str, tokenizer):
                bos_token_id=tokenizer.bos_token_id)
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128, initializer_range=0.2, **ids)
-    config_class = LlamaConfig if arch == "llama" else Qwen2Config
     # initializer_range 0.2: decisive logits, so greedy decoding is not decided by rounding.
-    return config_class(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
-                        tie_word_embeddings=arch == "qwen2", **ids)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, **ids)
+    if arch == "granite":
+        return GraniteConfig(logits_scaling=4.0, **sizes)
+    if arch == "cohere":
+        return CohereConfig(logit_scale=4.0, **sizes)
+    if arch == "gemma":
+        return GemmaConfig(head_dim=8, **sizes)
+    if arch == "gemma2":
+        return Gemma2Config(head_dim=8, final_logit_softcapping=2.0, **sizes)
+    config_class = LlamaConfig if arch == "llama" else Qwen2Config
+    return config_class(tie_word_embeddings=arch == "qwen2", **sizes)
 
 
 def build_model(arch: str, folder: Path) -> Path:
     tokenizer = make_tokenizer(arch)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).save_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(make_config(arch, tokenizer))
+    if arch == "gemma":  # the chat model's end of turn stops generation too (saved as generation_config.json)
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

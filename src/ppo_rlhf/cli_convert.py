@@ -84,9 +84,11 @@ def sample_answer(folder: Path, prompt: str, max_new_tokens: int) -> str:
     from ppo_rlhf.models import load_causal_lm, load_tokenizer
     from ppo_rlhf.rollout.generation import TorchGenerator
     from ppo_rlhf.rollout.responses import generate_responses
+    from ppo_rlhf.rollout.sequences import stop_token_ids
 
     tokenizer, model = load_tokenizer(folder), load_causal_lm(folder).eval()
-    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens, do_sample=False)
+    generator = TorchGenerator(stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
+                               do_sample=False)
     chat = getattr(tokenizer, "chat_template", None) is not None
     return generate_responses(model, tokenizer, generator, [prompt], max_prompt_length=1024, chat_template=chat).texts[0]
 

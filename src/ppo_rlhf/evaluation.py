@@ -14,6 +14,7 @@ import torch
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
+from ppo_rlhf.rollout.sequences import stop_token_ids
 
 Metric = Callable[[list, list, list], dict]
 
@@ -39,8 +40,8 @@ class Evaluator:
                  prefix: str = "eval/") -> tuple[dict[str, float], list[tuple[str, str]]]:
         """(metrics, [(prompt, response), ...]) over all held-out prompts."""
         start = time.perf_counter()
-        generator = TorchGenerator(self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.max_new_tokens,
-                                   do_sample=do_sample, temperature=temperature, seed=seed)
+        generator = TorchGenerator(stop_token_ids(self.tokenizer, model), self.tokenizer.pad_token_id,
+                                   self.max_new_tokens, do_sample=do_sample, temperature=temperature, seed=seed)
         texts, finished, lengths, scores = [], [], [], []
         for begin in range(0, len(self.prompts), self.batch_size):
             prompts = self.prompts[begin:begin + self.batch_size]

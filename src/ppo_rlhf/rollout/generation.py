@@ -1,8 +1,10 @@
 """Generation behind one small interface, so a faster engine can serve rollouts where installed.
 
 ``Generator.generate(model, prompt_ids, prompt_mask) -> (response_ids, response_mask)`` is all
-the PPO trainer needs.  ``TorchGenerator`` is the built-in engine: a plain decoding loop over
-the KV cache, in eval mode (no dropout), that stops as soon as every response has emitted EOS.
+the PPO trainer needs, and ``stop_token_ids``, the ids that end a response (to read which
+responses finished).  ``TorchGenerator`` is the built-in engine: a plain decoding loop over the
+KV cache, in eval mode (no dropout), that stops as soon as every response has emitted one of
+its stop ids (see sequences.stop_token_ids).
 It samples from ``softmax(logits / temperature)``, the same distribution the trainer's
 log-probs use, so the PPO ratio is exactly 1 before the first update.  (No top-k / top-p:
 they would make the sampling distribution differ from the one whose log-probs are trained.)
@@ -14,20 +16,25 @@ from typing import Protocol
 
 import torch
 
-from ppo_rlhf.rollout.sequences import position_ids_from_mask, response_mask_from_eos
+from ppo_rlhf.rollout.sequences import StopIds, is_stop, position_ids_from_mask, response_mask_from_eos
 
 
 class Generator(Protocol):
+    stop_token_ids: list[int]  # the ids that end a response
+
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Responses (B, T) with pad after the first EOS, and their mask (B, T)."""
+        """Responses (B, T) with pad after the first stop id, and their mask (B, T)."""
 
 
 class TorchGenerator:
-    """Greedy or temperature sampling with the KV cache; left-padded prompts."""
+    """Greedy or temperature sampling with the KV cache; left-padded prompts.
 
-    def __init__(self, eos_token_id: int, pad_token_id: int, max_new_tokens: int, do_sample: bool,
+    ``stop_token_ids``: one id or several (``stop_token_ids(tokenizer, model)`` gives them all).
+    """
+
+    def __init__(self, stop_token_ids: StopIds, pad_token_id: int, max_new_tokens: int, do_sample: bool,
                  temperature: float = 1.0, seed: int | None = None):
-        self.eos_token_id = eos_token_id
+        self.stop_token_ids = torch.as_tensor(stop_token_ids).reshape(-1).tolist()
         self.pad_token_id = pad_token_id
         self.max_new_tokens = max_new_tokens
         self.do_sample = do_sample
@@ -62,7 +69,7 @@ class TorchGenerator:
             token = self.next_tokens(out.logits[:, -1])
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
-            finished |= token == self.eos_token_id
+            finished |= is_stop(token, self.stop_token_ids)
             if bool(finished.all()):
                 break
             inputs = token[:, None]
@@ -71,6 +78,6 @@ class TorchGenerator:
             attention_mask = torch.cat([attention_mask, torch.ones_like(inputs)], dim=1)
         model.train(was_training)
         response_ids = torch.stack(tokens, dim=1)  # (B, T)
-        response_mask = response_mask_from_eos(response_ids, self.eos_token_id)
+        response_mask = response_mask_from_eos(response_ids, self.stop_token_ids)
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         return response_ids, response_mask

@@ -15,37 +15,46 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Te
     return torch.gather(logp, dim=-1, index=tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def causal_lm_parts(model):
-    """(trunk, lm_head) of a causal LM, also through a peft wrapper.
-
-    Running the trunk and then the head on the response positions only saves the vocabulary
-    projection of every prompt token, which dominates for long prompts and large vocabularies.
-    """
+def output_layer(model) -> torch.nn.Module:
+    """The module that turns hidden states into vocabulary logits, also through a peft wrapper."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner.base_model, inner.get_output_embeddings(), inner.config
+    return inner.get_output_embeddings()
 
 
 @dataclass
 class ResponseForward:
-    logits: torch.Tensor  # (B, T, V) already divided by the temperature
-    hidden: torch.Tensor  # (B, T, H) trunk output at the positions that predict each response token
+    logits: torch.Tensor  # (B, T, V) float32, already divided by the temperature
+    hidden: torch.Tensor  # (B, T, H) input of the output layer at the positions that predict each response token
 
 
 def forward_response(model, sequences: Sequences, temperature: float = 1.0) -> ResponseForward:
-    """Run the causal LM over prompt + response; keep the positions that predict the response."""
-    trunk, lm_head, config = causal_lm_parts(model)
+    """Run the causal LM over prompt + response; keep the positions that predict the response.
+
+    The logits come from the model's own forward, the one generation samples from: some
+    architectures change the logits after the output layer (Granite divides them, Cohere
+    multiplies them, Gemma caps them), and the trained distribution must be the sampled one.
+    ``logits_to_keep`` projects only the T + 1 last positions onto the vocabulary, which saves
+    the projection of every prompt token.  The hidden states the value head reads are what the
+    output layer receives, caught on their way in: the same positions, after the final norm.
+    """
     attention_mask = sequences.attention_mask
-    hidden = trunk(
-        input_ids=sequences.input_ids, attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-    ).last_hidden_state  # (B, P+T, H)
-    start = sequences.prompt_length - 1
-    hidden = hidden[:, start:-1]  # (B, T, H)
-    logits = lm_head(hidden)
-    softcap = getattr(config, "final_logit_softcapping", None)
-    if softcap:  # Gemma-style models cap logits inside their forward; keep that here too
-        logits = torch.tanh(logits / softcap) * softcap
-    logits = logits.float()
+    response_length = sequences.response_ids.shape[1]
+    caught = []
+    hook = output_layer(model).register_forward_pre_hook(lambda module, args: caught.append(args[0]))
+    try:
+        out = model(
+            input_ids=sequences.input_ids, attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+            logits_to_keep=response_length + 1,
+        )
+    finally:
+        hook.remove()
+    if len(caught) != 1:
+        raise RuntimeError(f"{type(model).__name__} ran its output layer {len(caught)} times in one forward; "
+                           f"forward_response expects once")
+    # Position P-1+t predicts response token t: of the T+1 kept positions, drop the last.
+    hidden = caught[0][:, :-1]  # (B, T, H)
+    logits = out.logits[:, :-1].float()  # (B, T, V)
     if temperature != 1.0:  # (no copy of a (B, T, V) tensor for nothing)
         logits = logits / temperature
     return ResponseForward(logits=logits, hidden=hidden)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ppo_rlhf.rollout.generation import Generator
-from ppo_rlhf.rollout.sequences import Sequences, finished_flags
+from ppo_rlhf.rollout.sequences import Sequences, StopIds, finished_flags
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int, device="cpu",
@@ -28,12 +28,12 @@ def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int, device
 class Responses:
     sequences: Sequences
     texts: list[str]  # decoded responses, special tokens removed
-    finished: list[bool]  # ended with EOS
+    finished: list[bool]  # ended with a stop id
 
 
-def decode_responses(tokenizer, sequences: Sequences) -> tuple[list[str], list[bool]]:
+def decode_responses(tokenizer, sequences: Sequences, stop_ids: StopIds) -> tuple[list[str], list[bool]]:
     texts = tokenizer.batch_decode(sequences.response_ids, skip_special_tokens=True)
-    finished = finished_flags(sequences.response_ids, sequences.response_mask, tokenizer.eos_token_id)
+    finished = finished_flags(sequences.response_ids, sequences.response_mask, stop_ids)
     return texts, finished.tolist()
 
 
@@ -48,7 +48,7 @@ def generate_responses(model, tokenizer, generator: Generator, prompts: list[str
                                              add_special_tokens=not chat_template)
     response_ids, response_mask = generator.generate(model, prompt_ids, prompt_mask)
     sequences = Sequences(prompt_ids, prompt_mask, response_ids, response_mask)
-    texts, finished = decode_responses(tokenizer, sequences)
+    texts, finished = decode_responses(tokenizer, sequences, generator.stop_token_ids)
     return Responses(sequences, texts, finished)
 
 

@@ -1,30 +1,57 @@
 """Token sequences as PPO sees them: a left-padded prompt followed by a right-padded response.
 
     position:   0 ... P-1 | P ... P+T-1
-    tokens:     P P S a b | r1 r2 E  P P     (left pad | response, pad after the first EOS)
+    tokens:     P P S a b | r1 r2 E  P P     (left pad | response, pad after the first stop id)
     mask:       0 0 1 1 1 | 1  1  1  0 0
 
 The logits that predict response token t sit at position P-1+t, so every per-token tensor of
 the response (log-probs, values, KL, rewards, advantages) is (B, T) and aligned with
 ``response_mask``.
+
+A response ends at the first of its *stop ids* (E above): the tokenizer's EOS and every
+end-of-turn id the model declares (see :func:`stop_token_ids`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+StopIds = int | Sequence[int] | torch.Tensor
 
-def response_mask_from_eos(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 up to and including the first EOS, 0 after it; all ones if no EOS was emitted.
 
-    Built from EOS, never from the pad id: many tokenizers use EOS as pad, and a mask from
-    ``ids != pad`` would then drop the EOS itself (or everything after an early one).
+def stop_token_ids(tokenizer, model=None) -> list[int]:
+    """Every token id that ends a response: the tokenizer's EOS, then the ids the model's
+    generation config names (an int or a list).
+
+    Chat models put their end of turn there and not in the tokenizer (gemma-it's <end_of_turn>,
+    Phi-3.5's <|end|>, Qwen3's <|im_end|> beside <|endoftext|>); Hugging Face's generate stops on
+    those, and so must a response here.  ``from_pretrained`` reads the generation config from
+    generation_config.json, or from config.json when there is none, so a model config's own
+    eos_token_id is already in it.  Works through a peft wrapper (it forwards the attribute).
     """
-    is_eos = (response_ids == eos_token_id).long()
-    eos_before = torch.cumsum(is_eos, dim=1) - is_eos  # EOS tokens strictly before t
-    return (eos_before == 0).long()
+    ids = [tokenizer.eos_token_id]
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += list(declared) if isinstance(declared, (list, tuple)) else [declared]
+    return list(dict.fromkeys(i for i in ids if i is not None))  # unique, EOS first
+
+
+def is_stop(token_ids: torch.Tensor, stop_ids: StopIds) -> torch.Tensor:
+    """Bool tensor of ``token_ids``' shape: the token is one of the stop ids."""
+    return torch.isin(token_ids, torch.as_tensor(stop_ids, device=token_ids.device).reshape(-1))
+
+
+def response_mask_from_eos(response_ids: torch.Tensor, stop_ids: StopIds) -> torch.Tensor:
+    """1 up to and including the first stop id, 0 after it; all ones if none was emitted.
+
+    Built from the stop ids, never from the pad id: many tokenizers use EOS as pad, and a mask
+    from ``ids != pad`` would then drop the EOS itself (or everything after an early one).
+    """
+    stops = is_stop(response_ids, stop_ids).long()
+    stops_before = torch.cumsum(stops, dim=1) - stops  # stop tokens strictly before t
+    return (stops_before == 0).long()
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -38,8 +65,8 @@ class Sequences:
 
     prompt_ids: torch.Tensor  # (B, P) left-padded
     prompt_mask: torch.Tensor  # (B, P)
-    response_ids: torch.Tensor  # (B, T) pad after the first EOS
-    response_mask: torch.Tensor  # (B, T) 1 up to and including the first EOS
+    response_ids: torch.Tensor  # (B, T) pad after the first stop id
+    response_mask: torch.Tensor  # (B, T) 1 up to and including the first stop id
 
     @property
     def input_ids(self) -> torch.Tensor:  # (B, P+T)
@@ -57,6 +84,6 @@ class Sequences:
         return Sequences(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index], self.response_mask[index])
 
 
-def finished_flags(response_ids: torch.Tensor, response_mask: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """(B,) bool: an EOS sits inside the response mask."""
-    return ((response_ids == eos_token_id) & response_mask.bool()).any(dim=1)
+def finished_flags(response_ids: torch.Tensor, response_mask: torch.Tensor, stop_ids: StopIds) -> torch.Tensor:
+    """(B,) bool: a stop id sits inside the response mask."""
+    return (is_stop(response_ids, stop_ids) & response_mask.bool()).any(dim=1)

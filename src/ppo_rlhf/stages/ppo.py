@@ -23,6 +23,7 @@ from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import changed_settings, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog, read_metrics
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
@@ -127,7 +128,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     roles = load_roles(config, task)
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
     train_rows, eval_rows = prompt_sets(config, task)
-    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens,
+    generator = TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=config.do_sample, temperature=config.temperature, seed=config.seed)
     trainer = PPOTrainer(actor, roles.ref, reward, tokenizer, config, generator, critic=roles.critic)
     rng = torch.Generator().manual_seed(config.seed)

@@ -1,7 +1,8 @@
 """Supervised fine-tuning: next-token loss on the completion only.
 
 Rows are ``{prompt, completion}``; the loss covers the completion tokens and the EOS appended
-after them (the model must learn to stop), never the prompt or the padding.
+after them (the model must learn to stop), never the prompt or the padding.  A completion that
+already ends with a stop id (a chat template's end of turn) gets no EOS after it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
+from ppo_rlhf.rollout.sequences import stop_token_ids
 
 
 @dataclass
@@ -65,18 +67,24 @@ def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -
 
 
 def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], max_length: int,
-                         add_special_tokens: bool = True):
+                         add_special_tokens: bool = True, stop_ids: list[int] | None = None):
     """Right-padded (N, L) input ids, attention mask and labels (-100 outside the completion).
 
     ``add_special_tokens=False`` for prompts already formatted by a chat template, which writes
-    its own BOS and turn markers (the same way PPO encodes them)."""
+    its own BOS and turn markers (the same way PPO encodes them).  ``stop_ids``: the ids that end
+    a response (default: the tokenizer's EOS alone)."""
     eos = tokenizer.eos_token_id
+    stop_ids = set([eos] if stop_ids is None else stop_ids)
     prompt_ids = tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
     completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
     sequences, label_rows = [], []
     for p, c in zip(prompt_ids, completion_ids):
-        ids = (p + c + [eos])[:max_length]
-        labels = ([-100] * len(p) + c + [eos])[:max_length]
+        # A completion that ends with a stop id (e.g. the template's <end_of_turn>) has ended:
+        # generation stops at that token, so an EOS after it is a token the model would never
+        # be asked for, and learning it only moves probability onto a second stop.
+        end = [] if c and c[-1] in stop_ids else [eos]
+        ids = (p + c + end)[:max_length]
+        labels = ([-100] * len(p) + c + end)[:max_length]
         sequences.append(ids)
         label_rows.append(labels)
     length = max(len(s) for s in sequences)
@@ -90,13 +98,13 @@ def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], 
     return input_ids, attention_mask, labels
 
 
-def sft_examples(tokenizer, rows: list[dict], config: SFTConfig):
+def sft_examples(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None):
     """The rows' (input ids, attention mask, labels), prompts through the chat template if asked."""
     prompts = [r[config.prompt_field] for r in rows]
     if config.chat_template:
         prompts = apply_chat_template(tokenizer, prompts)
     return tokenize_completions(tokenizer, prompts, [r[config.completion_field] for r in rows], config.max_length,
-                                add_special_tokens=not config.chat_template)
+                                add_special_tokens=not config.chat_template, stop_ids=stop_ids)
 
 
 def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
@@ -110,7 +118,7 @@ def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
 def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None):
     """Train ``model`` in place; returns the list of evaluation records."""
     torch.manual_seed(config.seed)
-    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config)
+    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=generator)
