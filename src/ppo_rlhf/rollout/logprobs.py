@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ppo_rlhf.core.logprobs import token_logprobs
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(B, T, V) logits, (B, T) token ids -> (B, T) log-probabilities of those tokens."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return torch.gather(logp, dim=-1, index=tokens.unsqueeze(-1)).squeeze(-1)
+    """(B, T, V) logits, (B, T) token ids -> (B, T) log-probabilities of those tokens, a chunk of
+    positions at a time (no full (B, T, V) log-softmax is ever held)."""
+    return token_logprobs(logits, tokens)
 
 
 def output_layer(model) -> torch.nn.Module:
