@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.trainers.sft import lr_at
@@ -75,17 +76,10 @@ class RewardConfig(LoraOptions):
         return (self.text_field, self.label_field)
 
 
-def encode_texts(tokenizer, texts: list[str], max_length: int, add_special_tokens: bool = True
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and mask; long texts keep their end (where the response is)."""
-    side = tokenizer.truncation_side
-    tokenizer.truncation_side = "left"
-    try:
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
-                            add_special_tokens=add_special_tokens)
-    finally:
-        tokenizer.truncation_side = side
-    return encoded["input_ids"], encoded["attention_mask"]
+# Reward-model rows are padded on the right whatever the tokenizer's default: each row then
+# starts at position 0 as it would alone, which a classifier pooling its first token
+# (BERT-style) needs; last_token_scores reads the last attended token on either side.
+RM_PADDING_SIDE = "right"
 
 
 def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], list[str]]:
@@ -114,7 +108,7 @@ class _Examples:
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
             # Encoded together so both halves share one padded width (a batch stacks them).
             # A chat template writes its own special tokens: none added on top (as PPO encodes them).
-            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length,
+            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length, RM_PADDING_SIDE,
                                      add_special_tokens=not config.chat_template)
             self.chosen = ids[: len(rows)], mask[: len(rows)]
             self.rejected = ids[len(rows):], mask[len(rows):]
@@ -129,7 +123,7 @@ class _Examples:
                 raise DataError(
                     f"{rows[bad].get('_source', f'row {bad}')}: label {labels[bad]} is outside 0..{config.num_labels - 1}"
                 )
-            self.texts = encode_texts(tokenizer, texts, config.max_length)
+            self.texts = encode_texts(tokenizer, texts, config.max_length, RM_PADDING_SIDE)
             self.labels = torch.tensor(labels)
 
     def loss_and_correct(self, model, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,13 +131,10 @@ class _Examples:
         if self.mode == "pairwise":
             both_ids = torch.cat([self.chosen[0][index], self.rejected[0][index]])
             both_mask = torch.cat([self.chosen[1][index], self.rejected[1][index]])
-            width = int(both_mask.sum(dim=1).max())
-            scores = last_token_scores(model, both_ids[:, :width], both_mask[:, :width])[:, 0]
+            scores = last_token_scores(model, *drop_padding_columns(both_ids, both_mask))[:, 0]
             chosen_scores, rejected_scores = scores.chunk(2)
             return bradley_terry_loss(chosen_scores, rejected_scores), chosen_scores > rejected_scores
-        ids, mask = self.texts[0][index], self.texts[1][index]
-        width = int(mask.sum(dim=1).max())
-        logits = last_token_scores(model, ids[:, :width], mask[:, :width])
+        logits = last_token_scores(model, *drop_padding_columns(self.texts[0][index], self.texts[1][index]))
         labels = self.labels[index]
         return torch.nn.functional.cross_entropy(logits, labels), logits.argmax(dim=1) == labels
 
