@@ -8,14 +8,11 @@ import torch
 from torch import nn
 
 from ppo_rlhf.config import build_config
-from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.models import build_sequence_classifier
 from ppo_rlhf.rollout.encoding import drop_padding_columns
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.tasks import doubling as d
-from ppo_rlhf.trainers.ppo import PPOTrainer
-from ppo_rlhf.trainers.ppo_config import PPOConfig
-from ppo_rlhf.trainers.reward import RewardConfig, _Examples
+from ppo_rlhf.trainers.reward import RewardConfig, _Examples, pairwise_texts
 
 torch.set_num_threads(1)
 
@@ -78,3 +75,23 @@ def test_padding_columns_are_dropped_on_either_side():
     mask = torch.tensor([[0, 0, 1, 1, 0], [0, 0, 0, 1, 0]])
     kept_ids, kept_mask = drop_padding_columns(ids, mask)
     assert kept_ids.tolist() == [[7, 8], [0, 9]] and kept_mask.tolist() == [[1, 1], [0, 1]]
+
+
+def test_classification_texts_end_with_one_eos_as_a_finished_response_does():
+    tokenizer, examples = classification_examples(["S__:12x2=24", "S__:12x2=24E"])
+    rows = real_tokens(*examples.texts)
+    assert rows[0] == rows[1] == tokenizer("S__:12x2=24E")["input_ids"]
+
+
+def test_the_built_in_task_rows_are_encoded_as_before():
+    tokenizer, examples = classification_examples([row["text"] for row in d.rm_rows([3320, 5487])])
+    assert all(row[-1] == tokenizer.eos_token_id and row[-2] != tokenizer.eos_token_id
+               for row in real_tokens(*examples.texts))
+
+
+def test_pairwise_texts_end_with_one_eos():
+    tokenizer = d.build_tokenizer()
+    config = build_config(RewardConfig, {"mode": "pairwise"})
+    chosen, rejected = pairwise_texts(tokenizer, [{"prompt": "S__:12x2=", "chosen": "24", "rejected": "48E"}], config)
+    assert (chosen, rejected) == (["S__:12x2=24E"], ["S__:12x2=48E"])
+

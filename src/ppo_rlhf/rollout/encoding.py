@@ -29,3 +29,10 @@ def drop_padding_columns(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.T
     keep = mask.any(dim=0)  # (L,)
     return ids[:, keep], mask[:, keep]
 
+
+
+def with_eos(tokenizer, text: str) -> str:
+    """``text`` ending with EOS, as a finished response ends (the reward model scores a
+    response at its EOS); not a second one when it is there already."""
+    eos = tokenizer.eos_token or ""
+    return text if text.endswith(eos) else text + eos

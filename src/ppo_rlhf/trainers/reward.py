@@ -3,8 +3,9 @@
 - ``pairwise``: rows ``{prompt, chosen, rejected}``; loss ``-log sigmoid(r_chosen - r_rejected)``
   (Bradley-Terry), with ``r`` read at the last token of each sequence.  Reports pairwise
   accuracy: the fraction of held-out pairs where ``r_chosen > r_rejected``.
-- ``classification``: rows ``{text, label}``; cross-entropy over K classes.  At PPO time the
-  reward is the logit of the class the prompt asks for.
+- ``classification``: rows ``{text, label}``; cross-entropy over K classes, read at the EOS
+  that ends each text (added where the text lacks it), as a finished response is scored.  At
+  PPO time the reward is the logit of the class the prompt asks for.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models.lora import LoraOptions
-from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts
+from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.trainers.sft import lr_at
@@ -42,7 +43,7 @@ class RewardConfig(LoraOptions):
     rejected_field: str = option("rejected", "pairwise: field holding the other response")
     chat_template: bool = option(False, "pairwise: format each prompt (a user message, or a list of chat messages) "
                                         "with the tokenizer's chat template, as ppo --chat-template will")
-    text_field: str = option("text", "classification: field holding the text")
+    text_field: str = option("text", "classification: field holding the text (EOS is appended unless it ends with one)")
     label_field: str = option("label", "classification: field holding the class index")
     steps: int = option(300, "optimizer steps")
     batch_size: int = option(64, "rows per step (a pair counts once)")
@@ -85,12 +86,11 @@ RM_PADDING_SIDE = "right"
 def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], list[str]]:
     """prompt + response + EOS for the chosen and the rejected response of each row: the same
     shape of sequence the reward model will score at PPO time."""
-    eos = tokenizer.eos_token or ""
     prompts = [r[config.prompt_field] for r in rows]
     if config.chat_template:
         prompts = apply_chat_template(tokenizer, prompts)
-    chosen = [p + r[config.chosen_field] + eos for p, r in zip(prompts, rows)]
-    rejected = [p + r[config.rejected_field] + eos for p, r in zip(prompts, rows)]
+    chosen = [with_eos(tokenizer, p + r[config.chosen_field]) for p, r in zip(prompts, rows)]
+    rejected = [with_eos(tokenizer, p + r[config.rejected_field]) for p, r in zip(prompts, rows)]
     return chosen, rejected
 
 
@@ -113,7 +113,8 @@ class _Examples:
             self.chosen = ids[: len(rows)], mask[: len(rows)]
             self.rejected = ids[len(rows):], mask[len(rows):]
         else:
-            texts = [r[config.text_field] for r in rows]
+            # Ending with EOS, as a finished response is scored at PPO time.
+            texts = [with_eos(tokenizer, r[config.text_field]) for r in rows]
             try:
                 labels = [int(r[config.label_field]) for r in rows]
             except (TypeError, ValueError):
