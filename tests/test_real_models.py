@@ -127,7 +127,7 @@ def test_ppo_on_chat_messages_with_score_options(zoo, reward_models, tmp_path):
     # tokenizer, no template) reads them as text; the score options people expect.
     out = tmp_path / "ppo"
     run(["ppo", "--model", zoo["qwen2"], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
-         "--reward-model", reward_models["llama"] / "checkpoints" / "reward", "--missing-eos-penalty", -1.0,
+         "--reward-model", reward_models["llama"] / "checkpoints" / "reward", "--missing-eos-penalty", 1.0,
          "--score-clip", 2.0, "--score-norm", "--out", out, *PPO_BUDGET])
     records = read_metrics(out / "metrics.jsonl")
     assert all("score_used" in r and abs(r["score_used"]) <= 2.0 for r in records)

@@ -4,14 +4,18 @@ the missing-EOS penalty taken off the score (as TRL does)."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
-from ppo_rlhf.config import build_config
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.models import build_sequence_classifier
 from ppo_rlhf.rollout.encoding import drop_padding_columns
 from ppo_rlhf.rollout.reward import last_token_scores
 from ppo_rlhf.tasks import doubling as d
+from ppo_rlhf.trainers.ppo import PPOTrainer
+from ppo_rlhf.trainers.ppo_config import PPOConfig
 from ppo_rlhf.trainers.reward import RewardConfig, _Examples, pairwise_texts
 
 torch.set_num_threads(1)
@@ -95,3 +99,21 @@ def test_pairwise_texts_end_with_one_eos():
     chosen, rejected = pairwise_texts(tokenizer, [{"prompt": "S__:12x2=", "chosen": "24", "rejected": "48E"}], config)
     assert (chosen, rejected) == (["S__:12x2=24E"], ["S__:12x2=48E"])
 
+
+def postprocess(scores, finished, **options):
+    trainer = SimpleNamespace(config=build_config(PPOConfig, {"task": "doubling", **options}),
+                              score_moments=RunningMoments())
+    return PPOTrainer.postprocess_scores(trainer, torch.tensor(scores), torch.tensor(finished))
+
+
+def test_missing_eos_penalty_is_taken_off_the_score_of_unfinished_responses():
+    scores = postprocess([0.5, 2.0, -1.0], [True, False, False], missing_eos_penalty=1.5)
+    torch.testing.assert_close(scores, torch.tensor([0.5, 0.5, -2.5]))
+    # ... before clipping, as TRL applies it
+    scores = postprocess([0.5, 2.0, -1.0], [True, False, False], missing_eos_penalty=1.5, score_clip=2.0)
+    torch.testing.assert_close(scores, torch.tensor([0.5, 0.5, -2.0]))
+
+
+def test_a_negative_missing_eos_penalty_is_refused():
+    with pytest.raises(ConfigError, match="'missing_eos_penalty'.*>= 0"):
+        build_config(PPOConfig, {"task": "doubling", "missing_eos_penalty": -1.0})

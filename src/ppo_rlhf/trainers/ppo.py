@@ -204,7 +204,7 @@ class PPOTrainer:
     def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
         config = self.config
         if config.missing_eos_penalty is not None:
-            scores = torch.where(finished, scores, torch.full_like(scores, config.missing_eos_penalty))
+            scores = torch.where(finished, scores, scores - config.missing_eos_penalty)
         if config.score_norm:
             self.score_moments.update(scores)
             scores = (scores - self.score_moments.mean) / (self.score_moments.std + 1e-8)

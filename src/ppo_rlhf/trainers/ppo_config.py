@@ -44,7 +44,8 @@ class PPOConfig(LoraOptions):
                                choices=KL_ESTIMATORS)
     target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed")
     kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%")
-    missing_eos_penalty: float | None = option(None, "score given to responses that never emit EOS (empty: no penalty)")
+    missing_eos_penalty: float | None = option(None, "subtracted from the score of responses that never emit EOS, "
+                                                     "as in TRL (>= 0; empty: no penalty)")
     score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)")
     score_norm: bool = option(False, "normalise scores by their running mean and std")
     # --- advantage estimation
@@ -112,6 +113,8 @@ class PPOConfig(LoraOptions):
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
         check(self.show_samples >= 0, "show_samples", ">= 0", self.show_samples)
         check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
+        check(self.missing_eos_penalty is None or self.missing_eos_penalty >= 0, "missing_eos_penalty",
+              ">= 0 or empty (it is subtracted from the score)", self.missing_eos_penalty)
         check(self.score_clip is None or self.score_clip > 0, "score_clip", "> 0 or empty", self.score_clip)
         check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
         check((self.reward_model is None) != (self.reward_fn is None) or self.task is not None,
