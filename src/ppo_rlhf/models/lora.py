@@ -245,15 +245,30 @@ class AdapterCritic(nn.Module):
         self.value_head.load_state_dict(load_file(str(Path(path) / VALUE_HEAD)))
 
 
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode, then give every sub-module back the mode it had."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 class _AdapterTrunk:
     """Callable trunk that runs the shared base with one adapter active (not an nn.Module:
-    freezing the reward must not freeze the base that the actor trains)."""
+    freezing the reward must not freeze the base that the actor trains).
+
+    The base is in whatever mode the actor is in -- train mode after an update, dropout on --
+    so the reward switches it to eval mode for its own pass: a score must not be random."""
 
     def __init__(self, peft_model, adapter_name: str):
         self.peft_model, self.adapter_name = peft_model, adapter_name
 
     def __call__(self, **inputs):
-        with active_adapter(self.peft_model, self.adapter_name):
+        with active_adapter(self.peft_model, self.adapter_name), eval_mode(self.peft_model):
             return trunk_of(self.peft_model)(**inputs)
 
 
