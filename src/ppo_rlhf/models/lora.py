@@ -48,7 +48,9 @@ class LoraOptions:
     lora: bool = option(False, "train LoRA adapters on one frozen base instead of the full model (peft)")
     lora_r: int = option(16, "LoRA rank")
     lora_alpha: float = option(32.0, "LoRA alpha: the adapter's update is scaled by alpha / r")
-    lora_dropout: float = option(0.0, "dropout on the LoRA path (0 keeps the first PPO ratio exactly 1)")
+    lora_dropout: float = option(0.0, "dropout on the LoRA path; ppo keeps it on in its training passes (rollouts "
+                                      "and old/ref passes run in eval mode), so > 0 makes the first PPO ratio "
+                                      "differ from 1 there")
     lora_target_modules: str = option("all-linear", "modules to adapt: 'all-linear' (every linear layer but the "
                                                     "output head) or comma-separated module names, e.g. q_proj,v_proj")
 

@@ -71,7 +71,8 @@ class PPOConfig(LoraOptions):
                                       "entropy penalty that sharpens the policy (the built-in task's preset uses -0.3)")
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
-    disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1")
+    disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
+                                         "(all but --lora-dropout, which is kept)")
     # --- schedule
     iterations: int = option(200, "PPO iterations (rollout + update)")
     eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)")
