@@ -4,6 +4,8 @@ helpers the real-model tests share (fixtures are in conftest.py).
     gpt2   GPT2LMHeadModel,  pad distinct from EOS, no BOS added, no chat template
     llama  LlamaForCausalLM, pad = EOS, BOS added by the tokenizer
     qwen2  Qwen2ForCausalLM, EOS <|im_end|>, a chat template
+
+and ``llama_left`` (LEFT_PADDED), the llama whose tokenizer pads on the left.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ PROMPTS = ["hello world", "the cat sat", "what is two plus two", "say something 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 ARCHS = ("gpt2", "llama", "qwen2")
+LEFT_PADDED = "llama_left"
 THREADS = ["--num-threads", 1]
 REWARDS_MODULE = "ppo_rlhf_test_rewards"
 REWARDS_SOURCE = '''
@@ -53,16 +56,17 @@ def byte_level_bpe(special: list[str], vocab_size: int, bos: str | None = None) 
     return tokenizer
 
 
-def make_tokenizer(arch: str) -> PreTrainedTokenizerFast:
+def make_tokenizer(arch: str, padding_side: str = "right") -> PreTrainedTokenizerFast:
     if arch == "gpt2":
         return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>", "<pad>"], 300),
-                                       bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>")
+                                       bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>",
+                                       padding_side=padding_side)
     if arch == "llama":
         return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<s>", "</s>"], 320, bos="<s>"),
-                                       bos_token="<s>", eos_token="</s>", pad_token="</s>")
+                                       bos_token="<s>", eos_token="</s>", pad_token="</s>", padding_side=padding_side)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=byte_level_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 310),
-        eos_token="<|im_end|>", pad_token="<|endoftext|>")
+        eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side=padding_side)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -79,8 +83,9 @@ def make_config(arch: str, tokenizer):
                         tie_word_embeddings=arch == "qwen2", **ids)
 
 
-def build_model(arch: str, folder: Path) -> Path:
-    tokenizer = make_tokenizer(arch)
+def build_model(arch: str, folder: Path, padding_side: str = "right") -> Path:
+    """``padding_side``: saved in the tokenizer's config, as chat models that pad on the left do."""
+    tokenizer = make_tokenizer(arch, padding_side)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
