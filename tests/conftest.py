@@ -7,13 +7,14 @@ import sys
 import pytest
 from datasets import Dataset
 
-from zoo import ARCHS, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, build_model, run, write_jsonl
+from zoo import ARCHS, LEFT_PADDED, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, build_model, run, write_jsonl
 
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo")
     folders = {arch: build_model(arch, root / arch) for arch in ARCHS}
+    folders[LEFT_PADDED] = build_model("llama", root / LEFT_PADDED, padding_side="left")
     sft_rows = [{"question": p, "answer": " good answer"} for p in PROMPTS] * 2
     data = {"jsonl": write_jsonl(root / "sft.jsonl", sft_rows), "parquet": root / "sft.parquet", "disk": root / "sft_disk"}
     Dataset.from_list(sft_rows).to_parquet(str(data["parquet"]))

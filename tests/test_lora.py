@@ -177,6 +177,30 @@ def test_reward_adapter_on_the_shared_base_scores_like_the_merged_reward_model(z
     torch.testing.assert_close(values[torch.arange(4), last], shared, atol=1e-4, rtol=1e-4)
 
 
+def test_reward_adapter_scores_in_eval_mode_whatever_mode_the_actor_is_in(zoo, reward_adapters):
+    # GPT-2's dropout (0.1) left on in the shared base: after an update the actor is in train mode.
+    trainer = single_base_trainer(zoo, reward_adapters, arch="gpt2", disable_dropout=False)
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in trainer.actor.modules())
+    responses = rollout(trainer)
+    batch = ScoringBatch([{}] * 4, PROMPTS[:4], responses.texts, responses.finished, responses.sequences)
+    trainer.actor.train()
+    first, second = trainer.reward(batch), trainer.reward(batch)
+    assert torch.equal(first, second)
+    merged = load_sequence_classifier(reward_adapters["gpt2"]).eval()
+    from ppo_rlhf.rollout.reward import ModelReward
+
+    torch.testing.assert_close(first, ModelReward(merged)(batch), atol=1e-4, rtol=1e-4)
+    assert trainer.actor.training and all(m.training for m in trainer.actor.modules())  # its mode is given back
+
+
+def test_lora_dropout_is_kept_in_training_and_other_dropout_is_off(zoo, reward_adapters):
+    trainer = single_base_trainer(zoo, reward_adapters, arch="gpt2", lora_dropout=0.5)
+    lora_dropouts = [m for n, m in trainer.actor.named_modules() if n.endswith("lora_dropout.policy")]
+    assert lora_dropouts and all(isinstance(m, torch.nn.Dropout) and m.p == 0.5 for m in lora_dropouts)
+    others = [m for m in trainer.actor.modules() if isinstance(m, torch.nn.Dropout) and not any(m is d for d in lora_dropouts)]
+    assert others and all(m.p == 0.0 for m in others)
+
+
 def test_reward_adapter_never_moves(zoo, reward_adapters):
     trainer = single_base_trainer(zoo, reward_adapters)
     reward_before = {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if ".reward." in n}

@@ -50,8 +50,8 @@ from ppo_rlhf.trainers.sft import SFTConfig, sft_examples
 
 torch.set_num_threads(1)
 
-from zoo import (ARCHS, CHAT_TEMPLATE, PROMPTS, REWARDS_MODULE, THREADS, build_model, make_config, make_tokenizer, run,
-                 run_failing, weights_changed)
+from zoo import (ARCHS, CHAT_TEMPLATE, LEFT_PADDED, PROMPTS, REWARDS_MODULE, TEXT, THREADS, build_model, make_config,
+                 make_tokenizer, run, run_failing, weights_changed, write_jsonl)
 
 # ---------------------------------------------------------------- the three commands
 @pytest.mark.parametrize("arch, data_format", [("gpt2", "jsonl"), ("llama", "parquet"), ("qwen2", "disk"),
@@ -135,7 +135,7 @@ def test_ppo_on_chat_messages_with_score_options(zoo, reward_models, tmp_path):
     # tokenizer, no template) reads them as text; the score options people expect.
     out = tmp_path / "ppo"
     run(["ppo", "--model", zoo["qwen2"], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
-         "--reward-model", reward_models["llama"] / "checkpoints" / "reward", "--missing-eos-penalty", -1.0,
+         "--reward-model", reward_models["llama"] / "checkpoints" / "reward", "--missing-eos-penalty", 1.0,
          "--score-clip", 2.0, "--score-norm", "--out", out, *PPO_BUDGET])
     records = read_metrics(out / "metrics.jsonl")
     assert all("score_used" in r and abs(r["score_used"]) <= 2.0 for r in records)
@@ -161,6 +161,35 @@ def test_a_reward_function_beside_the_data_or_in_a_file(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     assert load_function("reward_in_cwd:score")(["p"], ["r"]) == [1.0]
     assert load_function("sub/reward_file.py:score")(["p"], ["r"]) == [2.0]
+
+
+# ---------------------------------------------------------------- a tokenizer that pads on the left
+def test_every_command_on_a_model_whose_tokenizer_pads_on_the_left(zoo, tmp_path):
+    model = zoo[LEFT_PADDED]
+    assert AutoTokenizer.from_pretrained(model).padding_side == "left"
+    run(["sft", "--model", model, "--data", zoo["data"]["jsonl"], "--prompt-field", "question", "--completion-field",
+         "answer", "--steps", 3, "--batch-size", 4, "--lr", 1e-3, "--out", tmp_path / "sft", *THREADS])
+    assert weights_changed(model, tmp_path / "sft" / "checkpoints" / "sft")
+    pairwise = tmp_path / "rm_pairwise"
+    run(["rm", "--mode", "pairwise", "--model", model, "--data", zoo["pairs"], "--prompt-field", "query",
+         "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
+         "--eval-fraction", 0.25, "--out", pairwise, *THREADS])
+    assert json.loads((pairwise / "summary.json").read_text())["eval_accuracy"] >= 0.8
+    # Rows of very different lengths: one far longer than the rest, which are padded to its width.
+    rows = [{"text": f"{p} good answer", "label": 1} for p in PROMPTS] * 4 + [
+        {"text": f"{p} bad answer, i do not know", "label": 0} for p in PROMPTS] * 4
+    rows.append({"text": " ".join(TEXT * 2), "label": 0})
+    classification = tmp_path / "rm_classification"
+    run(["rm", "--mode", "classification", "--num-labels", 2, "--model", model, "--data",
+         write_jsonl(tmp_path / "labelled.jsonl", rows), "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
+         "--eval-fraction", 0.25, "--out", classification, *THREADS])
+    assert json.loads((classification / "summary.json").read_text())["eval_accuracy"] >= 0.8
+    run(["ppo", "--model", model, "--prompts", zoo["prompts"], "--reward-model", pairwise / "checkpoints" / "reward",
+         "--out", tmp_path / "ppo", *PPO_BUDGET])
+    assert weights_changed(model, Path(json.loads((tmp_path / "ppo" / "summary.json").read_text())["checkpoints"]["actor"]))
+    run(["eval", "--model", model, "--prompts", zoo["prompts"], "--reward-model", pairwise / "checkpoints" / "reward",
+         "--size", 4, "--max-new-tokens", 6, "--max-length", 64, "--out", tmp_path / "eval", *THREADS])
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["prompts"] == 4
 
 
 # ---------------------------------------------------------------- where real models break quietly

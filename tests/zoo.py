@@ -8,8 +8,9 @@ helpers the real-model tests share (fixtures are in conftest.py).
     gemma    GemmaForCausalLM,   two stop ids: the tokenizer's EOS <eos> and the chat template's
                                  <end_of_turn>, both in generation_config.json (as gemma-it)
 
-make_config also builds two architectures that only the forward tests use: cohere (its forward
-multiplies the logits by logit_scale) and gemma2 (caps them with final_logit_softcapping).
+and ``llama_left`` (LEFT_PADDED), the llama whose tokenizer pads on the left.  make_config also
+builds two architectures that only the forward tests use: cohere (its forward multiplies the
+logits by logit_scale) and gemma2 (caps them with final_logit_softcapping).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 GEMMA_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
                        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 ARCHS = ("gpt2", "llama", "qwen2", "granite", "gemma")
+LEFT_PADDED = "llama_left"
 THREADS = ["--num-threads", 1]
 REWARDS_MODULE = "ppo_rlhf_test_rewards"
 REWARDS_SOURCE = '''
@@ -62,23 +64,24 @@ def byte_level_bpe(special: list[str], vocab_size: int, bos: str | None = None) 
     return tokenizer
 
 
-def make_tokenizer(arch: str) -> PreTrainedTokenizerFast:
+def make_tokenizer(arch: str, padding_side: str = "right") -> PreTrainedTokenizerFast:
     if arch == "gpt2":
         return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>", "<pad>"], 300),
-                                       bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>")
+                                       bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<pad>",
+                                       padding_side=padding_side)
     if arch in ("llama", "granite", "cohere", "gemma2"):
         return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["<s>", "</s>"], 320, bos="<s>"),
-                                       bos_token="<s>", eos_token="</s>", pad_token="</s>")
+                                       bos_token="<s>", eos_token="</s>", pad_token="</s>", padding_side=padding_side)
     if arch == "gemma":
         tokenizer = PreTrainedTokenizerFast(
             tokenizer_object=byte_level_bpe(["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], 330,
                                             bos="<bos>"),
-            bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+            bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", padding_side=padding_side)
         tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
         return tokenizer
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=byte_level_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 310),
-        eos_token="<|im_end|>", pad_token="<|endoftext|>")
+        eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side=padding_side)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -103,8 +106,9 @@ def make_config(arch: str, tokenizer):
     return config_class(tie_word_embeddings=arch == "qwen2", **sizes)
 
 
-def build_model(arch: str, folder: Path) -> Path:
-    tokenizer = make_tokenizer(arch)
+def build_model(arch: str, folder: Path, padding_side: str = "right") -> Path:
+    """``padding_side``: saved in the tokenizer's config, as chat models that pad on the left do."""
+    tokenizer = make_tokenizer(arch, padding_side)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config(arch, tokenizer))
     if arch == "gemma":  # the chat model's end of turn stops generation too (saved as generation_config.json)

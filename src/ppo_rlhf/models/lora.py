@@ -48,7 +48,9 @@ class LoraOptions:
     lora: bool = option(False, "train LoRA adapters on one frozen base instead of the full model (peft)")
     lora_r: int = option(16, "LoRA rank")
     lora_alpha: float = option(32.0, "LoRA alpha: the adapter's update is scaled by alpha / r")
-    lora_dropout: float = option(0.0, "dropout on the LoRA path (0 keeps the first PPO ratio exactly 1)")
+    lora_dropout: float = option(0.0, "dropout on the LoRA path; ppo keeps it on in its training passes (rollouts "
+                                      "and old/ref passes run in eval mode), so > 0 makes the first PPO ratio "
+                                      "differ from 1 there")
     lora_target_modules: str = option("all-linear", "modules to adapt: 'all-linear' (every linear layer but the "
                                                     "output head) or comma-separated module names, e.g. q_proj,v_proj")
 
@@ -245,15 +247,30 @@ class AdapterCritic(nn.Module):
         self.value_head.load_state_dict(load_file(str(Path(path) / VALUE_HEAD)))
 
 
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode, then give every sub-module back the mode it had."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 class _AdapterTrunk:
     """Callable trunk that runs the shared base with one adapter active (not an nn.Module:
-    freezing the reward must not freeze the base that the actor trains)."""
+    freezing the reward must not freeze the base that the actor trains).
+
+    The base is in whatever mode the actor is in -- train mode after an update, dropout on --
+    so the reward switches it to eval mode for its own pass: a score must not be random."""
 
     def __init__(self, peft_model, adapter_name: str):
         self.peft_model, self.adapter_name = peft_model, adapter_name
 
     def __call__(self, **inputs):
-        with active_adapter(self.peft_model, self.adapter_name):
+        with active_adapter(self.peft_model, self.adapter_name), eval_mode(self.peft_model):
             return trunk_of(self.peft_model)(**inputs)
 
 

@@ -6,22 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ppo_rlhf.rollout.encoding import encode_texts
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.sequences import Sequences, StopIds, finished_flags
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_length: int, device="cpu",
                    add_special_tokens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (B, P) prompt ids and mask; long prompts lose their *start* (the end is
-    what the response continues from)."""
-    padding_side, truncation_side = tokenizer.padding_side, tokenizer.truncation_side
-    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
-    try:
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length,
-                            add_special_tokens=add_special_tokens)
-    finally:
-        tokenizer.padding_side, tokenizer.truncation_side = padding_side, truncation_side
-    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+    """Left-padded (B, P) prompt ids and mask: every prompt ends where its response begins.
+    Long prompts lose their start."""
+    ids, mask = encode_texts(tokenizer, prompts, max_prompt_length, "left", add_special_tokens)
+    return ids.to(device), mask.to(device)
 
 
 @dataclass

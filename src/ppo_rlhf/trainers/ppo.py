@@ -71,9 +71,12 @@ class Experience:
         )
 
 
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Dropout off everywhere: in modules and in attention kernels that read a float attribute."""
-    for module in model.modules():
+def disable_dropout(model: torch.nn.Module, keep_lora_dropout: bool = False) -> None:
+    """Dropout off everywhere: in modules and in attention kernels that read a float attribute.
+    ``keep_lora_dropout``: leave peft's dropout on the LoRA path, which --lora-dropout asked for."""
+    for name, module in model.named_modules():
+        if keep_lora_dropout and "lora_dropout" in name.split("."):
+            continue
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):
@@ -115,9 +118,10 @@ class PPOTrainer:
             if model is not None:
                 model.eval().requires_grad_(False)
         if config.disable_dropout:
-            disable_dropout(actor)
+            keep_lora_dropout = config.lora and config.lora_dropout > 0
+            disable_dropout(actor, keep_lora_dropout)
             if critic is not None:
-                disable_dropout(critic)
+                disable_dropout(critic, keep_lora_dropout)
         critic_params = [p for p in self.critic_module().parameters() if p.requires_grad]
         # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
         critic_ids = {id(p) for p in critic_params}
@@ -205,7 +209,7 @@ class PPOTrainer:
     def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
         config = self.config
         if config.missing_eos_penalty is not None:
-            scores = torch.where(finished, scores, torch.full_like(scores, config.missing_eos_penalty))
+            scores = torch.where(finished, scores, scores - config.missing_eos_penalty)
         if config.score_norm:
             self.score_moments.update(scores)
             scores = (scores - self.score_moments.mean) / (self.score_moments.std + 1e-8)

@@ -57,7 +57,8 @@ class PPOConfig(RunFolderOptions, LoraOptions):
                                       choices=(None, *KL_ESTIMATORS))
     target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed")
     kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%")
-    missing_eos_penalty: float | None = option(None, "score given to responses that never emit EOS (empty: no penalty)")
+    missing_eos_penalty: float | None = option(None, "subtracted from the score of responses that never emit EOS, "
+                                                     "as in TRL (>= 0; empty: no penalty)")
     score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)")
     score_norm: bool = option(False, "normalise scores by their running mean and std")
     # --- advantage estimation
@@ -84,7 +85,8 @@ class PPOConfig(RunFolderOptions, LoraOptions):
                                       "entropy penalty that sharpens the policy (the built-in task's preset uses -0.3)")
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
-    disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1")
+    disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
+                                         "(all but --lora-dropout, which is kept)")
     # --- schedule
     iterations: int = option(200, "PPO iterations (rollout + update)")
     eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)")
@@ -134,6 +136,8 @@ class PPOConfig(RunFolderOptions, LoraOptions):
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
         check(self.show_samples >= 0, "show_samples", ">= 0", self.show_samples)
         check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
+        check(self.missing_eos_penalty is None or self.missing_eos_penalty >= 0, "missing_eos_penalty",
+              ">= 0 or empty (it is subtracted from the score)", self.missing_eos_penalty)
         check(self.score_clip is None or self.score_clip > 0, "score_clip", "> 0 or empty", self.score_clip)
         check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
         check((self.reward_model is None) != (self.reward_fn is None) or self.task is not None,

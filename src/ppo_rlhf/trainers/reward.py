@@ -3,8 +3,9 @@
 - ``pairwise``: rows ``{prompt, chosen, rejected}``; loss ``-log sigmoid(r_chosen - r_rejected)``
   (Bradley-Terry), with ``r`` read at the last token of each sequence.  Reports pairwise
   accuracy: the fraction of held-out pairs where ``r_chosen > r_rejected``.
-- ``classification``: rows ``{text, label}``; cross-entropy over K classes.  At PPO time the
-  reward is the logit of the class the prompt asks for.
+- ``classification``: rows ``{text, label}``; cross-entropy over K classes, read at the EOS
+  that ends each text (added where the text lacks it), as a finished response is scored.  At
+  PPO time the reward is the logit of the class the prompt asks for.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import last_token_scores
@@ -42,7 +44,7 @@ class RewardConfig(RunFolderOptions, LoraOptions):
     rejected_field: str = option("rejected", "pairwise: field holding the other response")
     chat_template: bool = option(False, "pairwise: format each prompt (a user message, or a list of chat messages) "
                                         "with the tokenizer's chat template, as ppo --chat-template will")
-    text_field: str = option("text", "classification: field holding the text")
+    text_field: str = option("text", "classification: field holding the text (EOS is appended unless it ends with one)")
     label_field: str = option("label", "classification: field holding the class index")
     steps: int = option(300, "optimizer steps")
     batch_size: int = option(64, "rows per step (a pair counts once)")
@@ -76,28 +78,20 @@ class RewardConfig(RunFolderOptions, LoraOptions):
         return (self.text_field, self.label_field)
 
 
-def encode_texts(tokenizer, texts: list[str], max_length: int, add_special_tokens: bool = True
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and mask; long texts keep their end (where the response is)."""
-    side = tokenizer.truncation_side
-    tokenizer.truncation_side = "left"
-    try:
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
-                            add_special_tokens=add_special_tokens)
-    finally:
-        tokenizer.truncation_side = side
-    return encoded["input_ids"], encoded["attention_mask"]
+# Reward-model rows are padded on the right whatever the tokenizer's default: each row then
+# starts at position 0 as it would alone, which a classifier pooling its first token
+# (BERT-style) needs; last_token_scores reads the last attended token on either side.
+RM_PADDING_SIDE = "right"
 
 
 def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], list[str]]:
     """prompt + response + EOS for the chosen and the rejected response of each row: the same
     shape of sequence the reward model will score at PPO time."""
-    eos = tokenizer.eos_token or ""
     prompts = [r[config.prompt_field] for r in rows]
     if config.chat_template:
         prompts = apply_chat_template(tokenizer, prompts)
-    chosen = [p + r[config.chosen_field] + eos for p, r in zip(prompts, rows)]
-    rejected = [p + r[config.rejected_field] + eos for p, r in zip(prompts, rows)]
+    chosen = [with_eos(tokenizer, p + r[config.chosen_field]) for p, r in zip(prompts, rows)]
+    rejected = [with_eos(tokenizer, p + r[config.rejected_field]) for p, r in zip(prompts, rows)]
     return chosen, rejected
 
 
@@ -115,12 +109,13 @@ class _Examples:
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
             # Encoded together so both halves share one padded width (a batch stacks them).
             # A chat template writes its own special tokens: none added on top (as PPO encodes them).
-            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length,
+            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length, RM_PADDING_SIDE,
                                      add_special_tokens=not config.chat_template)
             self.chosen = ids[: len(rows)], mask[: len(rows)]
             self.rejected = ids[len(rows):], mask[len(rows):]
         else:
-            texts = [r[config.text_field] for r in rows]
+            # Ending with EOS, as a finished response is scored at PPO time.
+            texts = [with_eos(tokenizer, r[config.text_field]) for r in rows]
             try:
                 labels = [int(r[config.label_field]) for r in rows]
             except (TypeError, ValueError):
@@ -130,7 +125,7 @@ class _Examples:
                 raise DataError(
                     f"{rows[bad].get('_source', f'row {bad}')}: label {labels[bad]} is outside 0..{config.num_labels - 1}"
                 )
-            self.texts = encode_texts(tokenizer, texts, config.max_length)
+            self.texts = encode_texts(tokenizer, texts, config.max_length, RM_PADDING_SIDE)
             self.labels = torch.tensor(labels)
 
     def loss_and_correct(self, model, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,13 +133,10 @@ class _Examples:
         if self.mode == "pairwise":
             both_ids = torch.cat([self.chosen[0][index], self.rejected[0][index]])
             both_mask = torch.cat([self.chosen[1][index], self.rejected[1][index]])
-            width = int(both_mask.sum(dim=1).max())
-            scores = last_token_scores(model, both_ids[:, :width], both_mask[:, :width])[:, 0]
+            scores = last_token_scores(model, *drop_padding_columns(both_ids, both_mask))[:, 0]
             chosen_scores, rejected_scores = scores.chunk(2)
             return bradley_terry_loss(chosen_scores, rejected_scores), chosen_scores > rejected_scores
-        ids, mask = self.texts[0][index], self.texts[1][index]
-        width = int(mask.sum(dim=1).max())
-        logits = last_token_scores(model, ids[:, :width], mask[:, :width])
+        logits = last_token_scores(model, *drop_padding_columns(self.texts[0][index], self.texts[1][index]))
         labels = self.labels[index]
         return torch.nn.functional.cross_entropy(logits, labels), logits.argmax(dim=1) == labels
 
