@@ -620,3 +620,27 @@ def test_convert_the_packaged_smollm2(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["model_type"] == "llama" and summary["pad_token"] == summary["eos_token"] == "<|im_end|>"
     assert "Paris" in summary["sample"]["response"]
+
+
+def test_a_response_ending_at_end_of_turn_is_scored_as_the_reward_model_was_trained(zoo, reward_models):
+    # `rm` trains on text + EOS; a chat model's response may end at <end_of_turn> instead.  The
+    # reward model must score both endings alike, as the text it was trained on.
+    tokenizer = AutoTokenizer.from_pretrained(zoo["gemma"])
+    folder = reward_models["gemma"] / "checkpoints" / "reward"
+    reward = ModelReward(AutoModelForSequenceClassification.from_pretrained(folder), AutoTokenizer.from_pretrained(folder),
+                         tokenizer)
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, ["hello world", "hello world"], 16)
+    answer = tokenizer(" good answer", add_special_tokens=False)["input_ids"]
+    stops = [tokenizer.convert_tokens_to_ids("<end_of_turn>"), tokenizer.eos_token_id]
+    response_ids = torch.tensor([answer + [stop] for stop in stops])
+    sequences = Sequences(prompt_ids, prompt_mask, response_ids, torch.ones_like(response_ids))
+    scores = reward(ScoringBatch([{}, {}], ["hello world"] * 2, [" good answer"] * 2, [True, True], sequences))
+    assert torch.allclose(scores[0], scores[1])
+    assert sequences.response_ids[0, -1] == stops[0]  # the batch itself is left as it was
+
+
+def test_a_model_without_a_sequence_classifier_is_refused_by_name(zoo, tmp_path, capsys):
+    err = run_failing(["rm", "--mode", "pairwise", "--model", zoo["granite"], "--data", zoo["pairs"], "--prompt-field",
+                       "query", "--chosen-field", "good", "--rejected-field", "bad", "--steps", 1,
+                       "--out", tmp_path / "rm", *THREADS], capsys)
+    assert "cannot build a reward model" in err and str(zoo["granite"]) in err

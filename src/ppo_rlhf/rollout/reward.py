@@ -20,6 +20,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.models.loading import same_vocabulary
+from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
@@ -66,12 +67,23 @@ def max_positions(config) -> int | None:
     return None
 
 
+# Reward-model rows are padded on the right, in training and in scoring, whatever the
+# tokenizer's default: each row then starts at position 0 as it would alone, which a classifier
+# pooling its first token (BERT-style) needs; last_token_scores reads the last real token on
+# either side.
+REWARD_PADDING_SIDE = "right"
+
+
 class ModelReward:
     """A frozen sequence classifier as the reward.
 
     One output: that output is the score (pairwise-trained reward models).  K outputs: the
     score is the logit of the class named by the prompt row's ``label_field`` (a classification
     reward such as the built-in task's style classifier).
+
+    A response that ended at a stop id other than EOS (a chat model's end-of-turn) is scored as
+    ending at EOS, the way ``ppo-rlhf rm`` trains (each text + EOS): one end token in training
+    and in scoring, whichever stop id the policy emitted.
 
     When the reward model's tokenizer differs from the policy's, prompt and response are
     decoded to text and re-encoded with the reward tokenizer (EOS appended when the response
@@ -93,12 +105,11 @@ class ModelReward:
 
     def _inputs(self, batch: ScoringBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.same_tokenizer:
-            return batch.sequences.input_ids, batch.sequences.attention_mask
+            return self._ending_at_eos(batch), batch.sequences.attention_mask
         # The same text as the reward model saw in training: prompt + response + EOS (pairwise_texts).
         # A prompt formatted by the reward tokenizer's chat template already holds its special
         # tokens (BOS, turn markers): none are added on top, as in `rm --chat-template`.
         has_template = getattr(self.tokenizer, "chat_template", None) is not None
-        eos = self.tokenizer.eos_token or ""
         input_ids = []
         truncation_side = self.tokenizer.truncation_side
         self.tokenizer.truncation_side = "left"  # a long prompt loses its start, never the response
@@ -108,13 +119,29 @@ class ModelReward:
                 if templated:
                     prompt = apply_chat_template(self.tokenizer, [prompt])[0]
                 input_ids.append(self.tokenizer(
-                    prompt + response + (eos if finished else ""), add_special_tokens=not (templated and has_template),
+                    with_eos(self.tokenizer, prompt + response) if finished else prompt + response,
+                    add_special_tokens=not (templated and has_template),
                     truncation=self.max_length is not None, max_length=self.max_length,
                 )["input_ids"])
         finally:
             self.tokenizer.truncation_side = truncation_side
-        encoded = self.tokenizer.pad({"input_ids": input_ids}, padding=True, return_tensors="pt")
+        # Padded as `ppo-rlhf rm` pads its rows (a classifier pooling its first token needs them
+        # to start at position 0); last_token_scores reads the last real token either way.
+        encoded = self.tokenizer.pad({"input_ids": input_ids}, padding=True, return_tensors="pt",
+                                     padding_side=REWARD_PADDING_SIDE)
         return encoded["input_ids"], encoded["attention_mask"]
+
+    def _ending_at_eos(self, batch: ScoringBatch) -> torch.Tensor:
+        """The policy's token ids, each finished response's stop token replaced by EOS."""
+        input_ids = batch.sequences.input_ids
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None or not any(batch.finished):
+            return input_ids
+        input_ids = input_ids.clone()
+        rows = torch.tensor(batch.finished, device=input_ids.device).nonzero().squeeze(1)
+        last = batch.sequences.prompt_length + batch.sequences.response_mask.sum(dim=1) - 1  # (B,)
+        input_ids[rows, last[rows]] = eos
+        return input_ids
 
     @torch.no_grad()
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:

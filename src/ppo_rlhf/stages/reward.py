@@ -8,7 +8,7 @@ from pathlib import Path
 from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
-from ppo_rlhf.models.loading import require_model_folder
+from ppo_rlhf.models.loading import ModelError, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -21,7 +21,12 @@ def load_classifier_from(path: str, num_labels: int, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
     path = require_model_folder(path, "reward model initialisation")
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, ignore_mismatched_sizes=True)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
+                                                                   ignore_mismatched_sizes=True)
+    except ValueError as error:  # an architecture transformers has no sequence classifier for
+        raise ModelError(f"{path}: transformers cannot build a reward model (a sequence classifier) from this "
+                         f"model: {str(error).splitlines()[0]}") from None
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -23,7 +23,7 @@ from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
-from ppo_rlhf.rollout.reward import last_token_scores
+from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_token_scores
 from ppo_rlhf.trainers.sft import lr_at
 
 
@@ -78,12 +78,6 @@ class RewardConfig(RunFolderOptions, LoraOptions):
         return (self.text_field, self.label_field)
 
 
-# Reward-model rows are padded on the right whatever the tokenizer's default: each row then
-# starts at position 0 as it would alone, which a classifier pooling its first token
-# (BERT-style) needs; last_token_scores reads the last attended token on either side.
-RM_PADDING_SIDE = "right"
-
-
 def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], list[str]]:
     """prompt + response + EOS for the chosen and the rejected response of each row: the same
     shape of sequence the reward model will score at PPO time."""
@@ -109,7 +103,7 @@ class _Examples:
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
             # Encoded together so both halves share one padded width (a batch stacks them).
             # A chat template writes its own special tokens: none added on top (as PPO encodes them).
-            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length, RM_PADDING_SIDE,
+            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length, REWARD_PADDING_SIDE,
                                      add_special_tokens=not config.chat_template)
             self.chosen = ids[: len(rows)], mask[: len(rows)]
             self.rejected = ids[len(rows):], mask[len(rows):]
@@ -125,7 +119,7 @@ class _Examples:
                 raise DataError(
                     f"{rows[bad].get('_source', f'row {bad}')}: label {labels[bad]} is outside 0..{config.num_labels - 1}"
                 )
-            self.texts = encode_texts(tokenizer, texts, config.max_length, RM_PADDING_SIDE)
+            self.texts = encode_texts(tokenizer, texts, config.max_length, REWARD_PADDING_SIDE)
             self.labels = torch.tensor(labels)
 
     def loss_and_correct(self, model, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
