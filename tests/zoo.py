@@ -79,10 +79,11 @@ def make_config(arch: str, tokenizer):
                         tie_word_embeddings=arch == "qwen2", **ids)
 
 
-def build_model(arch: str, folder: Path) -> Path:
+def build_model(arch: str, folder: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """``dtype``: the dtype the weights are stored in (most hub checkpoints: bfloat16)."""
     tokenizer = make_tokenizer(arch)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).save_pretrained(folder)
+    AutoModelForCausalLM.from_config(make_config(arch, tokenizer)).to(dtype).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
