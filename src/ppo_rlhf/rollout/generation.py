@@ -23,24 +23,27 @@ class Generator(Protocol):
 
 
 class TorchGenerator:
-    """Greedy or temperature sampling with the KV cache; left-padded prompts."""
+    """Greedy or temperature sampling with the KV cache; left-padded prompts.  ``seed`` seeds a
+    sampling generator of its own on ``device`` (re-made there, same seed, if the model is elsewhere)."""
 
     def __init__(self, eos_token_id: int, pad_token_id: int, max_new_tokens: int, do_sample: bool,
-                 temperature: float = 1.0, seed: int | None = None):
+                 temperature: float = 1.0, seed: int | None = None, device: torch.device | str = "cpu"):
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_new_tokens = max_new_tokens
         self.do_sample = do_sample
         self.temperature = temperature
-        self.rng = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.seed = seed
+        self.rng = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
 
     def next_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) logits of the last position -> (B,) chosen token ids."""
         if not self.do_sample:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
-        rng = self.rng if (self.rng is not None and probs.device.type == "cpu") else None
-        return torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
+        if self.rng is not None and self.rng.device.type != probs.device.type:
+            self.rng = torch.Generator(device=probs.device).manual_seed(self.seed)
+        return torch.multinomial(probs, num_samples=1, generator=self.rng).squeeze(-1)
 
     @torch.no_grad()
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

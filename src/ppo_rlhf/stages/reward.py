@@ -15,12 +15,13 @@ from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
 
 
-def load_classifier_from(path: str, num_labels: int, tokenizer):
+def load_classifier_from(path: str, num_labels: int, tokenizer, dtype="auto"):
     """A sequence classifier from a causal LM or classifier folder, with a fresh head of ``num_labels``."""
     from transformers import AutoModelForSequenceClassification
 
     path = require_model_folder(path, "reward model initialisation")
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, ignore_mismatched_sizes=True)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, ignore_mismatched_sizes=True,
+                                                               dtype=dtype)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -34,7 +35,7 @@ def run_reward(config: RewardConfig) -> dict:
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
     if config.model:
         tokenizer = load_tokenizer(config.model)
-        model = load_classifier_from(config.model, num_labels, tokenizer)
+        model = load_classifier_from(config.model, num_labels, tokenizer, config.load_dtype)
         if config.lora:
             from peft import get_peft_model
 
@@ -49,11 +50,12 @@ def run_reward(config: RewardConfig) -> dict:
     rows = load_rows(config.data, config.required_fields) if config.data else task.rm_rows()
     out = Path(config.out)
     run_log = RunLog(out, to_dict(config))
+    stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
     result = train_reward_model(model, tokenizer, rows, config, run_log=run_log)
-    if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder)
+    if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder); float32 as trained
         checkpoint = save_adapter(model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
     else:
-        checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "reward")
+        checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "reward")
     run_log.plot(["loss", "train_accuracy"])
     summary = {
         "stage": "reward",

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, check_kl_placement
+from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 
 
 @dataclass
-class PPOConfig(LoraOptions):
+class PPOConfig(LoraOptions, HardwareOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -87,6 +88,7 @@ class PPOConfig(LoraOptions):
 
     def validate(self) -> None:
         self.validate_lora()
+        self.validate_hardware()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
