@@ -163,6 +163,19 @@ def test_ppo_on_a_bf16_checkpoint_in_each_critic_mode(zoo, bf16_rewards, tmp_pat
         assert weights_changed(zoo["llama_bf16"], actor)
 
 
+def test_a_bf16_run_killed_midway_resumes_to_the_same_float32_weights(zoo, bf16_rewards, tmp_path):
+    common = ["ppo", "--model", zoo["llama_bf16"], "--prompts", zoo["prompts"], "--reward-model", bf16_rewards["model"],
+              "--critic", "separate", *PPO_BUDGET, "--save-every", 1, "--mixed-precision", "bf16"]
+    run([*common, "--iterations", 3, "--out", tmp_path / "straight"])
+    run([*common, "--iterations", 2, "--out", tmp_path / "resumed"])
+    run([*common, "--iterations", 3, "--out", tmp_path / "resumed", "--resume"])
+    for role in ("actor", "critic"):
+        last = [load_file(str(tmp_path / run_name / "checkpoints" / "last" / role / "model.safetensors"))
+                for run_name in ("straight", "resumed")]
+        assert {t.dtype for t in last[0].values()} == {torch.float32}  # the resume checkpoint keeps what trains
+        assert last[0].keys() == last[1].keys() and all(torch.equal(last[0][k], last[1][k]) for k in last[0]), role
+
+
 def test_eval_on_a_bf16_checkpoint_with_autocast(zoo, bf16_rewards, tmp_path):
     run(["eval", "--model", zoo["llama_bf16"], "--prompts", zoo["prompts"], "--reward-model", bf16_rewards["model"],
          "--max-new-tokens", 6, "--max-length", 32, "--mixed-precision", "bf16", "--out", tmp_path / "eval", *THREADS])
