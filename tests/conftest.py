@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 from datasets import Dataset
 
 from zoo import ARCHS, LEFT_PADDED, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, build_model, run, write_jsonl
@@ -15,6 +16,7 @@ def zoo(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo")
     folders = {arch: build_model(arch, root / arch) for arch in ARCHS}
     folders[LEFT_PADDED] = build_model("llama", root / LEFT_PADDED, padding_side="left")
+    folders["llama_bf16"] = build_model("llama", root / "llama_bf16", dtype=torch.bfloat16)  # stored as hub models are
     sft_rows = [{"question": p, "answer": " good answer"} for p in PROMPTS] * 2
     data = {"jsonl": write_jsonl(root / "sft.jsonl", sft_rows), "parquet": root / "sft.parquet", "disk": root / "sft_disk"}
     Dataset.from_list(sft_rows).to_parquet(str(data["parquet"]))

@@ -106,14 +106,15 @@ def make_config(arch: str, tokenizer):
     return config_class(tie_word_embeddings=arch == "qwen2", **sizes)
 
 
-def build_model(arch: str, folder: Path, padding_side: str = "right") -> Path:
-    """``padding_side``: saved in the tokenizer's config, as chat models that pad on the left do."""
+def build_model(arch: str, folder: Path, padding_side: str = "right", dtype: torch.dtype = torch.float32) -> Path:
+    """``padding_side``: saved in the tokenizer's config, as chat models that pad on the left do.
+    ``dtype``: the dtype the weights are stored in (most hub checkpoints: bfloat16)."""
     tokenizer = make_tokenizer(arch, padding_side)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config(arch, tokenizer))
     if arch == "gemma":  # the chat model's end of turn stops generation too (saved as generation_config.json)
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
-    model.save_pretrained(folder)
+    model.to(dtype).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

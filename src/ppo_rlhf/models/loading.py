@@ -88,7 +88,7 @@ def _is_causal_lm(architecture: str) -> bool:
     return known or architecture.endswith(("ForCausalLM", "LMHeadModel"))  # or remote code named as usual
 
 
-def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None):
+def load_causal_lm(path: str | Path, dtype: torch.dtype | str | None = None):
     """A causal LM folder; anything else is refused rather than loaded with a fresh random head
     (AutoModelForCausalLM would happily wrap a BERT encoder or a reward model's trunk)."""
     from transformers import AutoModelForCausalLM
@@ -107,7 +107,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None):
         raise ModelError(f"{_describe(path, config)}, which AutoModelForCausalLM cannot load: {error}") from None
 
 
-def load_sequence_classifier(path: str | Path, dtype: torch.dtype | None = None):
+def load_sequence_classifier(path: str | Path, dtype: torch.dtype | str | None = None):
     """A reward model folder: a sequence classifier.  A causal LM here would load with a freshly
     initialised, random score head, and PPO would chase noise: refuse it."""
     from transformers import AutoModelForSequenceClassification

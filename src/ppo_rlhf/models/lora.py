@@ -31,7 +31,7 @@ from torch import nn
 from ppo_rlhf.checkpoint import atomic_directory
 from ppo_rlhf.config import check, option
 from ppo_rlhf.models.loading import ModelError
-from ppo_rlhf.models.value import ValueHead, hidden_size_of
+from ppo_rlhf.models.value import ValueHead, value_head_on
 
 # peft asks transformers a deprecated question on every wrap; the user can do nothing about it.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
@@ -218,7 +218,7 @@ class AdapterCritic(nn.Module):
         super().__init__()
         self._peft_model = [peft_model]  # a list keeps it out of this module's sub-modules
         self.adapter_name = adapter_name
-        self.value_head = value_head or ValueHead(hidden_size_of(peft_model.get_base_model()))
+        self.value_head = value_head or value_head_on(peft_model.get_base_model())
         self.adapter = nn.ParameterList(adapter_parameters(peft_model, adapter_name))
 
     @property

@@ -11,7 +11,11 @@ from torch import nn
 
 class ValueHead(nn.Module):
     """hidden (B, T, H) -> value (B, T).  Small init so early values start near 0 and the
-    first value-loss gradients do not swamp a shared trunk."""
+    first value-loss gradients do not swamp a shared trunk.
+
+    Its weights are trained, so float32 (see hardware.py); a bf16 trunk's hidden state is cast
+    to them, and under autocast the projection itself still computes in bf16.  Values are float32.
+    """
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -20,7 +24,12 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.summary.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.summary(hidden).squeeze(-1)
+        return self.summary(hidden.to(self.summary.weight.dtype)).squeeze(-1).float()
+
+
+def value_head_on(trunk: nn.Module) -> ValueHead:
+    """A fresh value head on ``trunk``'s device (in float32, whatever the trunk's dtype)."""
+    return ValueHead(hidden_size_of(trunk)).to(next(trunk.parameters()).device)
 
 
 def hidden_size_of(model) -> int:
@@ -41,17 +50,17 @@ class Critic(nn.Module):
     def __init__(self, backbone, value_head: ValueHead | None = None):
         super().__init__()
         self.backbone = backbone
-        self.value_head = value_head or ValueHead(hidden_size_of(backbone))
+        self.value_head = value_head or value_head_on(backbone)
 
     @classmethod
-    def from_pretrained_trunk(cls, path: str | Path) -> "Critic":
+    def from_pretrained_trunk(cls, path: str | Path, dtype: torch.dtype | str = "auto") -> "Critic":
         from transformers import AutoModel
 
         from ppo_rlhf.models.loading import is_adapter_only, load_adapter_as_model
 
         path = Path(path)
         if is_adapter_only(path):  # a reward adapter: its base with the adapter merged in
-            return cls(load_adapter_as_model(path, "classifier").base_model)
+            return cls(load_adapter_as_model(path, "classifier", dtype).base_model)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"critic initialisation model not found: {path}")
         # The trunk of a reward model (or causal LM): its head stays behind on purpose, which
@@ -61,7 +70,7 @@ class Critic(nn.Module):
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            return cls(AutoModel.from_pretrained(path))
+            return cls(AutoModel.from_pretrained(path, dtype=dtype))
         finally:
             hf_logging.set_verbosity(verbosity)
 

@@ -30,24 +30,28 @@ class TorchGenerator:
     """Greedy or temperature sampling with the KV cache; left-padded prompts.
 
     ``stop_token_ids``: one id or several (``stop_token_ids(tokenizer, model)`` gives them all).
+    ``seed`` seeds a sampling generator of its own on ``device`` (re-made there, same seed, if the
+    model is elsewhere).
     """
 
     def __init__(self, stop_token_ids: StopIds, pad_token_id: int, max_new_tokens: int, do_sample: bool,
-                 temperature: float = 1.0, seed: int | None = None):
+                 temperature: float = 1.0, seed: int | None = None, device: torch.device | str = "cpu"):
         self.stop_token_ids = torch.as_tensor(stop_token_ids).reshape(-1).tolist()
         self.pad_token_id = pad_token_id
         self.max_new_tokens = max_new_tokens
         self.do_sample = do_sample
         self.temperature = temperature
-        self.rng = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.seed = seed
+        self.rng = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
 
     def next_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) logits of the last position -> (B,) chosen token ids."""
         if not self.do_sample:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
-        rng = self.rng if (self.rng is not None and probs.device.type == "cpu") else None
-        return torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
+        if self.rng is not None and self.rng.device.type != probs.device.type:
+            self.rng = torch.Generator(device=probs.device).manual_seed(self.seed)
+        return torch.multinomial(probs, num_samples=1, generator=self.rng).squeeze(-1)
 
     @torch.no_grad()
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

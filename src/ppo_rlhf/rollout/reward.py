@@ -56,7 +56,8 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last = (attention_mask * positions).argmax(dim=1)  # (B,) index of the last attended token
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
-    return head(pooled).float()
+    # The head's own dtype: a trained head is float32 on a trunk that may compute in bf16.
+    return head(pooled.to(head.weight.dtype)).float()
 
 
 def max_positions(config) -> int | None:
@@ -153,7 +154,7 @@ class ModelReward:
             outputs.append(last_token_scores(self.model, input_ids[chunk].to(device), attention_mask[chunk].to(device)))
         logits = torch.cat(outputs)  # (B, K)
         if logits.shape[1] == 1:
-            return logits[:, 0].cpu()
+            return logits[:, 0]
         try:
             labels = torch.tensor([int(row[self.label_field]) for row in batch.rows], device=logits.device)
         except KeyError:
@@ -161,7 +162,7 @@ class ModelReward:
                 f"the reward model has {logits.shape[1]} classes, so each prompt row needs a "
                 f"'{self.label_field}' field naming the class to reward (set --label-field)"
             ) from None
-        return logits.gather(1, labels[:, None]).squeeze(1).cpu()
+        return logits.gather(1, labels[:, None]).squeeze(1)
 
 
 def import_module(module_name: str):

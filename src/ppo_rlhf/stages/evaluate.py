@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ppo_rlhf.config import ConfigError, check, option, to_dict
 from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -15,7 +18,7 @@ from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 
 
 @dataclass
-class EvalConfig(RunFolderOptions):
+class EvalConfig(RunFolderOptions, HardwareOptions):
     model: str | None = option(None, "causal LM folder to evaluate")
     task: str | None = option(None, "built-in task supplying held-out prompts and metric", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
@@ -35,6 +38,7 @@ class EvalConfig(RunFolderOptions):
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
     def validate(self) -> None:
+        self.validate_hardware()
         check(self.size > 0, "size", "> 0", self.size)
         check(self.temperature > 0, "temperature", "> 0", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
@@ -51,7 +55,9 @@ def run_eval(config: EvalConfig) -> dict:
         check_run_folder(config.out, config.overwrite)
     task = load_task(config.task, config.seed)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
-    model, tokenizer = load_causal_lm(config.model), load_tokenizer(config.model)
+    model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
+    accelerator = config.accelerator()
+    model.to(accelerator.device)
     if config.prompts:
         rows = load_rows(config.prompts, (config.prompt_field,))
     elif task is not None:
@@ -61,12 +67,15 @@ def run_eval(config: EvalConfig) -> dict:
     reward = None
     if config.reward_model or config.reward_fn:
         reward = build_reward(config, tokenizer, None)
+        if isinstance(getattr(reward, "model", None), torch.nn.Module):
+            reward.model.to(accelerator.device)
     max_new_tokens = min(config.max_new_tokens, task.max_new_tokens) if task and not config.prompts else config.max_new_tokens
     evaluator = Evaluator(tokenizer, rows[: config.size], task.metric if task else None, reward=reward,
                           prompt_field=config.prompt_field, max_prompt_length=config.max_length - config.max_new_tokens,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template)
-    metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
-                                 seed=config.seed, prefix="")
+    with accelerator.autocast():
+        metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
+                                     seed=config.seed, prefix="")
     summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
                **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
     if config.out:

@@ -22,6 +22,7 @@ from ppo_rlhf.data import load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
+from ppo_rlhf.models.value import Critic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import changed_settings, check_run_folder, start_run_folder
@@ -59,6 +60,7 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
         if trainer.critic is not None:
             trainer.critic.save(staging / "critic")
         torch.save({"trainer": trainer.state_dict(), "prompt_rng": rng.get_state(), "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None,
                     "sample_rng": trainer.generator.rng.get_state() if getattr(trainer.generator, "rng", None) else None,
                     "progress": progress},
                    staging / "trainer_state.pt")
@@ -97,13 +99,15 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
         trainer.actor.load_state_dict(load_causal_lm(last / "actor").state_dict())
     if trainer.critic is not None:
         trainer.critic.load_saved(last / "critic")
-    state = torch.load(last / "trainer_state.pt", weights_only=False)
+    state = torch.load(last / "trainer_state.pt", weights_only=False, map_location="cpu")
     trainer.load_state_dict(state["trainer"])
     # The learning rates are the ones asked now (a resume may change them), not the saved ones.
     actor_group, critic_group = trainer.optimizer.param_groups
     actor_group["lr"], critic_group["lr"] = config.lr, config.critic_lr or config.lr
     rng.set_state(state["prompt_rng"])
     torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], trainer.device)
     if state["sample_rng"] is not None and getattr(trainer.generator, "rng", None) is not None:
         trainer.generator.rng.set_state(state["sample_rng"])
     # Drop metrics logged after the checkpoint: they will be logged again.
@@ -125,12 +129,18 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     if config.resume:
         check_resume_settings(config, out)
     task = load_task(config.task, config.seed)
+    accelerator = config.accelerator()
     roles = load_roles(config, task)
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
+    # The trained models are saved in the dtype they came in (adapters and value heads: float32).
+    actor_dtype = actor.dtype
+    critic_dtype = roles.critic.backbone.dtype if isinstance(roles.critic, Critic) else None
     train_rows, eval_rows = prompt_sets(config, task)
     generator = TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
-                               do_sample=config.do_sample, temperature=config.temperature, seed=config.seed)
-    trainer = PPOTrainer(actor, roles.ref, reward, tokenizer, config, generator, critic=roles.critic)
+                               do_sample=config.do_sample, temperature=config.temperature, seed=config.seed,
+                               device=accelerator.device)
+    trainer = PPOTrainer(actor, roles.ref, reward, tokenizer, config, generator, critic=roles.critic,
+                         accelerator=accelerator)
     rng = torch.Generator().manual_seed(config.seed)
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
@@ -148,9 +158,10 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     def evaluate() -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
         with like) and the greedy (prompt, response) pairs."""
-        metrics, samples = evaluator(actor)
-        if config.eval_sampled:
-            metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
+        with accelerator.autocast():
+            metrics, samples = evaluator(actor)
+            if config.eval_sampled:
+                metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
         return metrics, samples
 
     print(f"ppo-rlhf ppo -> {out}" + (f" (resumed from {out / 'checkpoints' / 'last'}, after iteration "
@@ -162,7 +173,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     if "before" in carried:
         before, samples_before = carried["before"], carried["samples_before"]
     else:
-        before, samples_before = (evaluator(actor) if evaluator else ({}, []))
+        with accelerator.autocast():
+            before, samples_before = (evaluator(actor) if evaluator else ({}, []))
         if before:
             run_log.log(0, before)
     final_eval = None  # the evaluation of the last iteration, reused as the run's result
@@ -192,16 +204,19 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             save_last(trainer, out, rng, config, {"before": before, "samples_before": samples_before,
                                                   "train_seconds": train_seconds, "scores": scores})
 
-    actor_dir = save_actor(actor, tokenizer, out / "checkpoints" / "actor")
+    if evaluator and final_eval is None:  # resumed at the end: no iteration ran
+        final_eval = evaluate()
+    actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
+                           out / "checkpoints" / "actor")
     with atomic_directory(out / "checkpoints" / "critic") as staging:
         if trainer.critic is not None:
+            if critic_dtype is not None:
+                trainer.critic.backbone.to(critic_dtype)
             trainer.critic.save(staging, tokenizer)
         else:
             from safetensors.torch import save_file
 
             save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
-    if evaluator and final_eval is None:  # resumed at the end: no iteration ran
-        final_eval = evaluate()
     final_metrics, samples_after = final_eval or ({}, [])
     after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}
     sampled = {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")}

@@ -16,14 +16,14 @@ from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
 
 
-def load_classifier_from(path: str, num_labels: int, tokenizer):
+def load_classifier_from(path: str, num_labels: int, tokenizer, dtype="auto"):
     """A sequence classifier from a causal LM or classifier folder, with a fresh head of ``num_labels``."""
     from transformers import AutoModelForSequenceClassification
 
     path = require_model_folder(path, "reward model initialisation")
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
-                                                                   ignore_mismatched_sizes=True)
+                                                                   ignore_mismatched_sizes=True, dtype=dtype)
     except ValueError as error:  # an architecture transformers has no sequence classifier for
         raise ModelError(f"{path}: transformers cannot build a reward model (a sequence classifier) from this "
                          f"model: {str(error).splitlines()[0]}") from None
@@ -42,7 +42,7 @@ def run_reward(config: RewardConfig) -> dict:
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
     if config.model:
         tokenizer = load_tokenizer(config.model)
-        model = load_classifier_from(config.model, num_labels, tokenizer)
+        model = load_classifier_from(config.model, num_labels, tokenizer, config.load_dtype)
         if config.lora:
             from peft import get_peft_model
 
@@ -58,11 +58,12 @@ def run_reward(config: RewardConfig) -> dict:
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
     run_log = RunLog(out, to_dict(config))
+    stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
     result = train_reward_model(model, tokenizer, rows, config, run_log=run_log)
-    if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder)
+    if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder); float32 as trained
         checkpoint = save_adapter(model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
     else:
-        checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "reward")
+        checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "reward")
     run_log.plot(["loss", "train_accuracy"])
     summary = {
         "stage": "reward",

@@ -51,7 +51,7 @@ def load_roles(config: PPOConfig, task) -> Roles:
         roles = load_single_base_roles(config, task)
     else:
         # The model before its tokenizer: a folder of the wrong kind is then named as such.
-        actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)
+        actor, ref = load_causal_lm(config.model, config.load_dtype), load_causal_lm(config.model, config.load_dtype)
         tokenizer = load_tokenizer(config.model)
         reward = build_reward(config, tokenizer, task)
         roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
@@ -66,7 +66,7 @@ def load_roles(config: PPOConfig, task) -> Roles:
 def load_single_base_roles(config: PPOConfig, task) -> Roles:
     from peft import get_peft_model
 
-    base = load_causal_lm(config.model)
+    base = load_causal_lm(config.model, config.load_dtype)
     tokenizer = load_tokenizer(config.model)
     actor = get_peft_model(base, config.lora_config("CAUSAL_LM", base), adapter_name=POLICY)
     reward_adapter = None  # (LoRA config, LoRA weights) of a reward adapter trained on this base
@@ -119,7 +119,7 @@ def build_reward(config: PPOConfig, tokenizer, task):
     if config.reward_fn:
         return FunctionReward(config.reward_fn)
     if config.reward_model:
-        model = load_sequence_classifier(config.reward_model)
+        model = load_sequence_classifier(config.reward_model, config.load_dtype)
         return ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,
                            chat_template=config.chat_template)
     if task is not None:
@@ -158,4 +158,4 @@ def critic_init_folder(config: PPOConfig, tokenizer, actor) -> str:
 def build_critic(config: PPOConfig, tokenizer, actor):
     if config.critic == "shared":
         return None
-    return Critic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor))
+    return Critic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor), config.load_dtype)

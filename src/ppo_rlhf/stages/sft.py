@@ -27,7 +27,7 @@ def run_sft(config: SFTConfig) -> dict:
     task = None if (config.model and config.data) else load_task(config.task, config.seed)
     if config.model:
         # The model before its tokenizer: a folder of the wrong kind is then named as such.
-        model, tokenizer = load_causal_lm(config.model), load_tokenizer(config.model)
+        model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
     else:
         tokenizer = task.tokenizer
         model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, dropout=config.dropout, seed=config.seed)
@@ -42,8 +42,9 @@ def run_sft(config: SFTConfig) -> dict:
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
     run_log = RunLog(out, to_dict(config))
+    stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
     evaluations = train_sft(model, tokenizer, rows, config, run_log=run_log, evaluator=evaluator)
-    checkpoint = save_pretrained_atomic(model, tokenizer, out / "checkpoints" / "sft")
+    checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "sft")
     run_log.plot(["loss", "eval/exact_match", "eval/value_correct", "eval/style_correct", "lr"])
     summary = {
         "stage": "sft",

@@ -15,6 +15,7 @@ the task (or the user) supplies prompts, a reward and an optional metric.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -35,8 +36,9 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models.lora import adapters_disabled
-from ppo_rlhf.models.value import Critic, ValueHead, hidden_size_of
+from ppo_rlhf.models.value import Critic, value_head_on
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.logprobs import critic_values, forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
@@ -83,6 +85,17 @@ def disable_dropout(model: torch.nn.Module, keep_lora_dropout: bool = False) -> 
             module.attention_dropout = 0.0
 
 
+def under_autocast(method):
+    """Run a PPOTrainer method under the trainer's autocast (``--mixed-precision``; none by default)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.accelerator.autocast():
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     """(B,) index of each response's last unmasked token (0 for an empty response)."""
     return (mask.sum(dim=1) - 1).clamp(min=0)
@@ -108,12 +121,24 @@ class PPOTrainer:
         config: PPOConfig.
         generator: the rollout engine (TorchGenerator unless another is plugged in).
         critic: a separate Critic, or None for a value head on the actor's trunk.
+        accelerator: the device and autocast (hardware.py); default: the ones ``config`` asks for.
+            Every role is moved to its device; the trained weights (actor, critic) are upcast to
+            float32, the frozen ones (reference, reward, a LoRA base) stay as loaded.
     """
 
-    def __init__(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None = None):
+    def __init__(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None = None,
+                 accelerator=None):
         self.actor, self.ref, self.reward, self.tokenizer = actor, ref, reward, tokenizer
         self.config, self.generator, self.critic = config, generator, critic
-        self.value_head = ValueHead(hidden_size_of(actor)) if critic is None else None
+        self.accelerator = accelerator or config.accelerator()
+        self.device = self.accelerator.device
+        for model in (actor, ref, getattr(reward, "model", None), critic):
+            if isinstance(model, torch.nn.Module):
+                model.to(self.device)
+        train_in_float32(actor, "actor")
+        if critic is not None:
+            train_in_float32(critic, "critic")
+        self.value_head = value_head_on(actor) if critic is None else None
         for model in (self.ref, getattr(reward, "model", None)):
             if model is not None:
                 model.eval().requires_grad_(False)
@@ -127,10 +152,10 @@ class PPOTrainer:
         critic_ids = {id(p) for p in critic_params}
         actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
         self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = self.accelerator.prepare(torch.optim.AdamW(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
             weight_decay=config.weight_decay, eps=config.adam_eps,
-        )
+        ))
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
             if config.target_kl is not None else FixedKLController(config.kl_coef)
@@ -151,6 +176,7 @@ class PPOTrainer:
             values = critic_values(self.critic, sequences)
         return out.logits, values
 
+    @under_autocast
     def reference_logits(self, sequences: Sequences) -> torch.Tensor:
         if self.ref is None:  # LoRA on one base: the reference is the base itself
             with adapters_disabled(self.actor):
@@ -159,6 +185,7 @@ class PPOTrainer:
 
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
+    @under_autocast
     def make_experience(self, rows: list[dict]) -> tuple[Experience, dict[str, float]]:
         config = self.config
         timings = {}
@@ -173,8 +200,9 @@ class PPOTrainer:
 
         # 2. score
         start = time.perf_counter()
-        raw_scores = self.reward(ScoringBatch(rows, prompts, rollout.texts, rollout.finished, sequences)).float()
-        scores = self.postprocess_scores(raw_scores, torch.tensor(rollout.finished))
+        raw_scores = self.reward(ScoringBatch(rows, prompts, rollout.texts, rollout.finished, sequences))
+        raw_scores = raw_scores.to(self.device).float()  # a reward function's scores come on the CPU
+        scores = self.postprocess_scores(raw_scores, torch.tensor(rollout.finished, device=self.device))
         timings["time/score"] = time.perf_counter() - start
 
         # 3. old log-probs and values (eval mode: no dropout, so they match the generation)
@@ -239,10 +267,11 @@ class PPOTrainer:
         totals: dict[str, float] = {}
         n_steps = 0
         batch_size = experience.scores.shape[0]
-        minibatches = [mb for _ in range(config.ppo_epochs) for mb in torch.randperm(batch_size).split(config.mini_batch_size)]
+        minibatches = [mb for _ in range(config.ppo_epochs)
+                       for mb in torch.randperm(batch_size, device=self.device).split(config.mini_batch_size)]
         for mb_index in minibatches:
             mb = experience.select(mb_index)
-            with torch.set_grad_enabled(not warming_up):
+            with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
             logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
             pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio)
@@ -264,20 +293,21 @@ class PPOTrainer:
                 vf_loss, vf_stats = value_loss(self.value_head(out.hidden), mb.values, mb.returns, mb.mask,
                                                config.cliprange_value)
                 loss = config.vf_coef * vf_loss
-                (loss if actor_loss is None else actor_loss + loss).backward()
+                self.accelerator.backward(loss if actor_loss is None else actor_loss + loss)
             else:
                 # A separate critic shares no parameters with the actor: the actor's backward pass
                 # runs first and frees its graph before the critic's is built (same gradients as
                 # one backward of the sum, half the activation memory).
                 if actor_loss is not None:
-                    actor_loss.backward()
+                    self.accelerator.backward(actor_loss)
                 # The critic's scope spans its backward pass too: gradient checkpointing recomputes
                 # activations there, and a critic adapter must be the active one when it does.
                 with self.critic.scope():
-                    vf_loss, vf_stats = value_loss(critic_values(self.critic, mb.sequences), mb.values, mb.returns,
-                                                   mb.mask, config.cliprange_value)
-                    (config.vf_coef * vf_loss).backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
+                    with self.accelerator.autocast():
+                        values = critic_values(self.critic, mb.sequences)
+                    vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
+                    self.accelerator.backward(config.vf_coef * vf_loss)
+            grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
             self.optimizer.step()
             # Statistics averaged over every minibatch of the update, not just the last one.
             step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}

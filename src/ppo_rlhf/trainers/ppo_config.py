@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, check_kl_placement
+from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.run_folder import RunFolderOptions
 
@@ -18,7 +19,7 @@ LORA_LR = 3e-4
 
 
 @dataclass
-class PPOConfig(RunFolderOptions, LoraOptions):
+class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -101,6 +102,7 @@ class PPOConfig(RunFolderOptions, LoraOptions):
 
     def validate(self) -> None:
         self.validate_lora()
+        self.validate_hardware()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
+from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -28,7 +29,7 @@ from ppo_rlhf.trainers.sft import lr_at
 
 
 @dataclass
-class RewardConfig(RunFolderOptions, LoraOptions):
+class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     """``--lora``: train a LoRA adapter and a score head on the frozen ``--model``; PPO with
     ``--lora`` on the same base then runs the reward from that one base."""
 
@@ -63,6 +64,7 @@ class RewardConfig(RunFolderOptions, LoraOptions):
 
     def validate(self) -> None:
         self.validate_lora()
+        self.validate_hardware()
         check(self.model is not None or not self.lora, "lora", "--lora needs --model (the base to adapt)", self.lora)
         check(self.steps > 0, "steps", "> 0", self.steps)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
@@ -123,15 +125,18 @@ class _Examples:
             self.labels = torch.tensor(labels)
 
     def loss_and_correct(self, model, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, per-row correctness) of the rows at ``index``."""
+        """(loss, per-row correctness) of the rows at ``index``, on the model's device."""
+        device = next(model.parameters()).device
         if self.mode == "pairwise":
             both_ids = torch.cat([self.chosen[0][index], self.rejected[0][index]])
             both_mask = torch.cat([self.chosen[1][index], self.rejected[1][index]])
-            scores = last_token_scores(model, *drop_padding_columns(both_ids, both_mask))[:, 0]
+            ids, mask = drop_padding_columns(both_ids, both_mask)
+            scores = last_token_scores(model, ids.to(device), mask.to(device))[:, 0]
             chosen_scores, rejected_scores = scores.chunk(2)
             return bradley_terry_loss(chosen_scores, rejected_scores), chosen_scores > rejected_scores
-        logits = last_token_scores(model, *drop_padding_columns(self.texts[0][index], self.texts[1][index]))
-        labels = self.labels[index]
+        ids, mask = drop_padding_columns(self.texts[0][index], self.texts[1][index])
+        logits = last_token_scores(model, ids.to(device), mask.to(device))
+        labels = self.labels[index].to(device)
         return torch.nn.functional.cross_entropy(logits, labels), logits.argmax(dim=1) == labels
 
 
@@ -142,8 +147,13 @@ def reward_accuracy(model, examples: _Examples, indices: torch.Tensor, batch_siz
     return torch.cat(correct).float().mean().item() if correct else float("nan")
 
 
-def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig, run_log=None) -> dict[str, float]:
-    """Train ``model`` in place; returns final train/held-out accuracy."""
+def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig, run_log=None,
+                       accelerator=None) -> dict[str, float]:
+    """Train ``model`` in place, its trained weights in float32 on the accelerator's device
+    (default: the one ``config`` asks for); returns final train/held-out accuracy."""
+    accelerator = accelerator or config.accelerator()
+    train_in_float32(model, "reward model")
+    model.to(accelerator.device)
     torch.manual_seed(config.seed)
     order = list(range(len(rows)))
     random.Random(config.seed).shuffle(order)
@@ -151,7 +161,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     eval_index, train_index = torch.tensor(order[:n_eval], dtype=torch.long), torch.tensor(order[n_eval:])
     examples = _Examples(tokenizer, rows, config)
     parameters = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter and the head
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = accelerator.prepare(torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay))
     generator = torch.Generator().manual_seed(config.seed)
     start = time.perf_counter()
     model.train()
@@ -159,15 +169,18 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
         batch = train_index[torch.randint(len(train_index), (config.batch_size,), generator=generator)]
-        loss, correct = examples.loss_and_correct(model, batch)
+        with accelerator.autocast():
+            loss, correct = examples.loss_and_correct(model, batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
         optimizer.step()
         if run_log is not None and (step % 25 == 0 or step == config.steps - 1):
             run_log.log(step + 1, {"loss": loss.item(), "train_accuracy": correct.float().mean().item(),
                                    "seconds": time.perf_counter() - start})
-    result = {"eval_accuracy": reward_accuracy(model, examples, eval_index), "seconds": time.perf_counter() - start,
+    with accelerator.autocast():
+        eval_accuracy = reward_accuracy(model, examples, eval_index)
+    result = {"eval_accuracy": eval_accuracy, "seconds": time.perf_counter() - start,
               "eval_rows": n_eval}
     if run_log is not None:
         run_log.log(config.steps, result)

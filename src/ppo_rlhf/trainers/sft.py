@@ -15,13 +15,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
+from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
 
 
 @dataclass
-class SFTConfig(RunFolderOptions):
+class SFTConfig(RunFolderOptions, HardwareOptions):
     model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk) with prompt and completion; empty: the task's")
     task: str = option("doubling", "built-in task that supplies data, tokenizer and metric", choices=("doubling",))
@@ -47,6 +48,7 @@ class SFTConfig(RunFolderOptions):
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
     def validate(self) -> None:
+        self.validate_hardware()
         check(self.steps > 0, "steps", "> 0", self.steps)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         check(self.lr > 0, "lr", "> 0", self.lr)
@@ -115,11 +117,17 @@ def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
     )
 
 
-def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None):
-    """Train ``model`` in place; returns the list of evaluation records."""
+def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None, accelerator=None):
+    """Train ``model`` in place, in float32 on the accelerator's device (default: the one
+    ``config`` asks for); returns the list of evaluation records."""
+    accelerator = accelerator or config.accelerator()
+    train_in_float32(model, "SFT model")
+    model.to(accelerator.device)
     torch.manual_seed(config.seed)
+    # (N, L) each, kept on the CPU; a batch moves to the device when it is used
     input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = accelerator.prepare(optimizer)  # with fp16 autocast: loss scaling
     generator = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=generator)
     cursor, evaluations, start = 0, [], time.perf_counter()
@@ -134,10 +142,12 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         cursor += config.batch_size
         # Trim the batch to its longest row: shorter tensors, same loss.
         width = int(attention_mask[batch].sum(dim=1).max())
-        loss = completion_loss(model, input_ids[batch, :width], attention_mask[batch, :width], labels[batch, :width])
+        inputs = (t[batch, :width].to(accelerator.device) for t in (input_ids, attention_mask, labels))
+        with accelerator.autocast():
+            loss = completion_loss(model, *inputs)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        accelerator.backward(loss)
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
         last = step == config.steps - 1
         evaluate_now = evaluator is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0))
@@ -145,7 +155,8 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             record = {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"],
                       "seconds": time.perf_counter() - start}
             if evaluate_now:
-                metrics, _ = evaluator(model)
+                with accelerator.autocast():
+                    metrics, _ = evaluator(model)
                 model.train()
                 record.update(metrics)
                 evaluations.append({"step": step + 1, **metrics})

@@ -1,0 +1,115 @@
+"""Where a stage runs and in which precision: ``--device``, ``--mixed-precision`` and ``--dtype``,
+turned into a Hugging Face ``accelerate.Accelerator`` (the device and the autocast) and a load
+dtype.  docs/design.md (scale) has the whole picture; in short:
+
+- ``device``: auto is CUDA, then MPS, then the CPU.  A device asked for and absent stops the
+  stage at start; nothing falls back to the CPU silently.
+- ``dtype``: the dtype checkpoints load in; auto keeps the stored one (bf16 for most hub models).
+  Models built from scratch for the built-in task are float32.
+- Trained weights are float32 whatever they were stored in (:func:`train_in_float32`): AdamW
+  on bf16 weights drops every update smaller than bf16's spacing around the weight.  Frozen
+  roles (PPO's reference and reward model, a LoRA base) stay as loaded.
+- ``mixed_precision``: bf16 or fp16 autocast around the forward passes, so trained float32
+  weights still compute in half precision; fp16 adds accelerate's loss scaling.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ppo_rlhf.config import check, option
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+HALF = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class HardwareOptions:
+    """The device and precision fields shared by every language-model stage."""
+
+    device: str = option("auto", "where to run: auto (CUDA, then MPS, then the CPU), cpu, cuda or mps", choices=DEVICES)
+    mixed_precision: str = option("no", "autocast the forward passes to bf16 or fp16 (fp16: CUDA or MPS only); "
+                                        "trained weights and optimizer state stay float32", choices=MIXED_PRECISIONS)
+    dtype: str = option("auto", "dtype checkpoints load in: auto (as stored), float32, bfloat16 or float16; trained "
+                                "weights are upcast to float32, frozen roles stay as loaded", choices=DTYPES)
+
+    def validate_hardware(self) -> None:
+        device = resolve_device(self.device)
+        if self.mixed_precision == "fp16":
+            check(device != "cpu", "mixed_precision", "no or bf16 on a CPU (torch's CPU autocast has no useful fp16)",
+                  self.mixed_precision)
+        if self.mixed_precision == "bf16":
+            check(bf16_supported(device), "mixed_precision",
+                  f"no or fp16: this {device} device has no native bfloat16", self.mixed_precision)
+
+    @property
+    def load_dtype(self) -> torch.dtype | str:
+        """What ``from_pretrained(dtype=...)`` takes: "auto" (the stored dtype) or a torch dtype."""
+        return "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
+
+    def accelerator(self):
+        return make_accelerator(self.device, self.mixed_precision)
+
+
+def resolve_device(device: str) -> str:
+    """"auto" -> the best device here; an explicit device that is absent -> ConfigError naming it."""
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if device == "auto":
+        return "cuda" if cuda else "mps" if mps else "cpu"
+    check(device != "cuda" or cuda, "device", "auto or cpu: torch finds no CUDA GPU here", device)
+    check(device != "mps" or mps, "device", "auto or cpu: torch finds no MPS (Apple GPU) device here", device)
+    return device
+
+
+def bf16_supported(device: str) -> bool:
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device == "mps":
+        return torch.backends.mps.is_macos_or_newer(14, 0)
+    return True  # CPU autocast computes bf16 on any CPU
+
+
+def make_accelerator(device: str = "auto", mixed_precision: str = "no"):
+    """An ``Accelerator`` on ``device`` with ``mixed_precision`` autocast, for one process.
+
+    accelerate keeps one state per process; one process that runs stages one after another with
+    their own settings (the demo, a notebook, the tests) gets that state replaced.  Under
+    ``accelerate launch`` the launcher's state is kept.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+
+    device = resolve_device(device)
+    if PartialState._shared_state and PartialState().num_processes == 1:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision)
+    if accelerator.device.type != device:
+        raise RuntimeError(f"accelerate placed this process on {accelerator.device}, not on the {device} asked for")
+    return accelerator
+
+
+def train_in_float32(model: nn.Module, what: str) -> torch.dtype | None:
+    """Upcast the trainable half-precision weights of ``model`` to float32, in place, with a
+    one-line notice; returns the dtype they were stored in (None: nothing to upcast).
+
+    A model trained in full becomes a float32 model (as if loaded in float32); with LoRA only the
+    trained tensors are upcast and the frozen base stays as loaded.
+    """
+    half = [p for p in model.parameters() if p.requires_grad and p.dtype in HALF]
+    if not half:
+        return None
+    stored = half[0].dtype
+    if all(p.requires_grad for p in model.parameters()):
+        model.float()
+    else:
+        for parameter in half:
+            parameter.data = parameter.data.float()
+    print(f"ppo-rlhf: the {what} is stored in {str(stored).removeprefix('torch.')}; training it in float32 "
+          f"(--mixed-precision bf16 computes in bf16)", file=sys.stderr)
+    return stored
