@@ -1,6 +1,9 @@
-"""A PPO run says what it will do before its first update, and warns about settings that cannot learn."""
+"""A PPO run says what it will do before its first update, warns about settings that cannot learn,
+and shows what it is doing: training samples, held-out lines, curves redrawn at each evaluation."""
 
 from __future__ import annotations
+
+import json
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.ppo_config import FULL_MODEL_LR, LORA_LR, PPOConfig
@@ -37,3 +40,18 @@ def test_a_reward_without_spread_warns(zoo, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "greedy" not in captured.out
     assert "every response of iteration 1 got the same score (1)" in captured.out + captured.err
+
+
+def test_training_samples_and_evaluations_are_shown_and_written(zoo, tmp_path, capsys):
+    out = tmp_path / "ppo"
+    run(["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", "ppo_rlhf_test_rewards:length_score",
+         "--eval-prompts", zoo["prompts"], "--eval-every", 1, "--eval-size", 2, "--sample-every", 2,
+         "--out", out, *BUDGET[:1], 3, *BUDGET[2:]])
+    printed = capsys.readouterr().out
+    assert "iteration 1 sample:" in printed and "iteration 2 sample:" in printed and "iteration 3 sample:" not in printed
+    assert "iteration 3: held-out eval/score" in printed
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rows} == {1, 2} and all({"prompt", "response", "score"} <= set(r) for r in rows)
+    assert (out / "curves.png").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["training_score"]) == {"first", "last"}  # even without a task metric

@@ -17,7 +17,7 @@ from ppo_rlhf.checkpoint import recover_interrupted_writes
 from ppo_rlhf.config import ConfigError, option
 
 # What a stage writes into its run folder; a folder holding any of these holds a run.
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png", "config.yaml")
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png", "config.yaml", "samples.jsonl")
 
 
 @dataclass
@@ -79,7 +79,7 @@ def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
 # different run (another model, reference, reward, critic, LoRA, batch or objective).
 MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "show_samples", "save_every",
-    "resume", "overwrite", "num_threads", "lr", "critic_lr",
+    "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every",
 })
 
 

@@ -4,6 +4,7 @@ curves and ``summary.json``.  Every trainer writes the same layout.
     RUN/
       config.yaml        the resolved configuration (defaults + YAML + flags)
       metrics.jsonl      one JSON object per logged step
+      samples.jsonl      training rollouts (prompt, response, score) every few iterations
       tb/                TensorBoard events (``tensorboard --logdir RUN/tb``)
       curves.png         the main curves, redrawn at the end of the run
       summary.json       final evaluation and the paths of the checkpoints
@@ -50,6 +51,15 @@ class RunLog:
         with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
 
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """Training rollouts (prompt, response, score): ``samples.jsonl`` and TensorBoard's text tab."""
+        with (self.out_dir / "samples.jsonl").open("a") as handle:
+            for sample in samples:
+                handle.write(json.dumps(strict_json({"step": int(step), **sample}), ensure_ascii=False) + "\n")
+        if self._tb is not None:
+            table = "\n".join(f"| {_cell(s['prompt'])} | {_cell(s['response'])} | {s['score']:.4g} |" for s in samples)
+            self._tb.add_text("samples", "| prompt | response | score |\n|---|---|---|\n" + table, step)
+
     def records(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics_path)
 
@@ -64,6 +74,11 @@ class RunLog:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _cell(text: Any) -> str:
+    """Text as one Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def read_metrics(path: str | Path, notices: list[str] | None = None) -> list[dict[str, Any]]:

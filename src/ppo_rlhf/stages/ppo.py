@@ -33,8 +33,15 @@ from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
-CURVES = ["score", "kl", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
+CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
           "kl_coef"]
+
+
+def eval_line(metrics: dict) -> str:
+    """The held-out figures worth a line on the console."""
+    keys = [k for k in ("eval/exact_match", "eval_sampled/exact_match", "eval/score", "eval/response_length")
+            if k in metrics]
+    return ", ".join(f"{key} {metrics[key]:.4g}" for key in keys)
 
 
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
@@ -181,7 +188,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     train_seconds = carried.get("train_seconds", 0.0)
     scores = dict(carried.get("scores", {}))  # the training score of the first and of the last iteration
     first_iteration = trainer.iteration
-    progress = tqdm(range(first_iteration, config.iterations), desc="ppo", leave=False, mininterval=1.0)
+    progress = tqdm(range(first_iteration, config.iterations), desc="ppo", mininterval=1.0)
     for iteration in progress:
         batch_index = torch.randint(len(train_rows), (config.batch_size,), generator=rng)
         start = time.perf_counter()
@@ -194,7 +201,15 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             metrics.update(eval_metrics)
             if done == config.iterations:
                 final_eval = eval_metrics, samples
+            tqdm.write(f"iteration {done}: held-out " + eval_line(eval_metrics))
         run_log.log(done, metrics)
+        if "eval/response_length" in metrics:
+            run_log.plot(CURVES, title="PPO")  # redrawn at each evaluation, so a long run can be watched
+        if config.sample_every and (done % config.sample_every == 0 or iteration == first_iteration):
+            run_log.log_samples(done, trainer.last_samples)
+            for sample in trainer.last_samples[:2]:
+                tqdm.write(f"iteration {done} sample: {sample['prompt']!r} -> {sample['response']!r} "
+                           f"(score {sample['score']:.3g})")
         scores.setdefault("first", metrics["score"])
         scores["last"] = metrics["score"]
         if iteration == first_iteration and (warning := score_spread_warning(metrics, done)):

@@ -73,6 +73,9 @@ class Experience:
         )
 
 
+SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
+
+
 def disable_dropout(model: torch.nn.Module, keep_lora_dropout: bool = False) -> None:
     """Dropout off everywhere: in modules and in attention kernels that read a float attribute.
     ``keep_lora_dropout``: leave peft's dropout on the LoRA path, which --lora-dropout asked for."""
@@ -204,6 +207,9 @@ class PPOTrainer:
         raw_scores = raw_scores.to(self.device).float()  # a reward function's scores come on the CPU
         scores = self.postprocess_scores(raw_scores, torch.tensor(rollout.finished, device=self.device))
         timings["time/score"] = time.perf_counter() - start
+        # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
+        self.last_samples = [{"prompt": p, "response": r, "score": float(x)}
+                             for p, r, x in zip(prompts[:SAMPLES_KEPT], rollout.texts, raw_scores[:SAMPLES_KEPT].tolist())]
 
         # 3. old log-probs and values (eval mode: no dropout, so they match the generation)
         start = time.perf_counter()

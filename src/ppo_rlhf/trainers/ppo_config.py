@@ -93,6 +93,8 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)")
     eval_size: int = option(2000, "held-out prompts per evaluation")
     show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json")
+    sample_every: int = option(10, "every N iterations, print a few training rollouts (prompt, response, score) and "
+                                   "add them to samples.jsonl and TensorBoard (0: never)")
     eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
     save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)")
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but for "
@@ -137,6 +139,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.iterations > 0, "iterations", "> 0", self.iterations)
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
         check(self.show_samples >= 0, "show_samples", ">= 0", self.show_samples)
+        check(self.sample_every >= 0, "sample_every", ">= 0", self.sample_every)
         check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
         check(self.missing_eos_penalty is None or self.missing_eos_penalty >= 0, "missing_eos_penalty",
               ">= 0 or empty (it is subtracted from the score)", self.missing_eos_penalty)
