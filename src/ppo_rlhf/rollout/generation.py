@@ -20,6 +20,28 @@ from ppo_rlhf.rollout.sequences import StopIds, is_stop, position_ids_from_mask,
 
 
 class Generator(Protocol):
+    """The rollout engine's contract.  An inference server (vLLM, SGLang) can fill this seam if it
+    meets every point; anything less trains the actor on samples from another policy.
+
+    1. Weights: it samples from the actor *as it is now*.  The trainer calls ``generate`` at the
+       start of every iteration, after the previous update, so an engine that holds its own copy
+       of the weights must receive the actor's updated weights before each call (full weights, or
+       base + the policy adapter under ``--lora``; under ZeRO-3/FSDP gathered once per rollout,
+       not per token), and in the dtype the trainer's old pass runs in.
+    2. Distribution: each token is drawn from ``softmax(logits / temperature)`` of the model's own
+       forward (its logit scaling or soft-capping included), with the trainer's ``temperature``
+       and no top-k, top-p, repetition penalty or min-p: the old pass recomputes the log-probs of
+       exactly that distribution, and the first PPO ratio must be 1.  Greedy when
+       ``do_sample`` is false.
+    3. Stopping: a response ends at the first of ``stop_token_ids`` (the union the trainer passes:
+       the tokenizer's EOS and the model's end-of-turn ids), which is kept in the response; every
+       position after it is the pad id and 0 in the mask; at most ``max_new_tokens`` tokens.
+    4. Layout: ``prompt_ids``/``prompt_mask`` are (B, P), left-padded; responses come back (B, T)
+       aligned with them, row for row, T the longest response of the batch.
+    5. Randomness: with a seed, the same prompts give the same responses (resume and the
+       multi-process parity test rely on it).
+    """
+
     stop_token_ids: list[int]  # the ids that end a response
 
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
