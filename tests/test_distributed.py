@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ppo_rlhf.core import masked_mean, masked_var, masked_whiten
+from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.distributed import shard, sum_across_processes
 
 torch.manual_seed(0)
@@ -31,7 +32,10 @@ def _worker(rank: int, world: int, port: int, results) -> None:
     try:
         rows = shard(list(range(4)), rank, world)
         values, mask = VALUES[rows], MASK[rows]
+        moments = RunningMoments()
+        moments.update(values[:, 0], sum_across=sum_across_processes)
         results[rank] = {
+            "moments": (moments.mean, moments.var, moments.count),
             "mean": masked_mean(values, mask, sum_across=sum_across_processes),
             "var": masked_var(values, mask, sum_across=sum_across_processes),
             "whitened": masked_whiten(values, mask, sum_across=sum_across_processes),
@@ -48,6 +52,11 @@ def test_two_processes_see_the_whole_batch():
         assert torch.allclose(results[rank]["mean"], masked_mean(VALUES, MASK))
         assert torch.allclose(results[rank]["var"], masked_var(VALUES, MASK))
     assert torch.allclose(torch.cat([results[0]["whitened"], results[1]["whitened"]]), expected_whitened)
+    alone = RunningMoments()
+    alone.update(VALUES[:, 0])
+    for rank in (0, 1):
+        mean, var, count = results[rank]["moments"]
+        assert torch.allclose(mean, alone.mean) and torch.allclose(var, alone.var) and count == alone.count
 
 
 def test_shard_splits_a_batch_in_rank_order_and_refuses_uneven_splits():
