@@ -32,6 +32,7 @@ class RecordingClassifier(nn.Module):
     def __init__(self, num_labels: int):
         super().__init__()
         self.num_labels, self.seen = num_labels, []
+        self.anchor = nn.Parameter(torch.zeros(1))  # a model has a device: where its parameters are
 
     @property
     def base_model(self):
