@@ -143,7 +143,10 @@ def test_ppo_on_chat_messages_with_score_options(zoo, reward_models, tmp_path):
 
 @pytest.mark.parametrize("arch", ("qwen2", "granite", "gemma"))
 def test_eval_of_a_user_model_with_a_reward(zoo, tmp_path, arch):
-    run(["eval", "--model", zoo[arch], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
+    # granite's tokenizer has no chat template: its prompts are plain text (--chat-template is refused there)
+    prompts = (["--prompts", zoo["prompts"]] if arch == "granite" else
+               ["--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template"])
+    run(["eval", "--model", zoo[arch], *prompts,
          "--reward-fn", f"{REWARDS_MODULE}:length_score", "--size", 4, "--max-new-tokens", 6, "--max-length", 64,
          "--out", tmp_path / "eval", *THREADS])
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())

@@ -95,6 +95,7 @@ def sample_answer(folder: Path, prompt: str, max_new_tokens: int) -> str:
 
 def convert_gguf(config: ConvertConfig) -> dict:
     from ppo_rlhf.models import save_pretrained_atomic
+    from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.stages.common import set_threads
 
     set_threads(config.num_threads)
@@ -102,7 +103,10 @@ def convert_gguf(config: ConvertConfig) -> dict:
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf}")
     start = time.perf_counter()
-    tokenizer, model = load_gguf(gguf, config.dtype)
+    try:
+        tokenizer, model = load_gguf(gguf, config.dtype)
+    except (ValueError, OSError, KeyError) as error:  # not a GGUF file, or one transformers cannot convert
+        raise ModelError(f"{gguf}: cannot convert this GGUF file: {str(error).splitlines()[0]}") from None
     load_seconds = time.perf_counter() - start
     out = save_pretrained_atomic(model, tokenizer, config.out)
     summary = {

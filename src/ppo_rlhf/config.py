@@ -58,7 +58,8 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
 def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
     """Convert a YAML or flag value to the field's type, or raise ConfigError naming the key."""
     kind, optional = _base_type(field.type)
-    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+    # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say.
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
         if optional:
             return None
         raise ConfigError(f"'{field.name}' in {cls.__name__} cannot be empty")

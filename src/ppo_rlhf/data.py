@@ -1,25 +1,92 @@
 """Reading data rows from JSONL, Parquet or a ``datasets`` folder, with errors that say where.
 
 A row is a dict.  A malformed row names the file and line; a missing field names the field,
-the file and the fields the row does have.
+the file and the fields the row does have; a field holding the wrong kind of value (a number
+where text is expected, chat messages without ``--chat-template``) names the field, the row
+and what is allowed.  Each kind of value has one checker here (:func:`text`,
+:func:`text_or_messages`, :func:`class_index`), which returns a complaint or None.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable
+
+# A field checker: the complaint about a value ("must be a string, got int 5"), or None if it is fine.
+FieldCheck = Callable[[Any], "str | None"]
 
 
 class DataError(ValueError):
     """Data that cannot be used; the message names the file (and line, for JSONL)."""
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
+def text(value: Any) -> str | None:
+    """A string (a prompt without --chat-template, a completion, a response, a text)."""
+    if isinstance(value, str):
+        return None
+    if _is_chat(value):
+        return "holds chat messages: add --chat-template to format them with the tokenizer's chat template"
+    return f"must be a string, got {_shown(value)}"
+
+
+def text_or_messages(value: Any) -> str | None:
+    """A prompt under --chat-template: a string, or a non-empty list of {role, content} messages."""
+    if isinstance(value, str):
+        return None
+    if not isinstance(value, list):
+        return f"must be a string or a list of chat messages {{role, content}}, got {_shown(value)}"
+    if not value:
+        return "is an empty list of chat messages; give at least one {role, content} message"
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            return f"message {i} must be {{'role': string, 'content': string}}, got {_shown(message)}"
+    return None
+
+
+def prompt_check(chat_template: bool) -> FieldCheck:
+    """The checker of a prompt field: chat messages are allowed only with --chat-template."""
+    return text_or_messages if chat_template else text
+
+
+def class_index(num_labels: int) -> FieldCheck:
+    """An integer class index in 0..num_labels-1 (1.0 is taken as 1; True, 1.5 and "1" are not)."""
+
+    def check(value: Any) -> str | None:
+        integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not integral:
+            return f"must be an integer class index in 0..{num_labels - 1}, got {_shown(value)}"
+        if not 0 <= value < num_labels:
+            return f"holds label {int(value)}, outside 0..{num_labels - 1} (--num-labels {num_labels})"
+        return None
+
+    return check
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path}:{line_number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column "
+                                f"{error.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
+            if not rows and line.lstrip().startswith("["):
+                raise DataError(f"{path}:{line_number}: the file holds a JSON array; write JSONL instead: "
+                                f"one JSON object per line")
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
@@ -31,33 +98,78 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def load_rows(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
-    """All rows of a JSONL / Parquet file or a ``save_to_disk`` folder, checked for ``required`` fields."""
+def _read_folder(path: Path) -> list[dict]:
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        raise DataError(f"{path} is a model folder, not data: give it as --model, and the data as a JSONL or "
+                        f"Parquet file or a save_to_disk folder")
+    from datasets import load_from_disk
+
+    try:
+        dataset = load_from_disk(str(path))
+    except FileNotFoundError as error:
+        raise DataError(f"{path} is not a dataset folder saved with save_to_disk ({error}); give a JSONL or "
+                        f"Parquet file or such a folder") from None
+    if hasattr(dataset, "keys"):  # a DatasetDict: take "train"
+        if "train" not in dataset:
+            raise DataError(f"{path} holds splits {list(dataset.keys())}; point to one split or add 'train'")
+        dataset = dataset["train"]
+    return [dict(r, _source=f"{path}[{i}]") for i, r in enumerate(dataset)]
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pyarrow.ArrowException, OSError) as error:
+        raise DataError(f"{path}: cannot read it as Parquet ({error})") from None
+    return [dict(r, _source=f"{path}[row {i}]") for i, r in enumerate(table.to_pylist())]
+
+
+def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck | None] = ()) -> list[dict]:
+    """All rows of a JSONL / Parquet file or a ``save_to_disk`` folder, checked for ``required``
+    fields: a tuple of names, or a dict of name -> checker of the value (None: any value)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data not found: {path}")
     if path.is_dir():
-        from datasets import load_from_disk
-
-        dataset = load_from_disk(str(path))
-        if hasattr(dataset, "keys"):  # a DatasetDict: take "train"
-            if "train" not in dataset:
-                raise DataError(f"{path} holds splits {list(dataset.keys())}; point to one split or add 'train'")
-            dataset = dataset["train"]
-        rows = [dict(r, _source=f"{path}[{i}]") for i, r in enumerate(dataset)]
+        rows = _read_folder(path)
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = [dict(r, _source=f"{path}[row {i}]") for i, r in enumerate(pq.read_table(path).to_pylist())]
+        rows = _read_parquet(path)
     elif path.suffix in (".jsonl", ".json"):
         rows = _read_jsonl(path)
     else:
         raise DataError(f"{path}: unsupported data format '{path.suffix}'; use .jsonl, .parquet or a save_to_disk folder")
     if not rows:
         raise DataError(f"{path} holds no rows")
+    checks = required if isinstance(required, dict) else dict.fromkeys(required)
     for row in rows:
-        missing = [field for field in required if field not in row or row[field] is None]
+        missing = [field for field in checks if field not in row or row[field] is None]
         if missing:
             fields = sorted(k for k in row if k != "_source")
             raise DataError(f"{row['_source']}: missing field '{missing[0]}' (the row has: {', '.join(fields)})")
+        for field, check in checks.items():
+            complaint = check(row[field]) if check is not None else None
+            if complaint:
+                raise DataError(f"{row['_source']}: field '{field}' {complaint}")
     return rows
+
+
+def drop_rows(rows: list[dict], useless: Callable[[dict], bool], why: str, source: str | Path) -> list[dict]:
+    """``rows`` without those ``useless`` says carry nothing to learn from; says how many went,
+    and stops when none is left."""
+    kept = [row for row in rows if not useless(row)]
+    if not kept:
+        raise DataError(f"{source}: all {len(rows)} rows {why}: nothing left to learn from")
+    if len(kept) < len(rows):
+        first = next(row for row in rows if useless(row))
+        print(f"{source}: dropped {len(rows) - len(kept)} of {len(rows)} rows that {why} "
+              f"(the first: {first.get('_source', '?')})")
+    return kept
+
+
+def drop_empty_prompts(rows: list[dict], field: str, source: str | Path) -> list[dict]:
+    """Prompt rows without the empty ones (nothing to respond to); stops when all are empty."""
+    return drop_rows(rows, lambda row: isinstance(row[field], str) and not row[field].strip(),
+                     f"have an empty prompt in '{field}'", source)

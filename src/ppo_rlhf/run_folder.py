@@ -40,6 +40,8 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {existing} is not writable")
     if resume and overwrite:

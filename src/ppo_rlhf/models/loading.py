@@ -49,6 +49,9 @@ def load_tokenizer(path: str | Path):
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"tokenizer not found: {path}")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is a file, not a Hugging Face model folder (a folder with the "
+                                f"tokenizer and config.json)")
     # Checked here because AutoTokenizer, given a model folder without one, builds an empty
     # tokenizer of the model's type instead of failing.
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -72,8 +75,62 @@ def _model_config(path: Path, what: str):
 
     try:
         return AutoConfig.from_pretrained(path)
-    except ValueError as error:  # an unknown model_type, or a config.json transformers cannot read
+    except (ValueError, OSError) as error:  # an unknown model_type, or a config.json that is not JSON
         raise ModelError(f"{what} at {path}: transformers cannot read its config.json: {error}") from None
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def from_pretrained(loader, path: Path, refusal: str, **kwargs):
+    """``loader.from_pretrained(path)``, its failures named: a class that cannot load this model
+    (``refusal`` says so, naming the folder) or weight files that cannot be read (truncated,
+    corrupt, the wrong shapes)."""
+    from safetensors import SafetensorError
+
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except ValueError as error:
+        raise ModelError(f"{refusal}: {str(error).strip().splitlines()[0]}") from None
+    except (OSError, RuntimeError, SafetensorError) as error:
+        files = sorted(f.name for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES) or ["no weight file"]
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelError(f"{path}: cannot read the model's weights ({', '.join(files)}): {reason}; the file may be "
+                         f"truncated or corrupt: save or download it again") from None
+
+
+def max_positions(config) -> int | None:
+    """Longest sequence a model's position embeddings allow (None: no fixed limit known)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    return None
+
+
+def check_tokenizer(tokenizer, where, chat_template: bool = False, needs_eos: bool = True) -> None:
+    """Refuse a tokenizer that cannot do what the stage asks of it: without EOS a response could
+    never end (and SFT could not teach one to); ``--chat-template`` needs a chat template."""
+    if needs_eos and tokenizer.eos_token_id is None:
+        raise ModelError(f"{where}: its tokenizer has no EOS token, so a response could never end; set eos_token "
+                         f"in its tokenizer_config.json (e.g. tokenizer.eos_token = '</s>'; tokenizer.save_pretrained)")
+    if chat_template and getattr(tokenizer, "chat_template", None) is None:
+        raise ModelError(f"{where}: its tokenizer has no chat template, so --chat-template cannot format the "
+                         f"prompts; drop --chat-template (prompts are then plain text) or give a model whose "
+                         f"tokenizer has one")
+
+
+def check_fits(model, tokenizer, longest: int, where, limit: str) -> None:
+    """Refuse a model whose embeddings cannot take the tokenizer's ids, or whose positions stop
+    before the ``longest`` sequence the stage will build (``limit``: the setting that allows it)."""
+    vocabulary = model.get_input_embeddings().num_embeddings
+    if vocabulary < len(tokenizer):
+        raise ModelError(f"{where}: the model's vocabulary has {vocabulary} tokens but its tokenizer has "
+                         f"{len(tokenizer)}, so ids from {vocabulary} up would index past the embeddings; give the "
+                         f"tokenizer the model was trained with")
+    positions = max_positions(model.config)
+    if positions is not None and longest > positions:
+        raise ModelError(f"{where}: the model has {positions} positions but sequences here reach {longest} tokens "
+                         f"({limit}); lower it so that sequences fit in {positions} tokens")
 
 
 def _describe(path: Path, config) -> str:
@@ -101,10 +158,8 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | str | None = None):
     if config.architectures and not any(_is_causal_lm(a) for a in config.architectures):
         raise ModelError(f"{_describe(path, config)}, not a causal LM: give a folder saved from an "
                          f"AutoModelForCausalLM (for example ...ForCausalLM or GPT2LMHeadModel)")
-    try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except ValueError as error:
-        raise ModelError(f"{_describe(path, config)}, which AutoModelForCausalLM cannot load: {error}") from None
+    return from_pretrained(AutoModelForCausalLM, path, f"{_describe(path, config)}, which AutoModelForCausalLM "
+                           f"cannot load", dtype=dtype)
 
 
 def load_sequence_classifier(path: str | Path, dtype: torch.dtype | str | None = None):
@@ -119,12 +174,8 @@ def load_sequence_classifier(path: str | Path, dtype: torch.dtype | str | None =
     if config.architectures and not any(a.endswith("ForSequenceClassification") for a in config.architectures):
         raise ModelError(f"{_describe(path, config)}, not a reward model (a ...ForSequenceClassification): "
                          f"train one with `ppo-rlhf rm --model {path}`, or give --reward-fn")
-    try:
-        return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype)
-    except ValueError as error:
-        raise ModelError(
-            f"{_describe(path, config)}, which AutoModelForSequenceClassification cannot load: {error}"
-        ) from None
+    return from_pretrained(AutoModelForSequenceClassification, path, f"{_describe(path, config)}, which "
+                           f"AutoModelForSequenceClassification cannot load", dtype=dtype)
 
 
 def _gpt2_config(tokenizer, n_layer: int, n_head: int, n_embd: int, n_positions: int, dropout: float, **extra):

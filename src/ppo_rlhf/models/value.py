@@ -56,7 +56,7 @@ class Critic(nn.Module):
     def from_pretrained_trunk(cls, path: str | Path, dtype: torch.dtype | str = "auto") -> "Critic":
         from transformers import AutoModel
 
-        from ppo_rlhf.models.loading import is_adapter_only, load_adapter_as_model
+        from ppo_rlhf.models.loading import from_pretrained, is_adapter_only, load_adapter_as_model
 
         path = Path(path)
         if is_adapter_only(path):  # a reward adapter: its base with the adapter merged in
@@ -70,7 +70,8 @@ class Critic(nn.Module):
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            return cls(AutoModel.from_pretrained(path, dtype=dtype))
+            return cls(from_pretrained(AutoModel, path, f"{path}: AutoModel cannot load a critic trunk from it",
+                                       dtype=dtype))
         finally:
             hf_logging.set_verbosity(verbosity)
 

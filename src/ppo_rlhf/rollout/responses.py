@@ -57,3 +57,10 @@ def apply_chat_template(tokenizer, prompts: list) -> list[str]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         formatted.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     return formatted
+
+
+def prompt_lengths(tokenizer, prompts: list, chat_template: bool = False) -> list[int]:
+    """Tokens of each prompt as a rollout encodes it (through the chat template if asked), before any cut."""
+    if chat_template:
+        prompts = apply_chat_template(tokenizer, prompts)
+    return [len(ids) for ids in tokenizer(prompts, add_special_tokens=not chat_template)["input_ids"]]

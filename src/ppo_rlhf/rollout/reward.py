@@ -13,13 +13,14 @@ import inspect
 import math
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.models.loading import same_vocabulary
+from ppo_rlhf.models.loading import max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
@@ -58,14 +59,6 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
     # The head's own dtype: a trained head is float32 on a trunk that may compute in bf16.
     return head(pooled.to(head.weight.dtype)).float()
-
-
-def max_positions(config) -> int | None:
-    """Longest sequence a model's position embeddings allow (None: no fixed limit known)."""
-    for name in ("max_position_embeddings", "n_positions"):
-        if getattr(config, name, None):
-            return int(getattr(config, name))
-    return None
 
 
 # Reward-model rows are padded on the right, in training and in scoring, whatever the
@@ -162,6 +155,15 @@ class ModelReward:
                 f"the reward model has {logits.shape[1]} classes, so each prompt row needs a "
                 f"'{self.label_field}' field naming the class to reward (set --label-field)"
             ) from None
+        except (TypeError, ValueError):
+            row = next(r for r in batch.rows if not isinstance(r[self.label_field], int))
+            raise RewardError(f"{row.get('_source', 'a prompt row')}: field '{self.label_field}' must be an integer "
+                              f"class index of the reward model (0..{logits.shape[1] - 1}), got "
+                              f"{row[self.label_field]!r}") from None
+        if not all(0 <= label < logits.shape[1] for label in labels.tolist()):
+            row = next(r for r in batch.rows if not 0 <= int(r[self.label_field]) < logits.shape[1])
+            raise RewardError(f"{row.get('_source', 'a prompt row')}: field '{self.label_field}' holds "
+                              f"{row[self.label_field]!r}, but the reward model's classes are 0..{logits.shape[1] - 1}")
         return logits.gather(1, labels[:, None]).squeeze(1)
 
 
@@ -200,12 +202,21 @@ def load_function(dotted_path: str):
         raise ConfigError(f"reward function must look like 'package.module:function', got {dotted_path!r}")
     try:
         module = import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(f"cannot import module {module_name!r} for reward function {dotted_path!r}: {error}") from None
+    except Exception as error:  # noqa: BLE001 -- whatever the user's module raises on import, named
+        raise ConfigError(f"cannot import module {module_name!r} for reward function {dotted_path!r}: "
+                          f"{type(error).__name__}: {error}") from None
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ConfigError(f"{module_name!r} has no function {attribute!r} (reward function {dotted_path!r})")
     return function
+
+
+def _not_numbers(scores) -> str:
+    """What a reward function returned instead of a list of numbers, for the message."""
+    if isinstance(scores, (list, tuple)):
+        bad = next((s for s in scores if not isinstance(s, (int, float))), None)
+        return f"a {type(scores).__name__} holding {bad!r}"
+    return type(scores).__name__
 
 
 class FunctionReward:
@@ -218,18 +229,29 @@ class FunctionReward:
     def __init__(self, function, name: str | None = None):
         self.function = load_function(function) if isinstance(function, str) else function
         self.name = name or (function if isinstance(function, str) else getattr(function, "__name__", "reward"))
-        parameters = inspect.signature(self.function).parameters
-        self.wants_finished = "finished" in parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        signature = inspect.signature(self.function)
+        self.wants_finished = "finished" in signature.parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
         )
+        try:
+            signature.bind([], [], **({"finished": []} if self.wants_finished else {}))
+        except TypeError:
+            raise ConfigError(f"reward function {self.name} must take (prompts, responses), and optionally "
+                              f"finished; its signature is {signature}") from None
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
         kwargs = {"finished": batch.finished} if self.wants_finished else {}
-        scores = self.function(batch.prompts, batch.responses, **kwargs)
+        try:
+            scores = self.function(batch.prompts, batch.responses, **kwargs)
+        except Exception as error:  # noqa: BLE001 -- the user's function, named with where it raised
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            raise RewardError(f"reward function {self.name} raised {type(error).__name__}: {error} "
+                              f"({frame.filename}, line {frame.lineno}, in {frame.name})") from None
         try:
             scores = [float(s) for s in scores]
         except (TypeError, ValueError):
-            raise RewardError(f"reward function {self.name} must return a list of numbers, got {type(scores).__name__}") from None
+            raise RewardError(f"reward function {self.name} must return a list of numbers, got "
+                              f"{_not_numbers(scores)}") from None
         if len(scores) != len(batch.prompts):
             raise RewardError(
                 f"reward function {self.name} returned {len(scores)} scores for {len(batch.prompts)} responses"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
 from ppo_rlhf.config import ConfigError, build_config, check, load_yaml, option, to_dict
+from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.stages.reward import run_reward
 from ppo_rlhf.stages.sft import run_sft
@@ -75,6 +76,10 @@ def stage_configs(config: DemoConfig) -> tuple[SFTConfig, RewardConfig, PPOConfi
     unknown = set(overrides) - {"sft", "rm", "ppo"}
     if unknown:
         raise ConfigError(f"unknown section(s) {sorted(unknown)} in {config.stages_config}; allowed: sft, rm, ppo")
+    for section, values in overrides.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"section '{section}' in {config.stages_config} must be a mapping of {section} fields "
+                              f"to values, got {type(values).__name__}")
     common = {"seed": config.seed, "num_threads": config.num_threads, "overwrite": config.overwrite}
     sft = {**SFT_PRESET, **common, "out": str(out / "sft"), "task": "doubling"}
     rm = {**RM_PRESET, **common, "out": str(out / "rm"), "task": "doubling"}
@@ -107,6 +112,10 @@ def _accuracy_line(name: str, metrics: dict, prefix: str) -> str:
 def run_demo(config: DemoConfig) -> dict:
     start = time.perf_counter()
     sft_config, rm_config, ppo_config = stage_configs(config)
+    # Every stage's run folder is checked before the first one runs, not after SFT has trained.
+    for stage_config in (sft_config, rm_config):
+        check_run_folder(stage_config.out, stage_config.overwrite)
+    check_run_folder(ppo_config.out, ppo_config.overwrite, resumable=Path(ppo_config.out) / "checkpoints" / "last")
     record = {"demo": to_dict(config), "sft": to_dict(sft_config), "rm": to_dict(rm_config), "ppo": to_dict(ppo_config)}
 
     print(f"[1/3] SFT on unprefixed data ({sft_config.steps} steps) -> {sft_config.out}")

@@ -8,13 +8,13 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import ConfigError, check, option, to_dict
-from ppo_rlhf.data import load_rows
+from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
-from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
 
 
 @dataclass
@@ -59,7 +59,8 @@ def run_eval(config: EvalConfig) -> dict:
     accelerator = config.accelerator()
     model.to(accelerator.device)
     if config.prompts:
-        rows = load_rows(config.prompts, (config.prompt_field,))
+        rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)})
+        rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
     elif task is not None:
         rows = task.eval_rows()
     else:
@@ -70,8 +71,12 @@ def run_eval(config: EvalConfig) -> dict:
         if isinstance(getattr(reward, "model", None), torch.nn.Module):
             reward.model.to(accelerator.device)
     max_new_tokens = min(config.max_new_tokens, task.max_new_tokens) if task and not config.prompts else config.max_new_tokens
-    evaluator = Evaluator(tokenizer, rows[: config.size], task.metric if task else None, reward=reward,
-                          prompt_field=config.prompt_field, max_prompt_length=config.max_length - config.max_new_tokens,
+    rows = rows[: config.size]
+    max_prompt_length = config.max_length - config.max_new_tokens
+    check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,
+                 max_prompt_length, max_new_tokens)
+    evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
+                          prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template)
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,

@@ -20,6 +20,7 @@ class MergeConfig:
     adapter: str | None = option(None, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")
     base: str | None = option(None, "base model folder (default: the one the adapter records)")
     out: str | None = option(None, "where to write the merged model (with the tokenizer)")
+    overwrite: bool = option(False, "replace what --out already holds")
 
     def validate(self) -> None:
         check(self.adapter is not None, "adapter", "an adapter folder", self.adapter)
@@ -32,6 +33,13 @@ def run_merge(config: MergeConfig) -> dict:
         raise FileNotFoundError(f"{adapter} is not a LoRA adapter folder (no {ADAPTER_CONFIG})")
     if Path(config.out).resolve() == adapter.resolve():
         raise ConfigError("--out must differ from --adapter: the merged model would replace the adapter")
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not config.overwrite:
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:5])
+        raise ConfigError(f"--out {out} already holds files ({held}): pass --overwrite to replace them, or choose "
+                          f"another --out")
     start = time.perf_counter()
     out = merge_adapter_folder(adapter, config.out, base=config.base)
     return {"adapter": str(adapter), "merged": str(out), "seconds": round(time.perf_counter() - start, 2)}

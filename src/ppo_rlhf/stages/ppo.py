@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text
 from ppo_rlhf.config import ConfigError, to_dict
-from ppo_rlhf.data import load_rows
+from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
@@ -27,7 +27,7 @@ from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import changed_settings, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog, read_metrics
-from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
 from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
@@ -45,12 +45,14 @@ def eval_line(metrics: dict) -> str:
 
 
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
-    required = (config.prompt_field,)
+    required = {config.prompt_field: prompt_check(config.chat_template)}
     train = load_rows(config.prompts, required) if config.prompts else (task.prompt_rows() if task else None)
     if train is None:
         raise ConfigError("no prompts: give --prompts FILE or --task doubling")
+    if config.prompts:
+        train = drop_empty_prompts(train, config.prompt_field, config.prompts)
     if config.eval_prompts:
-        held_out = load_rows(config.eval_prompts, required)
+        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required), config.prompt_field, config.eval_prompts)
     else:
         held_out = task.eval_rows() if task else []
     return train, held_out[: config.eval_size]
@@ -143,6 +145,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     actor_dtype = actor.dtype
     critic_dtype = roles.critic.backbone.dtype if isinstance(roles.critic, Critic) else None
     train_rows, eval_rows = prompt_sets(config, task)
+    check_policy(actor, tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
+                 config.chat_template, config.max_prompt_length, config.max_new_tokens)
     generator = TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=config.do_sample, temperature=config.temperature, seed=config.seed,
                                device=accelerator.device)

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from ppo_rlhf.config import to_dict
-from ppo_rlhf.data import load_rows
+from ppo_rlhf.data import drop_rows, load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
-from ppo_rlhf.models.loading import ModelError, require_model_folder
+from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -21,12 +21,10 @@ def load_classifier_from(path: str, num_labels: int, tokenizer, dtype="auto"):
     from transformers import AutoModelForSequenceClassification
 
     path = require_model_folder(path, "reward model initialisation")
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
-                                                                   ignore_mismatched_sizes=True, dtype=dtype)
-    except ValueError as error:  # an architecture transformers has no sequence classifier for
-        raise ModelError(f"{path}: transformers cannot build a reward model (a sequence classifier) from this "
-                         f"model: {str(error).splitlines()[0]}") from None
+    # A ValueError: an architecture transformers has no sequence classifier for.
+    model = from_pretrained(AutoModelForSequenceClassification, path, f"{path}: transformers cannot build a reward "
+                            f"model (a sequence classifier) from this model", num_labels=num_labels,
+                            ignore_mismatched_sizes=True, dtype=dtype)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -55,6 +53,10 @@ def run_reward(config: RewardConfig) -> dict:
         model = build_sequence_classifier(tokenizer, num_labels, config.n_layer, config.n_head, config.n_embd,
                                           dropout=config.dropout, seed=config.seed)
     rows = load_rows(config.data, config.required_fields) if config.data else task.rm_rows()
+    if config.data and config.mode == "pairwise":
+        rows = drop_rows(rows, lambda row: row[config.chosen_field] == row[config.rejected_field],
+                         "have the same chosen and rejected response", config.data)
+    check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template, needs_eos=False)
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
     run_log = RunLog(out, to_dict(config))

@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ppo_rlhf.config import to_dict
-from ppo_rlhf.data import load_rows
+from ppo_rlhf.config import ConfigError, to_dict
+from ppo_rlhf.data import load_rows, prompt_check, text
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
+from ppo_rlhf.models.loading import check_fits, check_tokenizer
+from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
-from ppo_rlhf.trainers.sft import SFTConfig, train_sft
+from ppo_rlhf.trainers.sft import SFTConfig, fit_rows, train_sft
 
 
 def run_sft(config: SFTConfig) -> dict:
@@ -21,6 +23,9 @@ def run_sft(config: SFTConfig) -> dict:
     start = time.perf_counter()
     out = Path(config.out)
     check_run_folder(out, config.overwrite)
+    if config.data and not config.model:
+        raise ConfigError(f"--data {config.data} needs --model DIR: without it sft trains the built-in "
+                          f"{config.task} task's tiny model, whose tokenizer knows only that task's characters")
     # A user's model trained on the user's data: the built-in task has nothing to add (its
     # held-out prompts and metric mean nothing to that model).  Without --model, the task still
     # supplies the tokenizer of the model built from scratch.
@@ -31,8 +36,12 @@ def run_sft(config: SFTConfig) -> dict:
     else:
         tokenizer = task.tokenizer
         model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, dropout=config.dropout, seed=config.seed)
+    check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template)
     if config.data:
-        rows = load_rows(config.data, (config.prompt_field, config.completion_field))
+        rows = load_rows(config.data, {config.prompt_field: prompt_check(config.chat_template),
+                                       config.completion_field: text})
+        rows, longest = fit_rows(tokenizer, rows, config, stop_token_ids(tokenizer, model))
+        check_fits(model, tokenizer, longest, config.model, f"--max-length {config.max_length}")
     else:
         rows = task.sft_rows()
     evaluator = None

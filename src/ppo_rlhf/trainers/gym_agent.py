@@ -186,12 +186,25 @@ def resolve_policy_dir(path: str | Path) -> Path:
 
 def load_policy(path: str | Path) -> tuple[ActorCritic, dict, RunningMeanStd | None]:
     """(agent in eval mode, its config dict, observation statistics or None)."""
+    from safetensors import SafetensorError
+
+    from ppo_rlhf.models.loading import ModelError
+
     path = resolve_policy_dir(path)
-    config = json.loads((path / "config.json").read_text())
-    if config.get("format") != POLICY_FORMAT:
-        raise ValueError(f"{path}/config.json has format {config.get('format')!r}, expected {POLICY_FORMAT!r}")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelError(f"{path}/config.json is not valid JSON ({error}); it is not a policy `ppo-rlhf gym` saved") from None
+    if not isinstance(config, dict) or config.get("format") != POLICY_FORMAT:
+        found = config.get("format") if isinstance(config, dict) else type(config).__name__
+        raise ModelError(f"{path}/config.json has format {found!r}, expected {POLICY_FORMAT!r}: give a run folder "
+                         f"of `ppo-rlhf gym` or its policy/ folder")
     spec = {key: config[key] for key in SPEC_KEYS if key in config}
     agent = ActorCritic(spec, config["hidden_sizes"], config["activation"])
-    agent.load_state_dict(load_file(str(path / "model.safetensors")))
+    try:
+        agent.load_state_dict(load_file(str(path / "model.safetensors")))
+    except (SafetensorError, RuntimeError, OSError) as error:
+        raise ModelError(f"{path}/model.safetensors cannot be read as this policy's weights: "
+                         f"{str(error).splitlines()[0]}") from None
     obs_rms = RunningMeanStd.from_state_dict(config["obs_norm"]) if config["obs_norm"] else None
     return agent.eval(), config, obs_rms

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
-from ppo_rlhf.data import DataError
+from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
@@ -74,10 +74,12 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.num_labels >= 1, "num_labels", ">= 1", self.num_labels)
 
     @property
-    def required_fields(self) -> tuple[str, ...]:
+    def required_fields(self) -> dict[str, FieldCheck]:
+        """The fields each data row needs, with the check of each value."""
         if self.mode == "pairwise":
-            return (self.prompt_field, self.chosen_field, self.rejected_field)
-        return (self.text_field, self.label_field)
+            return {self.prompt_field: prompt_check(self.chat_template), self.chosen_field: text,
+                    self.rejected_field: text}
+        return {self.text_field: text, self.label_field: class_index(self.num_labels)}
 
 
 def pairwise_texts(tokenizer, rows, config: RewardConfig) -> tuple[list[str], list[str]]:

@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
+from ppo_rlhf.data import DataError
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -75,20 +76,10 @@ def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], 
     ``add_special_tokens=False`` for prompts already formatted by a chat template, which writes
     its own BOS and turn markers (the same way PPO encodes them).  ``stop_ids``: the ids that end
     a response (default: the tokenizer's EOS alone)."""
-    eos = tokenizer.eos_token_id
-    stop_ids = set([eos] if stop_ids is None else stop_ids)
-    prompt_ids = tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
-    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
     sequences, label_rows = [], []
-    for p, c in zip(prompt_ids, completion_ids):
-        # A completion that ends with a stop id (e.g. the template's <end_of_turn>) has ended:
-        # generation stops at that token, so an EOS after it is a token the model would never
-        # be asked for, and learning it only moves probability onto a second stop.
-        end = [] if c and c[-1] in stop_ids else [eos]
-        ids = (p + c + end)[:max_length]
-        labels = ([-100] * len(p) + c + end)[:max_length]
-        sequences.append(ids)
-        label_rows.append(labels)
+    for p, target in completion_token_rows(tokenizer, prompts, completions, add_special_tokens, stop_ids):
+        sequences.append((p + target)[:max_length])
+        label_rows.append(([-100] * len(p) + target)[:max_length])
     length = max(len(s) for s in sequences)
     input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(sequences), length), -100, dtype=torch.long)
@@ -100,13 +91,49 @@ def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], 
     return input_ids, attention_mask, labels
 
 
+def completion_token_rows(tokenizer, prompts: list[str], completions: list[str], add_special_tokens: bool = True,
+                          stop_ids: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids and the EOS that ends them) of each row, before any cut."""
+    eos = tokenizer.eos_token_id
+    stop_ids = set([eos] if stop_ids is None else stop_ids)
+    prompt_ids = tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
+    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    # A completion that ends with a stop id (e.g. the template's <end_of_turn>) has ended:
+    # generation stops at that token, so an EOS after it is a token the model would never
+    # be asked for, and learning it only moves probability onto a second stop.
+    return [(p, c + ([] if c and c[-1] in stop_ids else [eos])) for p, c in zip(prompt_ids, completion_ids)]
+
+
+def _prompts(tokenizer, rows: list[dict], config: SFTConfig) -> list[str]:
+    prompts = [r[config.prompt_field] for r in rows]
+    return apply_chat_template(tokenizer, prompts) if config.chat_template else prompts
+
+
 def sft_examples(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None):
     """The rows' (input ids, attention mask, labels), prompts through the chat template if asked."""
-    prompts = [r[config.prompt_field] for r in rows]
-    if config.chat_template:
-        prompts = apply_chat_template(tokenizer, prompts)
-    return tokenize_completions(tokenizer, prompts, [r[config.completion_field] for r in rows], config.max_length,
-                                add_special_tokens=not config.chat_template, stop_ids=stop_ids)
+    return tokenize_completions(tokenizer, _prompts(tokenizer, rows, config), [r[config.completion_field] for r in rows],
+                                config.max_length, add_special_tokens=not config.chat_template, stop_ids=stop_ids)
+
+
+def fit_rows(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None
+             ) -> tuple[list[dict], int]:
+    """The rows that keep a completion token within --max-length, and the longest sequence they
+    make.  Says how many rows were cut (their completions lose their end) or dropped (the prompt
+    fills --max-length: nothing to learn from, a NaN loss if a batch held only such rows); stops
+    when none is left."""
+    token_rows = completion_token_rows(tokenizer, _prompts(tokenizer, rows, config),
+                                       [r[config.completion_field] for r in rows], not config.chat_template, stop_ids)
+    limit = config.max_length
+    kept = [(row, len(p) + len(target)) for row, (p, target) in zip(rows, token_rows) if len(p) < limit]
+    if not kept:
+        shortest = min(len(p) for p, _ in token_rows)
+        raise DataError(f"--max-length {limit}: no row keeps a completion token (the shortest prompt is {shortest} "
+                        f"tokens), so there is nothing left to learn; raise --max-length or shorten the prompts")
+    cut = sum(1 for _, length in kept if length > limit)
+    if cut or len(kept) < len(rows):
+        print(f"--max-length {limit}: {cut} of {len(rows)} rows cut (their completions lose their end), "
+              f"{len(rows) - len(kept)} dropped (the prompt fills it, leaving no completion token to learn)")
+    return [row for row, _ in kept], min(limit, max(length for _, length in kept))
 
 
 def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
