@@ -77,6 +77,11 @@ def load_trained_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) 
 
 
 # ------------------------------------------------------------------ settings and metrics
+def run_settings(config: Any) -> dict:
+    """The config as run_config.json holds it (strict JSON: lists, not tuples; None, not NaN)."""
+    return json.loads(json.dumps(strict_json(to_dict(config))))
+
+
 def check_resume_settings(config: Any, out: str | Path) -> None:
     """Refuse a resume whose settings would make it another run, naming each one changed.
 
@@ -86,8 +91,7 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     if not saved_path.is_file():
         return
     may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
-    current = json.loads(json.dumps(strict_json(to_dict(config))))  # compared as saved: lists, not tuples
-    changed = changed_settings(json.loads(saved_path.read_text()), current, may_change)
+    changed = changed_settings(json.loads(saved_path.read_text()), run_settings(config), may_change)
     if changed:
         raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
                           f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
@@ -171,7 +175,7 @@ def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step
     """The run's checkpoints (``config.save_every``, ``config.resume``); with ``--resume`` the
     state it continues from is read, where it resumes printed, and the metrics logged after it
     dropped.  ``logged_step_scale``: metrics are logged at step * this (gym: env steps)."""
-    checkpoints = Checkpoints(Path(out), config.save_every, json.loads(json.dumps(strict_json(to_dict(config)))))
+    checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config))
     if config.resume:
         checkpoints.load(total, unit)
         drop_metrics_after(out, checkpoints.step * logged_step_scale)
