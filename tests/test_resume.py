@@ -102,6 +102,7 @@ def test_sft_resume_prints_where_and_refuses_another_run(tmp_path, capsys):
     run(sft_args(out))
     err = fails(sft_args(out, "--resume", "--batch-size", 8, "--warmup-steps", 1), capsys)
     assert "batch_size: 16 -> 8" in err and "warmup_steps: 50 -> 1" in err
+    assert "after step 6, past the 4 asked for" in fails(sft_args(out, "--resume", "--steps", 4), capsys)
     capsys.readouterr()
     run(sft_args(out, "--resume", "--steps", 8))  # longer is allowed: the same run, continued
     assert f"resumed from {out / 'checkpoints' / 'last'} after step 6 of 8" in capsys.readouterr().out

@@ -132,6 +132,9 @@ class Checkpoints:
         """Read ``OUT/checkpoints/last`` (a resumed run); prints where the run resumes."""
         last = last_checkpoint(self.out)
         self.saved = torch.load(last / TRAINER_STATE, weights_only=False, map_location="cpu")
+        if self.step > total:
+            raise ConfigError(f"--resume: the checkpoint in {last} is after {unit} {self.step}, past the {total} "
+                              f"asked for; ask for at least {self.step}")
         print(f"resumed from {last} after {unit} {self.step} of {total}")
         return self.saved
 
