@@ -48,7 +48,7 @@ def test_a_second_run_into_the_same_folder_is_refused_and_changes_nothing(tmp_pa
     run(sft_args(out))
     metrics = (out / "metrics.jsonl").read_text()
     err = fails(sft_args(out), capsys)
-    assert f"--out {out} already holds a run" in err and "--overwrite" in err and "--resume" not in err
+    assert f"--out {out} already holds a run" in err and "--overwrite" in err and "--resume" in err
     assert (out / "metrics.jsonl").read_text() == metrics
     run(sft_args(out, "--overwrite"))  # replaces it: one run's rows, not two
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [r["step"] for r in map(json.loads, metrics.splitlines())]

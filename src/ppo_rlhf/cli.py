@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.data import DataError
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.reward import RewardError
+    from ppo_rlhf.trainers.guard import DivergenceError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         # model, a reward function's bad output): the message names the culprit; no traceback.
         print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
         return 2
+    except DivergenceError as error:
+        # Not a usage error: 3, so that a sweep can tell a diverged run from a bad command line.
+        print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
+        return 3
     return int(result or 0)
 
 

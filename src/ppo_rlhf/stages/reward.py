@@ -1,4 +1,10 @@
-"""``ppo-rlhf rm``: train a reward model (pairwise Bradley-Terry or classification)."""
+"""``ppo-rlhf rm``: train a reward model (pairwise Bradley-Terry or classification).
+
+Run folder:
+    OUT/config.yaml, metrics.jsonl, tb/, curves.png, summary.json
+    OUT/checkpoints/reward/  the trained classifier (with --lora: a peft folder, adapter + score head)
+    OUT/checkpoints/last/    resumable state, rewritten atomically every --save-every steps
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.trainers.guard import require_finite
+from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
 
 
@@ -35,7 +43,9 @@ def run_reward(config: RewardConfig) -> dict:
     seed_everything(config.seed)
     start = time.perf_counter()
     out = Path(config.out)
-    check_run_folder(out, config.overwrite)
+    check_run_folder(out, config.overwrite, config.resume, resumable=resumable(out))
+    if config.resume:
+        check_resume_settings(config, out)
     task = load_task(config.task if not config.data else None, config.seed)
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
     if config.model:
@@ -59,9 +69,11 @@ def run_reward(config: RewardConfig) -> dict:
     check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template, needs_eos=False)
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
-    run_log = RunLog(out, to_dict(config))
+    checkpoints = open_checkpoints(config, out, config.steps, "step")
+    run_log = RunLog(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
-    result = train_reward_model(model, tokenizer, rows, config, run_log=run_log)
+    result = train_reward_model(model, tokenizer, rows, config, run_log=run_log, checkpoints=checkpoints)
+    require_finite(model.state_dict(), "the reward model")
     if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder); float32 as trained
         checkpoint = save_adapter(model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
     else:

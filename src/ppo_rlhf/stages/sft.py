@@ -1,4 +1,10 @@
-"""``ppo-rlhf sft``: supervised fine-tuning, from a model folder or a tiny model built for the task."""
+"""``ppo-rlhf sft``: supervised fine-tuning, from a model folder or a tiny model built for the task.
+
+Run folder:
+    OUT/config.yaml, metrics.jsonl, tb/, curves.png, summary.json
+    OUT/checkpoints/sft/    the trained model, a standard causal-LM folder (with tokenizer)
+    OUT/checkpoints/last/   resumable state, rewritten atomically every --save-every steps
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.trainers.guard import require_finite
+from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
 from ppo_rlhf.trainers.sft import SFTConfig, fit_rows, train_sft
 
 
@@ -22,7 +30,9 @@ def run_sft(config: SFTConfig) -> dict:
     seed_everything(config.seed)
     start = time.perf_counter()
     out = Path(config.out)
-    check_run_folder(out, config.overwrite)
+    check_run_folder(out, config.overwrite, config.resume, resumable=resumable(out))
+    if config.resume:
+        check_resume_settings(config, out)
     if config.data and not config.model:
         raise ConfigError(f"--data {config.data} needs --model DIR: without it sft trains the built-in "
                           f"{config.task} task's tiny model, whose tokenizer knows only that task's characters")
@@ -50,9 +60,12 @@ def run_sft(config: SFTConfig) -> dict:
                               max_new_tokens=task.max_new_tokens)
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
-    run_log = RunLog(out, to_dict(config))
+    checkpoints = open_checkpoints(config, out, config.steps, "step")
+    run_log = RunLog(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
-    evaluations = train_sft(model, tokenizer, rows, config, run_log=run_log, evaluator=evaluator)
+    evaluations = train_sft(model, tokenizer, rows, config, run_log=run_log, evaluator=evaluator,
+                            checkpoints=checkpoints)
+    require_finite(model.state_dict(), "the SFT model")
     checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "sft")
     run_log.plot(["loss", "eval/exact_match", "eval/value_correct", "eval/style_correct", "lr"])
     summary = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -53,6 +53,20 @@ class GymPPOConfig(RunFolderOptions):
     # --- evaluation and machine
     eval_episodes: int = option(100, "episodes of deterministic evaluation of the saved policy at the end; 0 skips it")
     threads: int = option(1, "torch CPU threads; tiny MLPs run fastest on one")
+    # --- checkpoints and divergence
+    save_every: int = option(
+        0, "every N iterations, write a resumable checkpoint (RUN/checkpoints/last) and restart the envs from a seed "
+        "derived from the iteration, cutting the episodes in flight as a time limit would: an env's state cannot be "
+        "saved in general, so a resumed run restarts them the same way and equals a straight run.  0: no checkpoints, "
+        "envs never restarted")
+    resume: bool = option(False, "continue the run in --out from RUN/checkpoints/last (its settings must match but "
+                                 "for total_steps, lr, evaluation episodes and threads)")
+    max_bad_steps: int = option(5, "stop after this many updates or rollouts in a row with a non-finite loss, gradient "
+                                   "norm, env reward or observation (each is skipped)")
+
+    # What a resume may change.  Not save_every: it decides where the envs restart.
+    may_change_on_resume: ClassVar[frozenset] = frozenset({
+        "total_steps", "lr", "eval_episodes", "threads", "resume", "overwrite", "out_dir", "max_bad_steps"})
 
     @property
     def batch_size(self) -> int:
@@ -63,9 +77,9 @@ class GymPPOConfig(RunFolderOptions):
         return self.total_steps // self.batch_size
 
     def validate(self) -> None:
-        for key in ("seed", "eval_episodes"):
+        for key in ("seed", "eval_episodes", "save_every"):
             check(getattr(self, key) >= 0, key, "an integer >= 0", getattr(self, key))
-        for key in ("num_envs", "num_steps", "ppo_epochs", "mini_batch_size", "threads"):
+        for key in ("num_envs", "num_steps", "ppo_epochs", "mini_batch_size", "threads", "max_bad_steps"):
             check(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
         check(self.total_steps >= self.batch_size, "total_steps",
               f"at least one rollout, num_envs * num_steps = {self.batch_size}", self.total_steps)

@@ -4,7 +4,8 @@ One iteration: (1) collect ``num_steps`` steps from ``num_envs`` vector envs wit
 policy; (2) GAE over the rollout, bootstrapping from V(final observation) where a time limit
 truncated an episode and from 0 where it terminated; (3) ``ppo_epochs`` passes of minibatch
 updates on the clipped policy loss, the (optionally clipped) value loss and an entropy bonus;
-(4) log.  The mapping to language models: first state = prompt, action = token, next state =
+(4) log; (5) every ``save_every`` iterations, a resumable checkpoint and a restart of the envs.
+The mapping to language models: first state = prompt, action = token, next state =
 prompt + tokens so far, trajectory = response.
 
 Layout of rollout tensors: (T, N, ...) with T = ``num_steps``, N = ``num_envs``; flattened for
@@ -29,8 +30,10 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.trainers.guard import DivergenceGuard, require_finite
 from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy, space_spec
 from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_preset  # noqa: F401 -- re-exported
+from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
 
 
 def make_envs(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
@@ -80,7 +83,10 @@ def compute_advantages(rollout: Rollout, gamma: float, lam: float) -> tuple[torc
 
 
 class RolloutCollector:
-    """Steps the vector envs with the current policy; keeps the env state between rollouts."""
+    """Steps the vector envs with the current policy; keeps the env state between rollouts.
+
+    The running statistics never take in a non-finite observation or return: one NaN would make
+    every later normalised value NaN.  (The rollout still holds it, for the divergence guard.)"""
 
     def __init__(self, envs: gym.vector.VectorEnv, config: GymPPOConfig):
         self.envs, self.num_steps, self.gamma = envs, config.num_steps, config.gamma
@@ -92,13 +98,34 @@ class RolloutCollector:
         self.episode_return, self.episode_length = np.zeros(n), np.zeros(n, dtype=np.int64)
         self.finished_returns: collections.deque = collections.deque(maxlen=100)
         self.finished_lengths: collections.deque = collections.deque(maxlen=100)
-        raw_obs, _ = envs.reset(seed=config.seed)
+        self.restart(config.seed)
+
+    def restart(self, seed: int) -> None:
+        """Reset every env from ``seed`` (env i from seed + i); episodes in flight are cut."""
+        raw_obs, _ = self.envs.reset(seed=seed)
+        self.discounted_return[:] = 0.0
+        self.episode_return[:], self.episode_length[:] = 0.0, 0
         self.next_obs = self._observe(raw_obs, update_stats=True)  # (N, obs_dim)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the running statistics and the last finished episodes (the
+        envs themselves restart, see GymPPOConfig.save_every)."""
+        return {"obs_rms": self.obs_rms.state_dict() if self.obs_rms else None,
+                "return_rms": self.return_rms.state_dict() if self.return_rms else None,
+                "finished_returns": list(self.finished_returns), "finished_lengths": list(self.finished_lengths)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.obs_rms is not None:
+            self.obs_rms = RunningMeanStd.from_state_dict(state["obs_rms"])
+        if self.return_rms is not None:
+            self.return_rms = RunningMeanStd.from_state_dict(state["return_rms"])
+        self.finished_returns.extend(state["finished_returns"])
+        self.finished_lengths.extend(state["finished_lengths"])
 
     def _observe(self, raw_obs: np.ndarray, update_stats: bool) -> np.ndarray:
         """The observation as the network sees it: float32, normalised if norm_obs."""
         if self.obs_rms is not None:
-            if update_stats:
+            if update_stats and np.isfinite(raw_obs).all():
                 self.obs_rms.update(raw_obs)
             return self.obs_rms.normalize(raw_obs)
         return raw_obs.astype(np.float32, copy=False)
@@ -107,8 +134,10 @@ class RolloutCollector:
         if self.return_rms is None:
             return rewards
         self.discounted_return = self.discounted_return * self.gamma + rewards
-        self.return_rms.update(self.discounted_return)
-        self.discounted_return[done] = 0.0
+        finite = np.isfinite(self.discounted_return)
+        if finite.all():
+            self.return_rms.update(self.discounted_return)
+        self.discounted_return[done | ~finite] = 0.0
         return np.clip(rewards / np.sqrt(self.return_rms.var + 1e-8), -10.0, 10.0)
 
     @torch.no_grad()
@@ -151,9 +180,10 @@ class RolloutCollector:
 def ppo_update(
     agent: ActorCritic, optimizer: torch.optim.Optimizer, config: GymPPOConfig, clip_ratio: float,
     b_obs: torch.Tensor, b_actions: torch.Tensor, b_logprobs: torch.Tensor, b_values: torch.Tensor,
-    b_advantages: torch.Tensor, b_returns: torch.Tensor,
+    b_advantages: torch.Tensor, b_returns: torch.Tensor, guard: DivergenceGuard | None = None, iteration: int = 0,
 ) -> dict[str, float]:
-    """``ppo_epochs`` passes of minibatch steps over one flattened batch; stats averaged over all minibatches."""
+    """``ppo_epochs`` passes of minibatch steps over one flattened batch; stats averaged over all
+    minibatches taken (``guard`` skips those with a non-finite loss or gradient norm)."""
     totals: dict[str, torch.Tensor] = collections.defaultdict(lambda: torch.zeros(()))
     num_minibatches, stopped_early = 0, False
     for epoch in range(config.ppo_epochs):
@@ -177,8 +207,11 @@ def ppo_update(
 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm, foreach=True)
-            optimizer.step()
+            grad_norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm, foreach=True)
+            if guard is None:
+                optimizer.step()
+            elif not guard.step(optimizer, iteration, loss=loss, grad_norm=grad_norm):
+                continue
 
             for key, value in {**pg_stats, **vf_stats, "entropy": entropy_bonus.detach()}.items():
                 totals[key] += value
@@ -190,27 +223,46 @@ def ppo_update(
     return stats
 
 
+def restart_seed(config: GymPPOConfig, iteration: int) -> int:
+    """The seed the envs restart from after ``iteration``: env seeds never repeat within a run."""
+    return config.seed + iteration * config.num_envs
+
+
 def train(config: GymPPOConfig) -> dict[str, Any]:
     """Train, save the policy to RUN/policy, evaluate it, write the run folder; returns the summary."""
     config.validate()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     out_dir = config.resolved_out_dir()
-    check_run_folder(out_dir, config.overwrite)
+    check_run_folder(out_dir, config.overwrite, config.resume, resumable=resumable(out_dir))
+    if config.resume:
+        check_resume_settings(config, out_dir)
     envs = make_envs(config.env_id, config.num_envs)  # an unknown env stops here, before anything is removed
     for notice in start_run_folder(out_dir, config.overwrite):
         print(notice)
-    log = RunLog(out_dir, to_dict(config))
+    checkpoints = open_checkpoints(config, out_dir, config.num_iterations, "iteration", config.batch_size)
+    first_iteration = checkpoints.step
+    log = RunLog(out_dir, to_dict(config), resume_after=first_iteration * config.batch_size if config.resume else None)
 
     agent = ActorCritic(space_spec(envs.single_observation_space, envs.single_action_space),
                         config.hidden_sizes, config.activation, config.log_std_init)
     # fused: one kernel for the whole parameter update instead of a dozen per tensor (~4x faster here)
     optimizer = torch.optim.Adam(agent.parameters(), lr=config.lr, eps=1e-5, fused=True)
     collector = RolloutCollector(envs, config)
+    guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
+    seconds_before = 0.0
+    if first_iteration:
+        saved = checkpoints.restore(agent, optimizer)
+        collector.load_state_dict(saved["collector"])
+        guard.load_state_dict(saved["guard"])
+        seconds_before = saved["seconds"]
+        if first_iteration < config.num_iterations:
+            collector.restart(restart_seed(config, first_iteration))  # as the straight run did after saving
 
-    start_time = time.perf_counter()
-    env_steps = 0
-    for iteration in range(config.num_iterations):
+    start_time = time.perf_counter() - seconds_before
+    env_steps = first_iteration * config.batch_size
+    for iteration in range(first_iteration, config.num_iterations):
+        done = iteration + 1
         # 1. schedules: linear decay from the full value at the first iteration towards 0
         remaining = 1.0 - iteration / config.num_iterations
         lr = config.lr * remaining if config.anneal_lr else config.lr
@@ -218,37 +270,46 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
             group["lr"] = lr
         clip_ratio = config.clip_ratio * remaining if config.anneal_clip else config.clip_ratio
 
-        # 2. rollout
+        # 2. rollout; one holding a non-finite reward or observation teaches nothing: skipped
         rollout = collector.collect(agent)
         env_steps += config.batch_size
+        metrics: dict[str, Any] = {"env_steps": env_steps}
+        if not guard.skip(done, reward=rollout.rewards, observation=rollout.obs):
+            # 3. advantages and returns, then flatten (T, N) -> (B,)
+            advantages, returns = compute_advantages(rollout, config.gamma, config.lam)
+            b_obs = rollout.obs.flatten(0, 1)  # (B, obs_dim)
+            b_actions = rollout.actions.flatten(0, 1)  # (B,) or (B, act_dim)
+            b_logprobs, b_values = rollout.logprobs.flatten(), rollout.values.flatten()
+            b_advantages, b_returns = advantages.flatten(), returns.flatten()
 
-        # 3. advantages and returns, then flatten (T, N) -> (B,)
-        advantages, returns = compute_advantages(rollout, config.gamma, config.lam)
-        b_obs = rollout.obs.flatten(0, 1)  # (B, obs_dim)
-        b_actions = rollout.actions.flatten(0, 1)  # (B,) or (B, act_dim)
-        b_logprobs, b_values = rollout.logprobs.flatten(), rollout.values.flatten()
-        b_advantages, b_returns = advantages.flatten(), returns.flatten()
-
-        # 4. update
-        stats = ppo_update(agent, optimizer, config, clip_ratio,
-                           b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns)
+            # 4. update
+            stats = ppo_update(agent, optimizer, config, clip_ratio,
+                               b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, guard, done)
+            metrics.update(**stats, lr=lr, clip_ratio=clip_ratio,
+                           explained_variance=explained_variance(b_values, b_returns, None).item())
 
         # 5. log
-        metrics = {"env_steps": env_steps, **stats, "lr": lr, "clip_ratio": clip_ratio,
-                   "explained_variance": explained_variance(b_values, b_returns, None).item(),
-                   "sps": env_steps / (time.perf_counter() - start_time)}
+        metrics.update(skipped_steps=guard.skipped, sps=env_steps / (time.perf_counter() - start_time))
         if agent.continuous:
             metrics["action_std"] = agent.log_std.exp().mean().item()
         if collector.finished_returns:  # over the last (up to) 100 finished episodes
             metrics["episodic_return"] = float(np.mean(collector.finished_returns))
             metrics["episodic_length"] = float(np.mean(collector.finished_lengths))
         log.log(env_steps, metrics)
-        if (iteration + 1) % max(1, config.num_iterations // 10) == 0:
+        if done % max(1, config.num_iterations // 10) == 0:
             print(f"env_steps {env_steps:>9,}  return {metrics.get('episodic_return', float('nan')):8.1f}  "
-                  f"approx_kl {stats['approx_kl']:.4f}  sps {metrics['sps']:6.0f}", flush=True)
+                  f"approx_kl {metrics.get('approx_kl', float('nan')):.4f}  sps {metrics['sps']:6.0f}", flush=True)
+
+        # 6. checkpoint, then the envs restart from a seed of this iteration's (in a resumed run too)
+        if checkpoints.due(done, config.num_iterations):
+            checkpoints.save(done, agent, optimizer, {"collector": collector.state_dict(), "guard": guard.state_dict(),
+                                                      "seconds": time.perf_counter() - start_time})
+            if done < config.num_iterations:
+                collector.restart(restart_seed(config, done))
     train_time = time.perf_counter() - start_time
     envs.close()
 
+    require_finite(agent.state_dict(), "the policy")
     policy_dir = save_policy(out_dir / "policy", agent, config.env_id, collector.obs_rms)
     summary: dict[str, Any] = {
         "env_id": config.env_id, "seed": config.seed, "env_steps": env_steps, "iterations": config.num_iterations,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -25,6 +26,8 @@ from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_e
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_token_scores
+from ppo_rlhf.trainers.guard import DivergenceGuard
+from ppo_rlhf.trainers.resume import Checkpoints
 from ppo_rlhf.trainers.sft import lr_at
 
 
@@ -59,8 +62,18 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     n_head: int = option(4, "attention heads of a model built from scratch")
     n_embd: int = option(64, "width of a model built from scratch")
     dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)")
+    save_every: int = option(100, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
+                                  "last (0: none)")
+    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
+                                 "for steps, saving, the learning rate and threads)")
+    max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
+                                   "(each is skipped)")
     seed: int = option(0, "random seed")
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+
+    # What a resume may change (as for sft): anything else would make it another run.
+    may_change_on_resume: ClassVar[frozenset] = frozenset({
+        "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
 
     def validate(self) -> None:
         self.validate_lora()
@@ -72,6 +85,8 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(0.0 <= self.dropout < 1.0, "dropout", "0 <= dropout < 1", self.dropout)
         check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
         check(self.num_labels >= 1, "num_labels", ">= 1", self.num_labels)
+        check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
+        check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
 
     @property
     def required_fields(self) -> dict[str, FieldCheck]:
@@ -150,9 +165,10 @@ def reward_accuracy(model, examples: _Examples, indices: torch.Tensor, batch_siz
 
 
 def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig, run_log=None,
-                       accelerator=None) -> dict[str, float]:
+                       accelerator=None, checkpoints: Checkpoints | None = None) -> dict[str, float]:
     """Train ``model`` in place, its trained weights in float32 on the accelerator's device
-    (default: the one ``config`` asks for); returns final train/held-out accuracy."""
+    (default: the one ``config`` asks for); returns final train/held-out accuracy.
+    ``checkpoints``: where to save resumable state, and the state a resumed run continues from."""
     accelerator = accelerator or config.accelerator()
     train_in_float32(model, "reward model")
     model.to(accelerator.device)
@@ -165,9 +181,16 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     parameters = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter and the head
     optimizer = accelerator.prepare(torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay))
     generator = torch.Generator().manual_seed(config.seed)
-    start = time.perf_counter()
+    guard = DivergenceGuard(config.max_bad_steps)
+    first_step, seconds_before = (checkpoints.step if checkpoints is not None else 0), 0.0
+    if first_step:
+        saved = checkpoints.restore(model, optimizer, accelerator)
+        generator.set_state(saved["batch_rng"])
+        seconds_before = saved["seconds"]
+        guard.load_state_dict(saved["guard"])
+    start = time.perf_counter() - seconds_before
     model.train()
-    for step in tqdm(range(config.steps), desc=f"reward ({config.mode})", leave=False, mininterval=1.0):
+    for step in tqdm(range(first_step, config.steps), desc=f"reward ({config.mode})", leave=False, mininterval=1.0):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
         batch = train_index[torch.randint(len(train_index), (config.batch_size,), generator=generator)]
@@ -175,11 +198,15 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
             loss, correct = examples.loss_and_correct(model, batch)
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
-        accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
-        optimizer.step()
-        if run_log is not None and (step % 25 == 0 or step == config.steps - 1):
-            run_log.log(step + 1, {"loss": loss.item(), "train_accuracy": correct.float().mean().item(),
-                                   "seconds": time.perf_counter() - start})
+        grad_norm = accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+        done = step + 1
+        guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
+        if run_log is not None and (step % 25 == 0 or done == config.steps):
+            run_log.log(done, {"loss": loss.item(), "train_accuracy": correct.float().mean().item(),
+                               "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start})
+        if checkpoints is not None and checkpoints.due(done, config.steps):
+            checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
+                "batch_rng": generator.get_state(), "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
     with accelerator.autocast():
         eval_accuracy = reward_accuracy(model, examples, eval_index)
     result = {"eval_accuracy": eval_accuracy, "seconds": time.perf_counter() - start,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -20,6 +21,8 @@ from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
+from ppo_rlhf.trainers.guard import DivergenceGuard
+from ppo_rlhf.trainers.resume import Checkpoints
 
 
 @dataclass
@@ -45,8 +48,20 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     n_embd: int = option(64, "width of a model built from scratch")
     dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)")
     eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)")
+    save_every: int = option(500, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
+                                  "last (0: none)")
+    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
+                                 "for steps, evaluation, saving, the learning rate and threads)")
+    max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
+                                   "(each is skipped)")
     seed: int = option(0, "random seed")
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+
+    # What a resume may change: how long (the cosine schedule follows the new total), how often it
+    # evaluates and saves, the peak learning rate, threads, the guard.  Anything else would make
+    # it another run.
+    may_change_on_resume: ClassVar[frozenset] = frozenset({
+        "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
 
     def validate(self) -> None:
         self.validate_hardware()
@@ -59,6 +74,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
         check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
         check(self.max_length > 1, "max_length", "> 1", self.max_length)
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
+        check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
+        check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -144,9 +161,11 @@ def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
     )
 
 
-def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None, accelerator=None):
+def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None, accelerator=None,
+              checkpoints: Checkpoints | None = None):
     """Train ``model`` in place, in float32 on the accelerator's device (default: the one
-    ``config`` asks for); returns the list of evaluation records."""
+    ``config`` asks for); returns the list of evaluation records.  ``checkpoints``: where to save
+    resumable state, and the state a resumed run continues from."""
     accelerator = accelerator or config.accelerator()
     train_in_float32(model, "SFT model")
     model.to(accelerator.device)
@@ -157,9 +176,17 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     optimizer = accelerator.prepare(optimizer)  # with fp16 autocast: loss scaling
     generator = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=generator)
-    cursor, evaluations, start = 0, [], time.perf_counter()
+    cursor, evaluations, seconds_before = 0, [], 0.0
+    guard = DivergenceGuard(config.max_bad_steps)
+    first_step = checkpoints.step if checkpoints is not None else 0
+    if first_step:
+        saved = checkpoints.restore(model, optimizer, accelerator)
+        generator.set_state(saved["order_rng"])
+        order, cursor, evaluations, seconds_before = saved["order"], saved["cursor"], saved["evaluations"], saved["seconds"]
+        guard.load_state_dict(saved["guard"])
+    start = time.perf_counter() - seconds_before
     model.train()
-    progress = tqdm(range(config.steps), desc="sft", leave=False, mininterval=1.0)
+    progress = tqdm(range(first_step, config.steps), desc="sft", leave=False, mininterval=1.0)
     for step in progress:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps, config.min_lr_ratio)
@@ -175,20 +202,25 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        last = step == config.steps - 1
-        evaluate_now = evaluator is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0))
+        done = step + 1
+        guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
+        last = done == config.steps
+        evaluate_now = evaluator is not None and (last or (config.eval_every and done % config.eval_every == 0))
         if step % 50 == 0 or last or evaluate_now:
             record = {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"],
-                      "seconds": time.perf_counter() - start}
+                      "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start}
             if evaluate_now:
                 with accelerator.autocast():
                     metrics, _ = evaluator(model)
                 model.train()
                 record.update(metrics)
-                evaluations.append({"step": step + 1, **metrics})
+                evaluations.append({"step": done, **metrics})
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if run_log is not None:
-                run_log.log(step + 1, record)
+                run_log.log(done, record)
+        if checkpoints is not None and checkpoints.due(done, config.steps):
+            checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
+                "order": order, "cursor": cursor, "order_rng": generator.get_state(), "evaluations": evaluations,
+                "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
     model.eval()
     return evaluations

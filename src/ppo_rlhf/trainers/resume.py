@@ -1,0 +1,185 @@
+"""Resumable checkpoints for the sft, rm and gym trainers: ``OUT/checkpoints/last``, rewritten
+atomically every ``save_every`` steps, from which ``--resume`` continues to the result a straight
+run gives (same weights, same metrics, nothing logged twice).
+
+    OUT/checkpoints/last/
+      trained.safetensors   the parameters that train: the whole model, or a LoRA adapter and its
+                            score head, or the gym actor-critic; float32 as they train
+      trainer_state.pt      step, optimizer, RNG states (python, numpy, torch, CUDA), loss scaler,
+                            and what the trainer needs to go on (data order, running statistics,
+                            the numbers its summary reports)
+      run_config.json       the run's settings: a resume whose settings would make it another run
+                            is refused, naming each one
+
+Only the trained parameters are saved: what is frozen (a LoRA base) or never trained is rebuilt
+from the run's settings, which a resume may not change.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text, strict_json
+from ppo_rlhf.config import ConfigError, to_dict
+from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
+from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.trainers.guard import require_finite
+
+TRAINED, TRAINER_STATE, RUN_CONFIG = "trained.safetensors", "trainer_state.pt", "run_config.json"
+
+
+def last_checkpoint(out: str | Path) -> Path:
+    return Path(out) / "checkpoints" / "last"
+
+
+def resumable(out: str | Path) -> Path:
+    """The file whose presence makes a run folder resumable (written last into the checkpoint)."""
+    return last_checkpoint(out) / TRAINER_STATE
+
+
+# ------------------------------------------------------------------ RNG states
+def rng_states(device: torch.device) -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng_states(states: dict, device: torch.device) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+# ------------------------------------------------------------------ trained parameters
+def trained_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that train, by name; one shared by two modules (tied embeddings) once."""
+    return {name: parameter.detach() for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
+def load_trained_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    parameters = trained_parameters(model)
+    if parameters.keys() != tensors.keys():
+        missing, unexpected = sorted(parameters.keys() - tensors.keys()), sorted(tensors.keys() - parameters.keys())
+        raise ConfigError(f"--resume: the checkpoint's trained parameters do not fit this model "
+                          f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.copy_(tensors[name])
+
+
+# ------------------------------------------------------------------ settings and metrics
+def run_settings(config: Any) -> dict:
+    """The config as run_config.json holds it (strict JSON: lists, not tuples; None, not NaN)."""
+    return json.loads(json.dumps(strict_json(to_dict(config))))
+
+
+def check_resume_settings(config: Any, out: str | Path) -> None:
+    """Refuse a resume whose settings would make it another run, naming each one changed.
+
+    What may change is the config class's ``may_change_on_resume`` (how long, how often it
+    saves or evaluates, the learning rate, threads)."""
+    saved_path = last_checkpoint(out) / RUN_CONFIG
+    if not saved_path.is_file():
+        return
+    may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
+    changed = changed_settings(json.loads(saved_path.read_text()), run_settings(config), may_change)
+    if changed:
+        raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
+                          f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
+                          f"to use them")
+
+
+def drop_metrics_after(out: str | Path, step: int) -> None:
+    """Drop the metrics a killed run logged after its checkpoint: the resumed run logs them again."""
+    path = Path(out) / "metrics.jsonl"
+    notices: list[str] = []
+    records = [r for r in read_metrics(path, notices) if r["step"] <= step]
+    for notice in notices:
+        print(notice)
+    if path.exists():
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+# ------------------------------------------------------------------ the checkpoint
+@dataclass
+class Checkpoints:
+    """Where a trainer saves its resumable state and how often; with ``--resume``, the state it
+    continues from (``saved``, read by :meth:`load`)."""
+
+    out: Path
+    every: int  # save after every N steps and after the last (0: never)
+    settings: dict  # the run's config, written as run_config.json
+    saved: dict | None = None
+
+    @property
+    def step(self) -> int:
+        """The step the run continues after (0: a new run)."""
+        return self.saved["step"] if self.saved else 0
+
+    def due(self, done: int, total: int) -> bool:
+        return self.every > 0 and (done % self.every == 0 or done == total)
+
+    def load(self, total: int, unit: str = "step") -> dict:
+        """Read ``OUT/checkpoints/last`` (a resumed run); prints where the run resumes."""
+        last = last_checkpoint(self.out)
+        self.saved = torch.load(last / TRAINER_STATE, weights_only=False, map_location="cpu")
+        if self.step > total:
+            raise ConfigError(f"--resume: the checkpoint in {last} is after {unit} {self.step}, past the {total} "
+                              f"asked for; ask for at least {self.step}")
+        print(f"resumed from {last} after {unit} {self.step} of {total}")
+        return self.saved
+
+    def save(self, done: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+             accelerator=None) -> None:
+        """Write the checkpoint after step ``done``; ``state``: the trainer's own (picklable) state.
+        Refuses non-finite weights or optimizer moments: the last good checkpoint stays."""
+        from safetensors.torch import save_file
+
+        tensors = trained_parameters(model)
+        require_finite(tensors, f"the weights after {done} steps")
+        optimizer_state = optimizer.state_dict()
+        require_finite({f"{index}.{key}": value for index, moments in optimizer_state["state"].items()
+                        for key, value in moments.items()}, f"the optimizer state after {done} steps")
+        device = accelerator.device if accelerator is not None else torch.device("cpu")
+        scaler = getattr(accelerator, "scaler", None)
+        with atomic_directory(last_checkpoint(self.out)) as staging:
+            save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(staging / TRAINED))
+            atomic_write_json(staging / RUN_CONFIG, self.settings)
+            torch.save({"step": done, "optimizer": optimizer_state, "rng": rng_states(device),
+                        "scaler": scaler.state_dict() if scaler is not None else None, **state},
+                       staging / TRAINER_STATE)
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator=None) -> dict:
+        """Put the saved weights, optimizer moments, loss scale and RNG states into this run;
+        returns the saved state (the trainer reads its own parts from it).  Call it where a
+        straight run would start its first step, so that nothing consumes RNG after it."""
+        from safetensors.torch import load_file
+
+        saved = self.saved
+        load_trained_parameters(model, load_file(str(last_checkpoint(self.out) / TRAINED)))
+        optimizer.load_state_dict(saved["optimizer"])
+        scaler = getattr(accelerator, "scaler", None)
+        if scaler is not None and saved["scaler"] is not None:
+            scaler.load_state_dict(saved["scaler"])
+        restore_rng_states(saved["rng"], accelerator.device if accelerator is not None else torch.device("cpu"))
+        return saved
+
+
+def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step", logged_step_scale: int = 1) -> Checkpoints:
+    """The run's checkpoints (``config.save_every``, ``config.resume``); with ``--resume`` the
+    state it continues from is read, where it resumes printed, and the metrics logged after it
+    dropped.  ``logged_step_scale``: metrics are logged at step * this (gym: env steps)."""
+    checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config))
+    if config.resume:
+        checkpoints.load(total, unit)
+        drop_metrics_after(out, checkpoints.step * logged_step_scale)
+    return checkpoints

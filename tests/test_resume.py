@@ -1,0 +1,196 @@
+"""sft, rm and gym resume: a run stopped after a checkpoint (a crash, or a SIGKILL) and continued
+with --resume ends with exactly the weights of a straight run, each metric logged once; a resume
+with nothing to resume, or with a setting that would make it another run, is refused by name."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ppo_rlhf.trainers.gym_ppo as gym_ppo
+import ppo_rlhf.trainers.reward as reward_trainer
+import ppo_rlhf.trainers.sft as sft_trainer
+from ppo_rlhf.cli import main
+from ppo_rlhf.runlog import read_metrics
+from zoo import THREADS
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TINY = ["--n-layer", 2, "--n-head", 2, "--n-embd", 32, "--num-threads", 1]
+
+
+class Crash(Exception):
+    """Stands for whatever stops a run midway."""
+
+
+def crash_at(monkeypatch, owner, name: str, call: int) -> None:
+    """Make ``owner.name`` raise Crash on its ``call``-th call."""
+    real, calls = getattr(owner, name), itertools.count(1)
+
+    def crashing(*args, **kwargs):
+        if next(calls) == call:
+            raise Crash
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, crashing)
+
+
+def run(args) -> None:
+    assert main([str(a) for a in args]) == 0, args
+
+
+def fails(args, capsys) -> str:
+    assert main([str(a) for a in args]) == 2, args
+    return capsys.readouterr().err
+
+
+def same_tensors(a: Path, b: Path) -> None:
+    straight, resumed = load_file(str(a)), load_file(str(b))
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
+
+
+def logged_steps(out: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+
+
+def sft_args(out, *extra):
+    return ["sft", "--task", "doubling", "--steps", 6, "--batch-size", 16, "--eval-every", 3, "--save-every", 2,
+            "--out", out, *TINY, *extra]
+
+
+def rm_args(out, *extra):
+    return ["rm", "--task", "doubling", "--steps", 30, "--batch-size", 16, "--save-every", 10, "--out", out, *TINY,
+            *extra]
+
+
+def gym_args(out, *extra):
+    # the CartPole preset: 8 envs x 32 steps = 256 env steps an iteration, 20 minibatch steps each
+    return ["gym", "--env", "CartPole-v1", "--total-steps", 6 * 256, "--save-every", 2, "--eval-episodes", 0,
+            "--seed", 3, "--out", out, *extra]
+
+
+# ---------------------------------------------------------------- crash, then --resume
+def test_sft_resumes_to_the_weights_of_a_straight_run(tmp_path, monkeypatch, capsys):
+    run(sft_args(tmp_path / "straight"))
+    with monkeypatch.context() as patch:
+        crash_at(patch, sft_trainer, "completion_loss", 6)  # in step 6, after the checkpoint of step 4
+        with pytest.raises(Crash):
+            main([str(a) for a in sft_args(tmp_path / "resumed")])
+    assert logged_steps(tmp_path / "resumed") == [1, 3]
+    capsys.readouterr()
+    run(sft_args(tmp_path / "resumed", "--resume"))
+    assert f"resumed from {tmp_path / 'resumed' / 'checkpoints' / 'last'} after step 4 of 6" in capsys.readouterr().out
+    same_tensors(tmp_path / "straight" / "checkpoints" / "sft" / "model.safetensors",
+                 tmp_path / "resumed" / "checkpoints" / "sft" / "model.safetensors")
+    assert logged_steps(tmp_path / "resumed") == logged_steps(tmp_path / "straight") == [1, 3, 6]
+
+
+def test_sft_resume_prints_where_and_refuses_another_run(tmp_path, capsys):
+    out = tmp_path / "sft"
+    err = fails(sft_args(out, "--resume"), capsys)
+    assert "nothing to resume" in err and "drop --resume" in err
+    run(sft_args(out))
+    err = fails(sft_args(out, "--resume", "--batch-size", 8, "--warmup-steps", 1), capsys)
+    assert "batch_size: 16 -> 8" in err and "warmup_steps: 50 -> 1" in err
+    assert "after step 6, past the 4 asked for" in fails(sft_args(out, "--resume", "--steps", 4), capsys)
+    capsys.readouterr()
+    run(sft_args(out, "--resume", "--steps", 8))  # longer is allowed: the same run, continued
+    assert f"resumed from {out / 'checkpoints' / 'last'} after step 6 of 8" in capsys.readouterr().out
+    assert logged_steps(out) == [1, 3, 6, 8]
+
+
+def test_classification_rm_resumes_to_the_weights_of_a_straight_run(tmp_path, monkeypatch):
+    run(rm_args(tmp_path / "straight"))
+    with monkeypatch.context() as patch:
+        crash_at(patch, reward_trainer._Examples, "loss_and_correct", 25)  # step 25, after the checkpoint of 20
+        with pytest.raises(Crash):
+            main([str(a) for a in rm_args(tmp_path / "resumed")])
+    run(rm_args(tmp_path / "resumed", "--resume"))
+    same_tensors(tmp_path / "straight" / "checkpoints" / "reward" / "model.safetensors",
+                 tmp_path / "resumed" / "checkpoints" / "reward" / "model.safetensors")
+    assert logged_steps(tmp_path / "resumed") == logged_steps(tmp_path / "straight") == [1, 26, 30, 30]
+
+
+def test_pairwise_lora_rm_resumes_to_the_same_adapter(zoo, tmp_path, monkeypatch, capsys):
+    def args(out, *extra):
+        return ["rm", "--mode", "pairwise", "--model", zoo["llama"], "--data", zoo["pairs"], "--prompt-field", "query",
+                "--chosen-field", "good", "--rejected-field", "bad", "--steps", 6, "--batch-size", 4, "--lr", 1e-2,
+                "--eval-fraction", 0.25, "--save-every", 2, "--lora", "--lora-r", 4, "--out", out, *THREADS, *extra]
+
+    run(args(tmp_path / "straight"))
+    with monkeypatch.context() as patch:
+        crash_at(patch, reward_trainer._Examples, "loss_and_correct", 4)
+        with pytest.raises(Crash):
+            main([str(a) for a in args(tmp_path / "resumed")])
+    err = fails(args(tmp_path / "resumed", "--resume", "--lora-r", 8), capsys)
+    assert "lora_r: 4 -> 8" in err
+    run(args(tmp_path / "resumed", "--resume"))
+    same_tensors(tmp_path / "straight" / "checkpoints" / "reward" / "adapter_model.safetensors",
+                 tmp_path / "resumed" / "checkpoints" / "reward" / "adapter_model.safetensors")
+
+
+def test_gym_resumes_to_the_weights_of_a_straight_run(tmp_path, monkeypatch, capsys):
+    run(gym_args(tmp_path / "straight"))
+    with monkeypatch.context() as patch:
+        crash_at(patch, gym_ppo, "ppo_update", 4)  # in iteration 4: iteration 3 was logged after the checkpoint of 2
+        with pytest.raises(Crash):
+            main([str(a) for a in gym_args(tmp_path / "resumed")])
+    assert logged_steps(tmp_path / "resumed") == [256, 512, 768]
+    capsys.readouterr()
+    run(gym_args(tmp_path / "resumed", "--resume"))
+    assert "after iteration 2 of 6" in capsys.readouterr().out
+    same_tensors(tmp_path / "straight" / "policy" / "model.safetensors",
+                 tmp_path / "resumed" / "policy" / "model.safetensors")
+    assert logged_steps(tmp_path / "resumed") == logged_steps(tmp_path / "straight") == [256 * i for i in range(1, 7)]
+    straight, resumed = (read_metrics(tmp_path / run_name / "metrics.jsonl") for run_name in ("straight", "resumed"))
+    assert [r["episodic_return"] for r in straight] == [r["episodic_return"] for r in resumed]
+
+
+def test_gym_resume_refuses_another_run(tmp_path, capsys):
+    out = tmp_path / "gym"
+    err = fails(gym_args(out, "--resume"), capsys)
+    assert "nothing to resume" in err
+    run(gym_args(out))
+    err = fails(gym_args(out, "--resume", "--save-every", 3, "--gamma", 0.9), capsys)
+    assert "save_every: 2 -> 3" in err and "gamma: 0.98 -> 0.9" in err
+
+
+# ---------------------------------------------------------------- SIGKILL, then --resume
+KILLED = {
+    "sft": (["sft", "--task", "doubling", "--steps", 20, "--batch-size", 16, "--eval-every", 0, "--save-every", 2,
+             *TINY], "checkpoints/sft/model.safetensors"),
+    "rm": (["rm", "--task", "doubling", "--steps", 30, "--batch-size", 16, "--save-every", 2, *TINY],
+           "checkpoints/reward/model.safetensors"),
+    "gym": (["gym", "--env", "CartPole-v1", "--total-steps", 16 * 256, "--save-every", 2, "--eval-episodes", 0],
+            "policy/model.safetensors"),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(KILLED))
+def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
+    args, weights = KILLED[stage]
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "ppo_rlhf.cli", *map(str, args), "--out", str(killed)]
+    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (killed / "checkpoints" / "last" / "trainer_state.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.02)
+    assert process.poll() is None, "the run finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    run([*args, "--out", tmp_path / "straight"])
+    run([*args, "--out", killed, "--resume"])
+    same_tensors(tmp_path / "straight" / weights, killed / weights)
+    assert logged_steps(killed) == logged_steps(tmp_path / "straight")
