@@ -3,7 +3,7 @@
 Run folder:
     OUT/config.yaml, metrics.jsonl, tb/, curves.png, summary.json
     OUT/checkpoints/actor/    the final actor, a standard causal-LM folder (with tokenizer)
-    OUT/checkpoints/critic/   the final critic (value head, plus trunk if separate)
+    OUT/checkpoints/critic/   the final critic (value head, plus trunk if separate); estimator gae only
     OUT/checkpoints/last/     resumable state, rewritten atomically every --save-every iterations
 """
 
@@ -48,6 +48,14 @@ def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
     return train, held_out[: config.eval_size]
 
 
+def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) -> list[dict]:
+    """batch_size rows: batch_size / samples_per_prompt prompts drawn with replacement, each
+    repeated samples_per_prompt times in adjacent rows (the group baselines read them so)."""
+    k = config.samples_per_prompt
+    prompt_index = torch.randint(len(train_rows), (config.batch_size // k,), generator=rng)
+    return [train_rows[i] for i in prompt_index.tolist() for _ in range(k)]
+
+
 RUN_CONFIG = "run_config.json"  # the settings of the run a checkpoint belongs to
 
 
@@ -86,6 +94,17 @@ def save_actor(actor, tokenizer, path: Path) -> Path:
     if is_peft_model(actor):
         return save_adapter(actor, actor.active_adapter, path, tokenizer)
     return save_pretrained_atomic(actor, tokenizer, path)
+
+
+def save_critic(trainer: PPOTrainer, tokenizer, path: Path) -> Path:
+    with atomic_directory(path) as staging:
+        if trainer.critic is not None:
+            trainer.critic.save(staging, tokenizer)
+        else:
+            from safetensors.torch import save_file
+
+            save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
+    return path
 
 
 def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig) -> dict:
@@ -171,9 +190,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     first_iteration = trainer.iteration
     progress = tqdm(range(first_iteration, config.iterations), desc="ppo", leave=False, mininterval=1.0)
     for iteration in progress:
-        batch_index = torch.randint(len(train_rows), (config.batch_size,), generator=rng)
         start = time.perf_counter()
-        metrics = trainer.step([train_rows[i] for i in batch_index])
+        metrics = trainer.step(draw_batch(train_rows, config, rng))
         train_seconds += time.perf_counter() - start
         metrics["time/elapsed"] = train_seconds  # PPO time so far, evaluation excluded
         done = iteration + 1
@@ -193,13 +211,9 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                                                   "train_seconds": train_seconds, "scores": scores})
 
     actor_dir = save_actor(actor, tokenizer, out / "checkpoints" / "actor")
-    with atomic_directory(out / "checkpoints" / "critic") as staging:
-        if trainer.critic is not None:
-            trainer.critic.save(staging, tokenizer)
-        else:
-            from safetensors.torch import save_file
-
-            save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
+    checkpoints = {"actor": str(actor_dir)}
+    if trainer.critic_module() is not None:  # a critic-free estimator has none to save
+        checkpoints["critic"] = str(save_critic(trainer, tokenizer, out / "checkpoints" / "critic"))
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()
     final_metrics, samples_after = final_eval or ({}, [])
@@ -216,7 +230,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         "after_sampled": sampled,
         "samples": [{"prompt": p, "before": b, "after": a}
                     for (p, b), (_, a) in zip(samples_before[:show_samples], samples_after[:show_samples])],
-        "checkpoints": {"actor": str(actor_dir), "critic": str(out / "checkpoints" / "critic")},
+        "checkpoints": checkpoints,
     }
     run_log.write_summary(summary)
     run_log.close()
