@@ -9,18 +9,22 @@ from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
     KL_PLACEMENTS,
+    aggregate_loss,
     check_kl_placement,
     chunked_entropy,
     entropy_from_logits,
     explained_variance,
     full_kl,
     gae_advantages,
+    group_advantages,
     kl_penalty,
     masked_gae,
     masked_mean,
     masked_var,
     masked_whiten,
     policy_loss,
+    reward_to_go,
+    shaped_rewards,
     token_logprobs,
     value_loss,
 )
@@ -93,6 +97,89 @@ def test_gae_truncation_bootstraps_and_termination_does_not():
     continues = torch.tensor([1.0, 0.0, 1.0, 0.0])
     advantages = gae_advantages(rewards, values, next_values, continues, gamma=0.5, lam=1.0)
     assert torch.allclose(advantages, torch.tensor([2.0, 3.0, -2.5, -4.0]))
+
+
+# ---------------------------------------------------------------- advantages without a critic
+# One group of 4 responses scored (1, 2, 3, 6), and one whose scores are all 0.4.
+# mean 3, deviations (-2, -1, 0, 3), sum of squares 14: unbiased std sqrt(14/3) = 2.160247
+GROUP_SCORES = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.4, 0.4, 0.4, 0.4]])
+
+
+def test_grpo_advantages_by_hand():
+    # (-2, -1, 0, 3) / 2.160247 = (-0.925820, -0.462910, 0, 1.388730)
+    advantages = group_advantages(GROUP_SCORES, "grpo")
+    assert torch.allclose(advantages[0], torch.tensor([-0.925820, -0.462910, 0.0, 1.388730]), atol=1e-5)
+
+
+def test_dr_grpo_advantages_by_hand():
+    advantages = group_advantages(GROUP_SCORES, "dr-grpo")  # score - mean, no std division
+    assert torch.allclose(advantages[0], torch.tensor([-2.0, -1.0, 0.0, 3.0]))
+
+
+def test_rloo_advantages_by_hand():
+    # sum 12; each score less the mean of the other three:
+    # 1 - 11/3 = -8/3;  2 - 10/3 = -4/3;  3 - 9/3 = 0;  6 - 6/3 = 4   (= 4/3 * (score - mean))
+    advantages = group_advantages(GROUP_SCORES, "rloo")
+    assert torch.allclose(advantages[0], torch.tensor([-8 / 3, -4 / 3, 0.0, 4.0]))
+
+
+@pytest.mark.parametrize("method", ["grpo", "dr-grpo", "rloo"])
+def test_a_group_of_equal_scores_has_zero_advantage_and_no_nan(method):
+    advantages = group_advantages(GROUP_SCORES, method)
+    assert torch.equal(advantages[1], torch.zeros(4))  # 0 / (0 + eps) for grpo, never 0 / 0
+    # The float32 mean of three 2.9s misses 2.9 by a rounding step; divided by (std + eps) that
+    # would be an advantage of -0.18.  Equal scores must still give exactly 0.
+    assert torch.equal(group_advantages(torch.full((1, 3), 2.9), method), torch.zeros(1, 3))
+
+
+def test_a_group_baseline_needs_two_responses():
+    with pytest.raises(ValueError, match="at least 2 responses"):
+        group_advantages(torch.ones(3, 1), "rloo")
+    with pytest.raises(ValueError, match="allowed: grpo, dr-grpo, rloo"):
+        group_advantages(GROUP_SCORES, "ppo")
+
+
+def test_shaped_rewards_and_reward_to_go_by_hand():
+    # Score 1 on the last of 3 tokens, k1 KL (0.1, -0.2, 0.3) at kl_coef 0.5, then 2 padding positions:
+    # r = (-0.05, 0.1, -0.15 + 1) = (-0.05, 0.1, 0.85)
+    # gamma 0.5:  G2 = 0.85;  G1 = 0.1 + 0.5*0.85 = 0.525;  G0 = -0.05 + 0.5*0.525 = 0.2125
+    kl = torch.tensor([[0.1, -0.2, 0.3, 7.0, float("inf")]])
+    mask = torch.tensor([[1, 1, 1, 0, 0]])
+    rewards = shaped_rewards(torch.tensor([1.0]), kl, mask, kl_coef=0.5)
+    assert torch.allclose(rewards, torch.tensor([[-0.05, 0.1, 0.85, 0.0, 0.0]]))
+    returns = reward_to_go(rewards, mask, gamma=0.5)
+    assert torch.allclose(returns, torch.tensor([[0.2125, 0.525, 0.85, 0.0, 0.0]]))
+    # gamma 1: the plain sum of what follows, 0.9, 0.95, 0.85
+    assert torch.allclose(reward_to_go(rewards, mask, gamma=1.0), torch.tensor([[0.9, 0.95, 0.85, 0.0, 0.0]]))
+
+
+# ---------------------------------------------------------------- loss aggregation
+def test_loss_aggregations_by_hand():
+    # Response 1: tokens 1, 2, 3 (then padding); response 2: the one token 4.
+    per_token = torch.tensor([[1.0, 2.0, 3.0, float("inf")], [4.0, float("nan"), 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    # token-mean: (1 + 2 + 3 + 4) / 4 = 2.5
+    assert aggregate_loss(per_token, mask, "token-mean").item() == pytest.approx(2.5)
+    # sequence-mean: response means 2 and 4, then their mean 3
+    assert aggregate_loss(per_token, mask, "sequence-mean").item() == pytest.approx(3.0)
+    # sequence-sum-norm over 4 (the longest response allowed): (6/4 + 4/4) / 2 = 1.25
+    assert aggregate_loss(per_token, mask, "sequence-sum-norm", norm_length=4).item() == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="norm_length"):
+        aggregate_loss(per_token, mask, "sequence-sum-norm")
+    with pytest.raises(ValueError, match="allowed: token-mean, sequence-mean, sequence-sum-norm"):
+        aggregate_loss(per_token, mask, "median")
+
+
+def test_policy_loss_aggregates_its_tokens_as_asked():
+    # Ratio 1 everywhere: the per-token loss is -A, so the loss is the aggregate of -A.
+    logprobs = torch.zeros(2, 3)
+    advantages = torch.tensor([[1.0, 1.0, 1.0], [-2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    expected = {"token-mean": (-3 + 2) / 4, "sequence-mean": (-1 + 2) / 2, "sequence-sum-norm": (-3 / 3 + 2 / 3) / 2}
+    for aggregation, value in expected.items():
+        loss, stats = policy_loss(logprobs, logprobs, advantages, mask, 0.2, aggregation, norm_length=3)
+        assert loss.item() == pytest.approx(value), aggregation
+        assert stats["abs_pg_loss"].item() == pytest.approx(5 / 4)  # statistics stay token means
 
 
 # ---------------------------------------------------------------- KL

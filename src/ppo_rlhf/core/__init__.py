@@ -3,6 +3,13 @@
 Nothing here knows about models, tokenizers or files; every function takes and returns tensors.
 """
 
+from ppo_rlhf.core.advantages import (
+    GROUP_METHODS,
+    group_advantages,
+    last_token_index,
+    reward_to_go,
+    shaped_rewards,
+)
 from ppo_rlhf.core.gae import gae_advantages, masked_gae
 from ppo_rlhf.core.kl import (
     AdaptiveKLController,
@@ -14,27 +21,42 @@ from ppo_rlhf.core.kl import (
     kl_penalty,
 )
 from ppo_rlhf.core.logprobs import chunked_entropy, token_logprobs
-from ppo_rlhf.core.losses import approx_kl_per_token, entropy_from_logits, explained_variance, policy_loss, value_loss
+from ppo_rlhf.core.losses import (
+    LOSS_AGGREGATIONS,
+    aggregate_loss,
+    approx_kl_per_token,
+    entropy_from_logits,
+    explained_variance,
+    policy_loss,
+    value_loss,
+)
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
 
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
+    "GROUP_METHODS",
     "KL_ESTIMATORS",
     "KL_PLACEMENTS",
+    "LOSS_AGGREGATIONS",
+    "aggregate_loss",
     "check_kl_placement",
     "approx_kl_per_token",
     "entropy_from_logits",
     "explained_variance",
     "full_kl",
     "gae_advantages",
+    "group_advantages",
     "keep_masked",
     "kl_penalty",
+    "last_token_index",
     "masked_gae",
     "masked_mean",
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "reward_to_go",
+    "shaped_rewards",
     "token_logprobs",
     "value_loss",
 ]

@@ -16,6 +16,38 @@ import torch
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var
 from ppo_rlhf.core.logprobs import chunked_entropy
 
+# How a per-token loss becomes one number (see aggregate_loss).
+LOSS_AGGREGATIONS = ("token-mean", "sequence-mean", "sequence-sum-norm")
+
+
+def aggregate_loss(
+    per_token: torch.Tensor, mask: torch.Tensor | None, aggregation: str = "token-mean",
+    norm_length: int | None = None,
+) -> torch.Tensor:
+    """(B, T) per-token loss -> scalar, over the positions ``mask`` selects.
+
+    - ``token-mean``: mean over every response token of the batch.  Each token weighs the same,
+      so a long response weighs more than a short one.
+    - ``sequence-mean``: mean over each response's tokens, then over responses (GRPO's
+      original).  Each response weighs the same, so a token of a short response weighs more
+      than one of a long response: with a negative advantage, a long wrong answer is penalised
+      less per token than a short one, which lets wrong answers grow (Liu et al., 2025).
+    - ``sequence-sum-norm``: sum over each response's tokens divided by a constant
+      ``norm_length`` (the longest response allowed), then mean over responses (Dr. GRPO).
+      Every token weighs the same whatever its response's length or its batch's make-up.
+    """
+    if aggregation == "token-mean":
+        return masked_mean(per_token, mask)
+    if mask is None:
+        mask = torch.ones_like(per_token)
+    if aggregation == "sequence-mean":
+        return masked_mean(per_token, mask, dim=-1).mean()
+    if aggregation == "sequence-sum-norm":
+        if norm_length is None or norm_length <= 0:
+            raise ValueError(f"sequence-sum-norm needs norm_length > 0 (the longest response), got {norm_length}")
+        return (keep_masked(per_token, mask).sum(dim=-1) / norm_length).mean()
+    raise ValueError(f"unknown loss aggregation {aggregation!r}; allowed: {', '.join(LOSS_AGGREGATIONS)}")
+
 
 def policy_loss(
     logprobs: torch.Tensor,
@@ -23,10 +55,13 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor | None,
     clip_ratio: float,
+    aggregation: str = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective (Schulman et al., 2017, eq. 7), as a loss to minimise.
 
-    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))``, averaged over ``mask``.
+    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))``, aggregated over ``mask``
+    as ``aggregation`` says (:func:`aggregate_loss`); the other statistics are token means.
     Where the clipped branch wins, the gradient is zero: the policy has already moved far enough
     in the direction the advantage asks for.
     """
@@ -37,7 +72,7 @@ def policy_loss(
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * clipped_ratio
     pg_loss_per_token = torch.maximum(pg_loss1, pg_loss2)
-    loss = masked_mean(pg_loss_per_token, mask)
+    loss = aggregate_loss(pg_loss_per_token, mask, aggregation, norm_length)
     with torch.no_grad():
         stats = {
             "pg_loss": loss.detach(),

@@ -3,7 +3,7 @@
 Run folder:
     OUT/config.yaml, metrics.jsonl, tb/, curves.png, summary.json
     OUT/checkpoints/actor/    the final actor, a standard causal-LM folder (with tokenizer)
-    OUT/checkpoints/critic/   the final critic (value head, plus trunk if separate)
+    OUT/checkpoints/critic/   the final critic (value head, plus trunk if separate); estimator gae only
     OUT/checkpoints/last/     resumable state, rewritten atomically every --save-every iterations
 """
 
@@ -58,6 +58,14 @@ def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
     return train, held_out[: config.eval_size]
 
 
+def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) -> list[dict]:
+    """batch_size rows: batch_size / samples_per_prompt prompts drawn with replacement, each
+    repeated samples_per_prompt times in adjacent rows (the group baselines read them so)."""
+    k = config.samples_per_prompt
+    prompt_index = torch.randint(len(train_rows), (config.batch_size // k,), generator=rng)
+    return [train_rows[i] for i in prompt_index.tolist() for _ in range(k)]
+
+
 RUN_CONFIG = "run_config.json"  # the settings of the run a checkpoint belongs to
 
 
@@ -97,6 +105,17 @@ def save_actor(actor, tokenizer, path: Path) -> Path:
     if is_peft_model(actor):
         return save_adapter(actor, actor.active_adapter, path, tokenizer)
     return save_pretrained_atomic(actor, tokenizer, path)
+
+
+def save_critic(trainer: PPOTrainer, tokenizer, path: Path) -> Path:
+    with atomic_directory(path) as staging:
+        if trainer.critic is not None:
+            trainer.critic.save(staging, tokenizer)
+        else:
+            from safetensors.torch import save_file
+
+            save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
+    return path
 
 
 def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig) -> dict:
@@ -194,9 +213,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     first_iteration = trainer.iteration
     progress = tqdm(range(first_iteration, config.iterations), desc="ppo", mininterval=1.0)
     for iteration in progress:
-        batch_index = torch.randint(len(train_rows), (config.batch_size,), generator=rng)
         start = time.perf_counter()
-        metrics = trainer.step([train_rows[i] for i in batch_index])
+        metrics = trainer.step(draw_batch(train_rows, config, rng))
         train_seconds += time.perf_counter() - start
         metrics["time/elapsed"] = train_seconds  # PPO time so far, evaluation excluded
         done = iteration + 1
@@ -225,17 +243,14 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
 
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()
+    # Saved in the dtype each model came in (bf16 in, bf16 out); trained in float32.
     actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
                            out / "checkpoints" / "actor")
-    with atomic_directory(out / "checkpoints" / "critic") as staging:
-        if trainer.critic is not None:
-            if critic_dtype is not None:
-                trainer.critic.backbone.to(critic_dtype)
-            trainer.critic.save(staging, tokenizer)
-        else:
-            from safetensors.torch import save_file
-
-            save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
+    checkpoints = {"actor": str(actor_dir)}
+    if trainer.critic_module() is not None:  # a critic-free estimator has none to save
+        if critic_dtype is not None:
+            trainer.critic.backbone.to(critic_dtype)
+        checkpoints["critic"] = str(save_critic(trainer, tokenizer, out / "checkpoints" / "critic"))
     final_metrics, samples_after = final_eval or ({}, [])
     after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}
     sampled = {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")}
@@ -250,7 +265,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         "after_sampled": sampled,
         "samples": [{"prompt": p, "before": b, "after": a}
                     for (p, b), (_, a) in zip(samples_before[:show_samples], samples_after[:show_samples])],
-        "checkpoints": {"actor": str(actor_dir), "critic": str(out / "checkpoints" / "critic")},
+        "checkpoints": checkpoints,
     }
     run_log.write_summary(summary)
     run_log.close()

@@ -18,7 +18,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     """A few lines: each role, the rollout, the update, the KL."""
     first = next(roles.actor.parameters())
     where = f"{first.device}, {str(first.dtype).replace('torch.', '')}"
-    critic_ids = {id(p) for p in trainer.critic_module().parameters()}
+    critic_module = trainer.critic_module()
+    critic_ids = {id(p) for p in critic_module.parameters()} if critic_module is not None else set()
     actor_trained = [p for p in trainer.trainable_parameters if id(p) not in critic_ids]
     critic_trained = [p for p in trainer.trainable_parameters if id(p) in critic_ids]
     if config.lora:
@@ -29,21 +30,28 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         reference = f"a frozen copy of {config.model}"
     critic = {"shared": "value head on the actor's trunk", "separate": "a separate model",
               "lora": "its own LoRA adapter + value head on the shared base"}[config.critic]
+    critic = (f"{critic}; {_count(critic_trained)} parameters trained" if critic_module is not None
+              else f"none (estimator {config.estimator})")
+    k = config.samples_per_prompt
+    prompts = f"{config.batch_size} prompts" if k == 1 else f"{config.batch_size // k} prompts x {k} samples"
     reward = f"function {config.reward_fn}" if config.reward_fn else (
         f"model {config.reward_model}" if config.reward_model else f"the {config.task} task's rule")
     decoding = f"sampled at temperature {config.temperature:g}" if config.do_sample else "GREEDY"
+    if config.estimator == "remax":
+        decoding += ", plus one greedy response per prompt (the baseline)"
     minibatches = config.batch_size // config.mini_batch_size
     kl = (f"{config.kl_estimator_used} in the {config.kl_in}, kl_coef {config.kl_coef:g}"
           + (f" adapted toward {config.target_kl:g} per response" if config.target_kl is not None else " (fixed)"))
     return [
         f"actor:     {actor}; {_count(actor_trained)} parameters trained, on {where}",
         f"reference: {reference}",
-        f"critic:    {critic}; {_count(critic_trained)} parameters trained",
+        f"critic:    {critic}",
         f"reward:    {reward}",
-        f"rollout:   {config.batch_size} prompts per iteration (drawn from {n_prompts}), {decoding}, "
+        f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
         f"up to {config.max_new_tokens} new tokens",
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
-        f"lr {config.lr:g} (critic {config.critic_lr or config.lr:g})",
+        f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if critic_module is not None else "")
+        + f"; advantages: {config.estimator}, loss {config.loss_aggregation}",
         f"KL:        {kl}",
     ]
 

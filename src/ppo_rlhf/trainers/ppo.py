@@ -5,7 +5,9 @@
     3. old pass    actor (and critic) log-probs and values of what was generated, eval mode
     4. ref pass    the frozen reference's log-probs
     5. rewards     r[t] = -kl_coef * kl[t], plus the score on the last response token
-    6. advantages  GAE over the response tokens, returns = A + V_old, whitened A
+    6. advantages  GAE over the response tokens, returns = A + V_old, whitened A; or, with a
+                   critic-free estimator (trainers/estimators.py), the reward-to-go of the
+                   rewards with the score less its baseline
     7. update      ppo_epochs passes of minibatch steps on the clipped losses
     8. log         the metrics of docs/design.md ("Metrics"), timings and throughput
 
@@ -15,6 +17,7 @@ the task (or the user) supplies prompts, a reward and an optional metric.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
     entropy_from_logits,
+    aggregate_loss,
     explained_variance,
     full_kl,
     keep_masked,
@@ -33,17 +37,25 @@ from ppo_rlhf.core import (
     masked_mean,
     masked_whiten,
     policy_loss,
+    reward_to_go,
+    shaped_rewards,
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, value_head_on
-from ppo_rlhf.rollout.generation import Generator
+from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.logprobs import critic_values, forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import Sequences
+from ppo_rlhf.trainers.estimators import (
+    check_prompt_groups,
+    critic_free_advantages,
+    needs_greedy_baseline,
+    uses_critic,
+)
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 
@@ -54,23 +66,22 @@ class Experience:
     sequences: Sequences
     logprobs: torch.Tensor  # (B, T) actor log-probs at rollout time
     ref_logprobs: torch.Tensor  # (B, T)
-    values: torch.Tensor  # (B, T) critic at rollout time
+    values: torch.Tensor | None  # (B, T) critic at rollout time; None without a critic
     kl: torch.Tensor  # (B, T) per-token KL estimate
     rewards: torch.Tensor  # (B, T) shaped per-token rewards
     advantages: torch.Tensor  # (B, T)
     returns: torch.Tensor  # (B, T)
     scores: torch.Tensor  # (B,) reward of each response (after clipping / normalisation)
     raw_scores: torch.Tensor  # (B,) reward as the reward model / function gave it
+    greedy_scores: torch.Tensor | None = None  # (B,) ReMax: score of the prompt's greedy response, as used
 
     @property
     def mask(self) -> torch.Tensor:
         return self.sequences.response_mask
 
     def select(self, index: torch.Tensor) -> "Experience":
-        return Experience(
-            self.sequences.select(index), *(getattr(self, name)[index] for name in (
-                "logprobs", "ref_logprobs", "values", "kl", "rewards", "advantages", "returns", "scores", "raw_scores"))
-        )
+        tensors = [getattr(self, field.name) for field in dataclasses.fields(self)[1:]]
+        return Experience(self.sequences.select(index), *(None if t is None else t[index] for t in tensors))
 
 
 SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
@@ -99,19 +110,6 @@ def under_autocast(method):
     return run
 
 
-def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of each response's last unmasked token (0 for an empty response)."""
-    return (mask.sum(dim=1) - 1).clamp(min=0)
-
-
-def shaped_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
-    """Stage 5: ``r[t] = -kl_coef * kl[t]`` on every response token, plus the score on the last."""
-    rewards = keep_masked(-kl_coef * kl, mask)
-    rows = torch.arange(rewards.shape[0], device=rewards.device)
-    rewards[rows, last_token_index(mask)] += scores
-    return rewards
-
-
 class PPOTrainer:
     """Actor, critic, reference and reward, and the PPO iteration that ties them together.
 
@@ -123,7 +121,8 @@ class PPOTrainer:
         tokenizer: the actor's tokenizer.
         config: PPOConfig.
         generator: the rollout engine (TorchGenerator unless another is plugged in).
-        critic: a separate Critic, or None for a value head on the actor's trunk.
+        critic: a separate Critic, or None for a value head on the actor's trunk (estimator gae),
+            or for no critic at all (every other estimator).
         accelerator: the device and autocast (hardware.py); default: the ones ``config`` asks for.
             Every role is moved to its device; the trained weights (actor, critic) are upcast to
             float32, the frozen ones (reference, reward, a LoRA base) stay as loaded.
@@ -133,6 +132,8 @@ class PPOTrainer:
                  accelerator=None):
         self.actor, self.ref, self.reward, self.tokenizer = actor, ref, reward, tokenizer
         self.config, self.generator, self.critic = config, generator, critic
+        if critic is not None and not uses_critic(config.estimator):
+            raise ValueError(f"estimator {config.estimator} has no critic, but one was given")
         self.accelerator = accelerator or config.accelerator()
         self.device = self.accelerator.device
         for model in (actor, ref, getattr(reward, "model", None), critic):
@@ -141,7 +142,11 @@ class PPOTrainer:
         train_in_float32(actor, "actor")
         if critic is not None:
             train_in_float32(critic, "critic")
-        self.value_head = value_head_on(actor) if critic is None else None
+        self.value_head = value_head_on(actor) if critic is None and uses_critic(config.estimator) else None
+        # ReMax's baseline: the score of each prompt's greedy response, from one more rollout.
+        self.greedy_generator = (TorchGenerator(generator.stop_token_ids, tokenizer.pad_token_id, config.max_new_tokens,
+                                                do_sample=False, device=self.device)
+                                 if needs_greedy_baseline(config.estimator) else None)
         for model in (self.ref, getattr(reward, "model", None)):
             if model is not None:
                 model.eval().requires_grad_(False)
@@ -150,7 +155,8 @@ class PPOTrainer:
             disable_dropout(actor, keep_lora_dropout)
             if critic is not None:
                 disable_dropout(critic, keep_lora_dropout)
-        critic_params = [p for p in self.critic_module().parameters() if p.requires_grad]
+        critic_module = self.critic_module()
+        critic_params = [] if critic_module is None else [p for p in critic_module.parameters() if p.requires_grad]
         # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
         critic_ids = {id(p) for p in critic_params}
         actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
@@ -166,17 +172,20 @@ class PPOTrainer:
         self.score_moments = RunningMoments()
         self.iteration = 0
 
-    def critic_module(self) -> torch.nn.Module:
+    def critic_module(self) -> torch.nn.Module | None:
+        """The critic's trained module: a separate critic, the value head, or None (no critic)."""
         return self.critic if self.critic is not None else self.value_head
 
     # ------------------------------------------------------------ forward passes
-    def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
-        """Response logits (B, T, V) of the actor and values (B, T) of the critic."""
+    def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response logits (B, T, V) of the actor and values (B, T) of the critic (None without one)."""
         out = forward_response(self.actor, sequences, self.config.temperature)
-        if self.critic is None:
+        if self.critic is not None:
+            values = critic_values(self.critic, sequences)
+        elif self.value_head is not None:
             values = self.value_head(out.hidden)
         else:
-            values = critic_values(self.critic, sequences)
+            values = None
         return out.logits, values
 
     @under_autocast
@@ -196,6 +205,7 @@ class PPOTrainer:
         # 1. rollout
         start = time.perf_counter()
         prompts = [row[config.prompt_field] for row in rows]
+        check_prompt_groups(prompts, config.samples_per_prompt)
         rollout = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
                                      config.max_prompt_length, config.chat_template)
         sequences, mask = rollout.sequences, rollout.sequences.response_mask
@@ -210,11 +220,13 @@ class PPOTrainer:
         # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
         self.last_samples = [{"prompt": p, "response": r, "score": float(x)}
                              for p, r, x in zip(prompts[:SAMPLES_KEPT], rollout.texts, raw_scores[:SAMPLES_KEPT].tolist())]
+        greedy_scores = self.greedy_baseline(rows, prompts, timings) if self.greedy_generator is not None else None
 
         # 3. old log-probs and values (eval mode: no dropout, so they match the generation)
         start = time.perf_counter()
         self.actor.eval()
-        self.critic_module().eval()
+        if self.critic_module() is not None:
+            self.critic_module().eval()
         logits, values = self.policy_and_values(sequences)
         logprobs = logprobs_from_logits(logits, sequences.response_ids)
 
@@ -230,22 +242,44 @@ class PPOTrainer:
         kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
         rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward)
 
-        # 6. advantages and returns
-        advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
+        # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline
+        if values is not None:
+            values = keep_masked(values, mask)
+            advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
+        else:
+            advantages = critic_free_advantages(config.estimator, scores, kl, mask, kl_coef_in_reward, config.gamma,
+                                                config.samples_per_prompt, greedy_scores)
+            returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
         timings["time/forward"] = time.perf_counter() - start
 
-        experience = Experience(sequences, logprobs, ref_logprobs, keep_masked(values, mask), kl, rewards, advantages, returns,
-                                scores, raw_scores)
+        experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
+                                scores, raw_scores, greedy_scores)
         return experience, timings
 
-    def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+    def greedy_baseline(self, rows: list[dict], prompts: list, timings: dict[str, float]) -> torch.Tensor:
+        """ReMax: (B,) the score of each prompt's greedy response, post-processed as the sampled
+        scores are (without moving the running score statistics), repeated over the prompt's samples."""
+        k = self.config.samples_per_prompt
+        start = time.perf_counter()
+        greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, prompts[::k],
+                                    self.config.max_prompt_length, self.config.chat_template)
+        timings["time/generate"] += time.perf_counter() - start
+        start = time.perf_counter()
+        raw = self.reward(ScoringBatch(rows[::k], prompts[::k], greedy.texts, greedy.finished, greedy.sequences))
+        finished = torch.tensor(greedy.finished, device=self.device)
+        scores = self.postprocess_scores(raw.to(self.device).float(), finished, update_moments=False)
+        timings["time/score"] += time.perf_counter() - start
+        return scores.repeat_interleave(k)
+
+    def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor, update_moments: bool = True) -> torch.Tensor:
         config = self.config
         if config.missing_eos_penalty is not None:
             scores = torch.where(finished, scores, scores - config.missing_eos_penalty)
         if config.score_norm:
-            self.score_moments.update(scores)
+            if update_moments:
+                self.score_moments.update(scores)
             scores = (scores - self.score_moments.mean) / (self.score_moments.std + 1e-8)
         if config.score_clip is not None:
             scores = scores.clamp(-config.score_clip, config.score_clip)
@@ -253,8 +287,9 @@ class PPOTrainer:
 
     # ------------------------------------------------------------ stage 7
     def kl_loss(self, logits: torch.Tensor, logprobs: torch.Tensor, mb: Experience) -> torch.Tensor:
-        """kl_in: loss.  The mean per-token KL estimate of the *current* policy against the
-        reference, differentiated directly (core/kl.py says why k1 is not allowed here)."""
+        """kl_in: loss.  The per-token KL estimate of the *current* policy against the reference,
+        aggregated as the policy loss is and differentiated directly (core/kl.py says why k1 is
+        not allowed here)."""
         estimator = self.config.kl_estimator_used
         if estimator == "full":
             with torch.no_grad():  # the reference's full distribution, for this minibatch only
@@ -262,14 +297,15 @@ class PPOTrainer:
             per_token = full_kl(logits, ref_logits)
         else:
             per_token = kl_penalty(logprobs, mb.ref_logprobs, estimator)
-        return masked_mean(per_token, mb.mask)
+        return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens)
 
     def update(self, experience: Experience) -> dict[str, float]:
         config = self.config
         # During critic warm-up the policy loss is left out and the actor gets no gradient.
         warming_up = self.iteration < config.critic_warmup
         self.actor.train()
-        self.critic_module().train()
+        if self.critic_module() is not None:
+            self.critic_module().train()
         totals: dict[str, float] = {}
         n_steps = 0
         batch_size = experience.scores.shape[0]
@@ -280,7 +316,8 @@ class PPOTrainer:
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
             logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
-            pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio)
+            pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio,
+                                            config.loss_aggregation, config.max_new_tokens)
             # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
             # several (B, T, V) tensors for the backward pass).
             with torch.set_grad_enabled(config.entropy_coef != 0 and not warming_up):
@@ -294,7 +331,10 @@ class PPOTrainer:
                 if actor_loss is not None:
                     actor_loss = actor_loss + self.kl_controller.value * kl_loss
             self.optimizer.zero_grad(set_to_none=True)
-            if self.critic is None:
+            vf_stats = {}
+            if self.critic_module() is None:  # a critic-free estimator: the policy's loss alone
+                actor_loss.backward()
+            elif self.critic is None:
                 # The value head reads the actor's trunk: one graph, one backward pass.
                 vf_loss, vf_stats = value_loss(self.value_head(out.hidden), mb.values, mb.returns, mb.mask,
                                                config.cliprange_value)
@@ -346,7 +386,6 @@ class PPOTrainer:
             "kl": kl_per_response,
             "kl_coef": kl_coef,
             "non_score_reward": (experience.rewards.sum(dim=1) - experience.scores).mean().item(),
-            "explained_variance": explained_variance(experience.values, experience.returns, experience.mask).item(),
             "response_length": mask.sum(dim=1).mean().item(),
             "advantages_mean": masked_mean(experience.advantages, experience.mask).item(),
             "returns_mean": masked_mean(experience.returns, experience.mask).item(),
@@ -356,24 +395,31 @@ class PPOTrainer:
             "tokens_per_s": n_tokens / total_time,
             "generated_tokens_per_s": n_response_tokens / timings["time/generate"],
         }
+        if experience.values is not None:
+            metrics["explained_variance"] = explained_variance(experience.values, experience.returns,
+                                                               experience.mask).item()
+        if experience.greedy_scores is not None:
+            metrics["greedy_score"] = experience.greedy_scores.mean().item()
         if self.config.score_norm or self.config.score_clip is not None or self.config.missing_eos_penalty is not None:
             metrics["score_used"] = experience.scores.mean().item()
         return metrics
 
     # ------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict:
-        return {
+        state = {
             "iteration": self.iteration,
             "optimizer": self.optimizer.state_dict(),
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.score_moments.state_dict(),
-            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
         }
+        if self.value_head is not None:  # a critic-free estimator's state holds no critic at all
+            state["value_head"] = self.value_head.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.iteration = state["iteration"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.score_moments.load_state_dict(state["score_moments"])
-        if self.value_head is not None and state["value_head"] is not None:
+        if self.value_head is not None and state.get("value_head") is not None:
             self.value_head.load_state_dict(state["value_head"])

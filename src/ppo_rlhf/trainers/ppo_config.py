@@ -5,10 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppo_rlhf.config import ConfigError, check, option
-from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, check_kl_placement
+from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, check_kl_placement
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trainers.estimators import (
+    ESTIMATORS,
+    GROUP_ESTIMATORS,
+    PAPER_LOSS_AGGREGATION,
+    PAPER_WHITENING,
+    uses_critic,
+)
 
 
 # Default learning rates.  1e-5 is the usual full fine-tuning value for PPO on 0.1-7B models; a LoRA
@@ -16,6 +23,7 @@ from ppo_rlhf.run_folder import RunFolderOptions
 # 0), and 3e-4 is the value the SmolLM2 + LoRA example learns with (benchmarks/results/smollm2_vader.md).
 FULL_MODEL_LR = 1e-5
 LORA_LR = 3e-4
+VF_COEF = 0.1
 
 
 @dataclass
@@ -40,7 +48,10 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
     out: str = option("runs/ppo", "run folder")
     # --- rollout
-    batch_size: int = option(64, "prompts per PPO iteration (rollout batch)")
+    batch_size: int = option(64, "sequences per PPO iteration (rollout batch): batch_size / samples_per_prompt "
+                                 "prompts, each sampled samples_per_prompt times (so a multiple of it)")
+    samples_per_prompt: int = option(1, "responses sampled for each prompt of the batch (K), in adjacent rows; "
+                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)")
     max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit")
     max_new_tokens: int = option(128, "longest response in tokens")
     do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
@@ -63,16 +74,37 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)")
     score_norm: bool = option(False, "normalise scores by their running mean and std")
     # --- advantage estimation
+    estimator: str = option(
+        "gae", "advantage estimator; only the advantage changes, rollout, reward, KL and clipped loss stay. "
+               "gae: PPO with a critic; critic-free (no critic built, trained or saved): grpo (score - group mean) "
+               "/ group std, dr-grpo (score - group mean), rloo (score - mean of the other K-1), reinforce++ "
+               "(return-to-go, whitened over the batch), remax (score - the greedy response's score, one extra "
+               "greedy rollout per prompt).  KL as each paper put it: PPO, RLOO, ReMax and REINFORCE++ k1 in the "
+               "reward (--kl-in reward); GRPO k3 in the loss (--kl-in loss --kl-coef 0.04); Dr. GRPO none "
+               "(--kl-coef 0).  --kl-in is kept as given",
+        choices=ESTIMATORS)
     gamma: float = option(1.0, "discount per token")
-    lam: float = option(0.95, "GAE lambda")
-    whiten_advantages: bool = option(True, "whiten advantages over the response tokens of the batch")
+    lam: float = option(0.95, "GAE lambda (gae only)")
+    whiten_advantages: bool | None = option(None, "whiten advantages over the response tokens of the batch; empty: as "
+                                                  "the estimator's paper (gae and reinforce++ yes, the group and "
+                                                  "greedy baselines no)")
+    loss_aggregation: str | None = option(
+        None, "how the per-token policy (and KL) loss becomes one number.  token-mean: over all response tokens of "
+              "the batch (long responses weigh more); sequence-mean: over each response's tokens, then over "
+              "responses (GRPO's; a token of a long response weighs less, so long wrong answers are penalised less "
+              "per token and responses can grow); sequence-sum-norm: each response's token sum over max_new_tokens, "
+              "then over responses (Dr. GRPO's; no length bias).  Empty: the estimator's paper (grpo sequence-mean, "
+              "dr-grpo sequence-sum-norm, others token-mean); set it to compare estimators with the loss fixed",
+        choices=(None, *LOSS_AGGREGATIONS))
     # --- update
     ppo_epochs: int = option(4, "passes over each rollout batch")
     mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size")
     lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: {FULL_MODEL_LR:g} for a full model, "
                                     f"{LORA_LR:g} with --lora (an adapter needs larger steps to move)")
-    critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr")
-    critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise")
+    critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr "
+                                           "(gae only)")
+    critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise "
+                                   "(gae only)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     adam_eps: float = option(1e-8, "AdamW epsilon; larger values damp the full-size steps Adam takes on parameters "
                                    "whose gradients are tiny noise")
@@ -80,8 +112,9 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio")
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never")
-    cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none)")
-    vf_coef: float = option(0.1, "weight of the value loss")
+    cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
+                                                "gae only)")
+    vf_coef: float | None = option(None, f"weight of the value loss (gae only); empty: {VF_COEF:g}")
     entropy_coef: float = option(0.0, "weight of the entropy bonus (loss -= entropy_coef * entropy); negative: an "
                                       "entropy penalty that sharpens the policy (the built-in task's preset uses -0.3)")
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
@@ -108,6 +141,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
+        self.validate_estimator()
         check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of batch_size ({self.batch_size})", self.mini_batch_size)
@@ -134,7 +168,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.max_new_tokens > 0, "max_new_tokens", "> 0", self.max_new_tokens)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         check(self.ppo_epochs > 0, "ppo_epochs", "> 0", self.ppo_epochs)
-        check(self.vf_coef >= 0, "vf_coef", ">= 0", self.vf_coef)
+        check(self.vf_coef is None or self.vf_coef >= 0, "vf_coef", ">= 0", self.vf_coef)
         check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
         check(self.iterations > 0, "iterations", "> 0", self.iterations)
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
@@ -147,6 +181,30 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
         check((self.reward_model is None) != (self.reward_fn is None) or self.task is not None,
               "reward_model", "exactly one of reward_model and reward_fn", self.reward_model)
+
+    def validate_estimator(self) -> None:
+        """Samples per prompt, critic settings and paper defaults for the advantage estimator."""
+        k = self.samples_per_prompt
+        check(k > 0, "samples_per_prompt", "> 0", k)
+        if self.estimator in GROUP_ESTIMATORS:
+            check(k >= 2, "samples_per_prompt", f">= 2 with estimator {self.estimator} (its baseline is the other "
+                                                f"responses to the same prompt)", k)
+        check(self.batch_size % k == 0, "batch_size",
+              f"a multiple of samples_per_prompt ({k}): batch_size counts sequences, batch_size / {k} prompts "
+              f"sampled {k} times each", self.batch_size)
+        if uses_critic(self.estimator):
+            if self.vf_coef is None:  # resolved here, so config.yaml records the value used
+                self.vf_coef = VF_COEF
+        else:
+            no_critic = f"left out with estimator {self.estimator}, which has no critic (only gae trains one)"
+            for key, given in (("critic", self.critic != "shared"), ("critic_model", self.critic_model is not None),
+                               ("critic_lr", self.critic_lr is not None), ("critic_warmup", self.critic_warmup != 0),
+                               ("vf_coef", self.vf_coef is not None)):
+                check(not given, key, no_critic, getattr(self, key))
+        if self.loss_aggregation is None:
+            self.loss_aggregation = PAPER_LOSS_AGGREGATION[self.estimator]
+        if self.whiten_advantages is None:
+            self.whiten_advantages = PAPER_WHITENING[self.estimator]
 
     @property
     def kl_estimator_used(self) -> str:
