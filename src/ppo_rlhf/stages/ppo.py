@@ -30,6 +30,7 @@ from ppo_rlhf.runlog import RunLog, read_metrics
 from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
 from ppo_rlhf.stages.roles import load_roles
+from ppo_rlhf.trainers.guard import require_finite
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
@@ -71,7 +72,9 @@ RUN_CONFIG = "run_config.json"  # the settings of the run a checkpoint belongs t
 
 def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig, progress: dict) -> None:
     """Everything needed to continue, in one folder replaced atomically.  ``progress``: what the
-    summary needs from before a kill (the starting evaluation, PPO seconds so far)."""
+    summary needs from before a kill (the starting evaluation, PPO seconds so far).  A weight or
+    optimizer state that is not finite is never written over the last good checkpoint."""
+    require_trained_finite(trainer)
     with atomic_directory(out / "checkpoints" / "last") as staging:
         save_actor(trainer.actor, None, staging / "actor")
         if trainer.critic is not None:
@@ -82,6 +85,16 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
                     "progress": progress},
                    staging / "trainer_state.pt")
         atomic_write_json(staging / RUN_CONFIG, to_dict(config))
+
+
+def require_trained_finite(trainer: PPOTrainer) -> None:
+    """DivergenceError naming the tensor if what PPO trains holds a NaN or an infinity."""
+    trained = {name: p for name, p in trainer.actor.named_parameters() if p.requires_grad}
+    if trainer.critic_module() is not None:
+        trained.update({f"critic.{name}": p for name, p in trainer.critic_module().named_parameters()})
+    require_finite(trained, "the PPO actor/critic")
+    for index, state in trainer.optimizer.state_dict()["state"].items():
+        require_finite({f"optimizer state {index}.{key}": v for key, v in state.items()}, "the PPO optimizer")
 
 
 def check_resume_settings(config: PPOConfig, out: Path) -> None:
@@ -243,6 +256,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
 
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()
+    require_trained_finite(trainer)
     # Saved in the dtype each model came in (bf16 in, bf16 out); trained in float32.
     actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
                            out / "checkpoints" / "actor")

@@ -56,6 +56,7 @@ from ppo_rlhf.trainers.estimators import (
     needs_greedy_baseline,
     uses_critic,
 )
+from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 
@@ -170,6 +171,8 @@ class PPOTrainer:
             if config.target_kl is not None else FixedKLController(config.kl_coef)
         )
         self.score_moments = RunningMoments()
+        # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
+        self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
 
     def critic_module(self) -> torch.nn.Module | None:
@@ -354,7 +357,10 @@ class PPOTrainer:
                     vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
                     self.accelerator.backward(config.vf_coef * vf_loss)
             grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
-            self.optimizer.step()
+            losses = [loss.detach() for loss in (actor_loss, vf_stats.get("vf_loss")) if loss is not None]
+            if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=sum(losses),
+                                   grad_norm=grad_norm):
+                continue  # skipped: its statistics are not the update's
             # Statistics averaged over every minibatch of the update, not just the last one.
             step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}
             for key, value in step_stats.items():
@@ -362,6 +368,7 @@ class PPOTrainer:
             n_steps += 1
         stats = {key: value / max(n_steps, 1) for key, value in totals.items()}
         stats["update_steps"] = n_steps
+        stats["skipped_steps"] = self.guard.skipped
         return stats
 
     # ------------------------------------------------------------ one iteration
@@ -370,7 +377,11 @@ class PPOTrainer:
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         experience, timings = self.make_experience(rows)
         start = time.perf_counter()
-        stats = self.update(experience)
+        # A reward that gave a non-finite score: this batch teaches nothing, skip its update.
+        # (Checked only when bad: a finite batch of scores must not reset the count of bad steps.)
+        bad_scores = not is_finite(experience.raw_scores) and self.guard.skip(self.iteration + 1,
+                                                                              score=experience.raw_scores)
+        stats = {"skipped_steps": self.guard.skipped} if bad_scores else self.update(experience)
         timings["time/train"] = time.perf_counter() - start
         mask = experience.mask.float()
         kl_per_response = experience.kl.sum(dim=1).mean().item()  # kl is 0 on padding
@@ -411,6 +422,7 @@ class PPOTrainer:
             "optimizer": self.optimizer.state_dict(),
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.score_moments.state_dict(),
+            "guard": self.guard.state_dict(),
         }
         if self.value_head is not None:  # a critic-free estimator's state holds no critic at all
             state["value_head"] = self.value_head.state_dict()
@@ -421,5 +433,7 @@ class PPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.score_moments.load_state_dict(state["score_moments"])
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])
         if self.value_head is not None and state.get("value_head") is not None:
             self.value_head.load_state_dict(state["value_head"])

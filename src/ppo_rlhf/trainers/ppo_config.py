@@ -109,6 +109,8 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     adam_eps: float = option(1e-8, "AdamW epsilon; larger values damp the full-size steps Adam takes on parameters "
                                    "whose gradients are tiny noise")
     max_grad_norm: float = option(1.0, "clip the gradient norm to this")
+    max_bad_steps: int = option(5, "skip a minibatch step with a non-finite loss or gradient norm (and an iteration "
+                                   "with a non-finite score); stop after this many in a row")
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio")
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never")
@@ -170,6 +172,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.ppo_epochs > 0, "ppo_epochs", "> 0", self.ppo_epochs)
         check(self.vf_coef is None or self.vf_coef >= 0, "vf_coef", ">= 0", self.vf_coef)
         check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
+        check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
         check(self.iterations > 0, "iterations", "> 0", self.iterations)
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
         check(self.show_samples >= 0, "show_samples", ">= 0", self.show_samples)
