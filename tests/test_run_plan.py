@@ -8,7 +8,7 @@ import json
 from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.ppo_config import FULL_MODEL_LR, LORA_LR, PPOConfig
 
-from zoo import THREADS, run
+from zoo import PROMPTS, THREADS, run
 
 BUDGET = ["--iterations", 1, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 4,
           "--max-length", 32, "--save-every", 0, *THREADS]
@@ -55,3 +55,17 @@ def test_training_samples_and_evaluations_are_shown_and_written(zoo, tmp_path, c
     assert (out / "curves.png").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["training_score"]) == {"first", "last"}  # even without a task metric
+
+
+def test_sft_on_user_data_reports_a_held_out_loss(zoo, tmp_path):
+    rows = [{"prompt": f"{p} {i}", "completion": " good answer"} for i in range(7) for p in PROMPTS]  # 42 rows
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "sft"
+    run(["sft", "--model", zoo["llama"], "--data", data, "--eval-fraction", 0.25, "--eval-every", 5, "--steps", 10,
+         "--batch-size", 8, "--lr", 1e-2, "--out", out, *THREADS])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 32  # 10 rows held out, never trained on
+    first, last = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval/loss" in r]
+    assert last["eval/loss"] < first["eval/loss"] and 0.0 <= last["eval/token_accuracy"] <= 1.0
+    assert summary["final_eval"]["eval/loss"] == last["eval/loss"]

@@ -22,7 +22,7 @@ from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.guard import require_finite
 from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
-from ppo_rlhf.trainers.sft import SFTConfig, fit_rows, train_sft
+from ppo_rlhf.trainers.sft import HeldOutLoss, SFTConfig, fit_rows, split_held_out, train_sft
 
 
 def run_sft(config: SFTConfig) -> dict:
@@ -58,6 +58,11 @@ def run_sft(config: SFTConfig) -> dict:
     if task is not None:
         evaluator = Evaluator(tokenizer, task.eval_rows(), task.metric, max_prompt_length=task.max_prompt_length,
                               max_new_tokens=task.max_new_tokens)
+    elif config.eval_fraction > 0:
+        rows, held_out = split_held_out(rows, config.eval_fraction, config.seed)
+        if held_out:
+            evaluator = HeldOutLoss(tokenizer, held_out, config, stop_token_ids(tokenizer, model))
+            print(f"sft: {len(held_out)} of the rows held out for the held-out loss (--eval-fraction)")
     for notice in start_run_folder(out, config.overwrite):
         print(notice)
     checkpoints = open_checkpoints(config, out, config.steps, "step")
@@ -67,7 +72,8 @@ def run_sft(config: SFTConfig) -> dict:
                             checkpoints=checkpoints)
     require_finite(model.state_dict(), "the SFT model")
     checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "sft")
-    run_log.plot(["loss", "eval/exact_match", "eval/value_correct", "eval/style_correct", "lr"])
+    run_log.plot(["loss", "eval/loss", "eval/token_accuracy", "eval/exact_match", "eval/value_correct",
+                  "eval/style_correct", "lr"])
     summary = {
         "stage": "sft",
         "rows": len(rows),

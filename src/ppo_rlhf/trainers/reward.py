@@ -190,7 +190,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         guard.load_state_dict(saved["guard"])
     start = time.perf_counter() - seconds_before
     model.train()
-    for step in tqdm(range(first_step, config.steps), desc=f"reward ({config.mode})", leave=False, mininterval=1.0):
+    for step in tqdm(range(first_step, config.steps), desc=f"reward ({config.mode})", mininterval=1.0):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
         batch = train_index[torch.randint(len(train_index), (config.batch_size,), generator=generator)]

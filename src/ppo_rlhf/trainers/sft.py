@@ -8,6 +8,7 @@ already ends with a stop id (a chat template's end of turn) gets no EOS after it
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -48,6 +49,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     n_embd: int = option(64, "width of a model built from scratch")
     dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)")
     eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)")
+    eval_fraction: float = option(0.05, "with --data: fraction of the rows held out (never trained on) for the "
+                                        "held-out completion loss and next-token accuracy")
     save_every: int = option(500, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
                                   "last (0: none)")
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
@@ -74,6 +77,7 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
         check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
         check(self.max_length > 1, "max_length", "> 1", self.max_length)
         check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
+        check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
         check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
         check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
 
@@ -161,6 +165,44 @@ def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
     )
 
 
+def split_held_out(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): ``fraction`` of the rows, drawn with ``seed``, never trained on."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    n_held_out = int(len(rows) * fraction)
+    held_out = set(order[:n_held_out])
+    return [r for i, r in enumerate(rows) if i not in held_out], [rows[i] for i in sorted(held_out)]
+
+
+class HeldOutLoss:
+    """The evaluator of SFT on a user's data: completion loss and next-token accuracy on rows
+    the training never sees (the built-in task has a metric of its own instead).  Called as the
+    task's evaluator is: ``(metrics, samples)``."""
+
+    def __init__(self, tokenizer, rows: list[dict], config: SFTConfig, stop_ids, batch_size: int = 8):
+        self.examples = sft_examples(tokenizer, rows, config, stop_ids)  # (N, L) ids, mask, labels
+        self.batch_size = batch_size  # small: each batch holds a (b, L, V) logits tensor
+
+    @torch.no_grad()
+    def __call__(self, model) -> tuple[dict[str, float], list]:
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        loss_sum, correct, tokens = 0.0, 0, 0
+        for start in range(0, self.examples[0].shape[0], self.batch_size):
+            ids, mask, labels = (t[start:start + self.batch_size].to(device) for t in self.examples)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (b, L-1, V)
+            targets = labels[:, 1:]
+            counted = targets != -100
+            loss_sum += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                          targets.reshape(-1), ignore_index=-100,
+                                                          reduction="sum").item()
+            correct += ((logits.argmax(dim=-1) == targets) & counted).sum().item()
+            tokens += counted.sum().item()
+        model.train(was_training)
+        return {"eval/loss": loss_sum / max(tokens, 1), "eval/token_accuracy": correct / max(tokens, 1)}, []
+
+
 def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=None, evaluator=None, accelerator=None,
               checkpoints: Checkpoints | None = None):
     """Train ``model`` in place, in float32 on the accelerator's device (default: the one
@@ -186,7 +228,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         guard.load_state_dict(saved["guard"])
     start = time.perf_counter() - seconds_before
     model.train()
-    progress = tqdm(range(first_step, config.steps), desc="sft", leave=False, mininterval=1.0)
+    progress = tqdm(range(first_step, config.steps), desc="sft", mininterval=1.0)
     for step in progress:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps, config.min_lr_ratio)
