@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from ppo_rlhf.cli import main
-from zoo import REWARDS_MODULE, build_model
+from zoo import REWARDS_MODULE
 
 REWARD = f"{REWARDS_MODULE}:length_score"
 BAD_REWARDS_SOURCE = '''

@@ -126,3 +126,12 @@ def test_summaries_and_metrics_are_strict_json(tmp_path):
     atomic_write_json(tmp_path / "s.json", {"a": float("nan"), "b": [float("inf"), 1.0]})
     assert json.loads((tmp_path / "s.json").read_text(), parse_constant=lambda c: pytest.fail(c)) == \
         {"a": None, "b": [None, 1.0]}
+
+
+def test_a_setting_newer_than_the_saved_run_counts_as_its_default():
+    from ppo_rlhf.run_folder import changed_settings
+
+    saved = {"lr": 1e-4, "model": "m"}  # written before "estimator" existed
+    assert changed_settings(saved, {"lr": 1e-4, "model": "m", "estimator": "gae"}, frozenset(), {"estimator": "gae"}) == []
+    assert changed_settings(saved, {"lr": 1e-4, "model": "m", "estimator": "grpo"}, frozenset(),
+                            {"estimator": "gae"}) == ["estimator: 'gae' -> 'grpo'"]

@@ -85,7 +85,12 @@ MAY_CHANGE_ON_RESUME = frozenset({
 })
 
 
-def changed_settings(saved: dict, current: dict, may_change=MAY_CHANGE_ON_RESUME) -> list[str]:
-    """'key: saved -> current' for each setting that differs and may not change on resume."""
+def changed_settings(saved: dict, current: dict, may_change=MAY_CHANGE_ON_RESUME, defaults: dict | None = None
+                     ) -> list[str]:
+    """'key: saved -> current' for each setting that differs and may not change on resume.
+
+    A setting the saved run does not record (it came in a later version) counts as its default
+    there (``defaults``): a run from before it existed resumes as long as it is left at it."""
+    saved = {**(defaults or {}), **saved}
     return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in sorted(set(saved) | set(current))
             if key not in may_change and saved.get(key) != current.get(key)]

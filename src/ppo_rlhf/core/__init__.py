@@ -41,6 +41,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "aggregate_loss",
     "check_kl_placement",
+    "chunked_entropy",
     "approx_kl_per_token",
     "entropy_from_logits",
     "explained_variance",

@@ -9,14 +9,13 @@ Run folder:
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text
+from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
@@ -25,13 +24,14 @@ from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.models.value import Critic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
-from ppo_rlhf.run_folder import changed_settings, check_run_folder, start_run_folder
-from ppo_rlhf.runlog import RunLog, read_metrics
+from ppo_rlhf.run_folder import check_run_folder, start_run_folder
+from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
 from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.guard import require_finite
 from ppo_rlhf.trainers.ppo import PPOTrainer
+from ppo_rlhf.trainers.resume import RUN_CONFIG, check_resume_settings, drop_metrics_after, run_settings
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
@@ -67,9 +67,6 @@ def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) 
     return [train_rows[i] for i in prompt_index.tolist() for _ in range(k)]
 
 
-RUN_CONFIG = "run_config.json"  # the settings of the run a checkpoint belongs to
-
-
 def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig, progress: dict) -> None:
     """Everything needed to continue, in one folder replaced atomically.  ``progress``: what the
     summary needs from before a kill (the starting evaluation, PPO seconds so far).  A weight or
@@ -84,7 +81,7 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
                     "sample_rng": trainer.generator.rng.get_state() if getattr(trainer.generator, "rng", None) else None,
                     "progress": progress},
                    staging / "trainer_state.pt")
-        atomic_write_json(staging / RUN_CONFIG, to_dict(config))
+        atomic_write_json(staging / RUN_CONFIG, run_settings(config))
 
 
 def require_trained_finite(trainer: PPOTrainer) -> None:
@@ -95,18 +92,6 @@ def require_trained_finite(trainer: PPOTrainer) -> None:
     require_finite(trained, "the PPO actor/critic")
     for index, state in trainer.optimizer.state_dict()["state"].items():
         require_finite({f"optimizer state {index}.{key}": v for key, v in state.items()}, "the PPO optimizer")
-
-
-def check_resume_settings(config: PPOConfig, out: Path) -> None:
-    """Refuse a resume whose settings would make it another run, naming each one changed."""
-    saved_path = out / "checkpoints" / "last" / RUN_CONFIG
-    if not saved_path.is_file():
-        return  # a checkpoint from before run_config.json was written: nothing to compare
-    changed = changed_settings(json.loads(saved_path.read_text()), to_dict(config))
-    if changed:
-        raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
-                          f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
-                          f"to use them")
 
 
 def is_peft_model(model) -> bool:
@@ -151,12 +136,7 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
         torch.cuda.set_rng_state(state["cuda_rng"], trainer.device)
     if state["sample_rng"] is not None and getattr(trainer.generator, "rng", None) is not None:
         trainer.generator.rng.set_state(state["sample_rng"])
-    # Drop metrics logged after the checkpoint: they will be logged again.
-    notices = []
-    records = [r for r in read_metrics(out / "metrics.jsonl", notices) if r["step"] <= trainer.iteration]
-    for notice in notices:
-        print(notice)
-    atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    drop_metrics_after(out, trainer.iteration)  # logged after the checkpoint: they will be logged again
     return state.get("progress", {})
 
 

@@ -17,6 +17,7 @@ from the run's settings, which a resume may not change.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
@@ -82,6 +83,17 @@ def run_settings(config: Any) -> dict:
     return json.loads(json.dumps(strict_json(to_dict(config))))
 
 
+def field_defaults(config: Any) -> dict:
+    """Each setting's default, as run_config.json would hold it."""
+    defaults = {}
+    for field in dataclasses.fields(config):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return json.loads(json.dumps(strict_json(defaults)))
+
+
 def check_resume_settings(config: Any, out: str | Path) -> None:
     """Refuse a resume whose settings would make it another run, naming each one changed.
 
@@ -91,7 +103,8 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     if not saved_path.is_file():
         return
     may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
-    changed = changed_settings(json.loads(saved_path.read_text()), run_settings(config), may_change)
+    changed = changed_settings(json.loads(saved_path.read_text()), run_settings(config), may_change,
+                               field_defaults(config))
     if changed:
         raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
                           f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
