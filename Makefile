@@ -20,11 +20,12 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/ppo-rlhf demo --overwrite
 
+# The tests spread over up to 4 processes (pytest-xdist): about twice as fast on 2 cores.
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n auto --maxprocesses 4 -m "not slow"
 
 bench: install
 	$(PY) benchmarks/bench_pipeline.py
