@@ -336,7 +336,7 @@ class PPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             vf_stats = {}
             if self.critic_module() is None:  # a critic-free estimator: the policy's loss alone
-                actor_loss.backward()
+                self.accelerator.backward(actor_loss)
             elif self.critic is None:
                 # The value head reads the actor's trunk: one graph, one backward pass.
                 vf_loss, vf_stats = value_loss(self.value_head(out.hidden), mb.values, mb.returns, mb.mask,
