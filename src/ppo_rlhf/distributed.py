@@ -52,3 +52,86 @@ def shard(items: list, of_rank: int | None = None, processes: int | None = None)
         raise ValueError(f"a batch of {len(items)} cannot be split evenly over {processes} processes")
     size = len(items) // processes
     return items[of_rank * size:(of_rank + 1) * size]
+
+
+def split_for_rank(items: list, of_rank: int | None = None, processes: int | None = None) -> list:
+    """This process's contiguous part of ``items`` when the split need not be even (held-out
+    prompts): part sizes differ by at most one, and the parts in rank order are ``items``."""
+    of_rank = rank() if of_rank is None else of_rank
+    processes = world_size() if processes is None else processes
+    size, extra = divmod(len(items), processes)
+    begin = of_rank * size + min(of_rank, extra)
+    return items[begin:begin + size + (of_rank < extra)]
+
+
+def gather_objects(items: list) -> list:
+    """The lists of every process, concatenated in rank order (every process gets all of it)."""
+    if not is_distributed():
+        return items
+    parts = [None] * world_size()
+    dist.all_gather_object(parts, items)
+    return [item for part in parts for item in part]
+
+
+def gather_rows(tensor: torch.Tensor | None, pad_value: float = 0, left: bool = False) -> torch.Tensor | None:
+    """(b, T_r, ...) of every process -> (sum of b, max T_r, ...) on every process, rows in rank order.
+
+    Each process's tensor is padded along dim 1 to the longest one first (on the left for
+    left-padded prompts), so the result is the tensor one process would hold for the whole
+    batch.  The row counts may differ; a 1-D tensor is gathered as it is.
+    """
+    if tensor is None or not is_distributed():
+        return tensor
+    shapes = [torch.zeros(2, dtype=torch.long, device=tensor.device) for _ in range(world_size())]
+    width = tensor.shape[1] if tensor.dim() > 1 else 0
+    dist.all_gather(shapes, torch.tensor([tensor.shape[0], width], device=tensor.device))
+    rows = [int(s[0]) for s in shapes]
+    longest = max(int(s[1]) for s in shapes)
+    # gloo and NCCL move numbers, not bools: bools travel as uint8.
+    send = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
+    if tensor.dim() > 1 and width < longest:
+        pad = send.new_full((send.shape[0], longest - width, *send.shape[2:]), pad_value)
+        send = torch.cat([pad, send] if left else [send, pad], dim=1)
+    most = max(rows)
+    if send.shape[0] < most:  # all_gather needs equal shapes: pad rows, drop them after
+        send = torch.cat([send, send.new_zeros((most - send.shape[0], *send.shape[1:]))])
+    parts = [torch.empty_like(send) for _ in rows]
+    dist.all_gather(parts, send.contiguous())
+    gathered = torch.cat([part[:n] for part, n in zip(parts, rows)])
+    return gathered.bool() if tensor.dtype == torch.bool else gathered
+
+
+def sum_gradients(parameters: list[torch.nn.Parameter]) -> None:
+    """Each parameter's gradient replaced by its sum over every process (one flat all-reduce).
+    With each process's loss scaled by its share of the batch, the sum is the whole batch's
+    gradient, exactly as one process would compute it."""
+    if not is_distributed():
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def on_main_process(function, *args, **kwargs):
+    """``function(*args, **kwargs)`` run by the main process alone (file writes, folder checks);
+    every process returns its result, or raises the error it raised, so no process waits on one
+    that has stopped.  The result travels pickled: keep it small."""
+    if not is_distributed():
+        return function(*args, **kwargs)
+    outcome = [(None, None)]
+    if is_main_process():
+        try:
+            outcome = [(function(*args, **kwargs), None)]
+        except Exception as error:  # noqa: BLE001 - re-raised in every process below
+            outcome = [(None, error)]
+    dist.broadcast_object_list(outcome, src=0)
+    result, error = outcome[0]
+    if error is not None:
+        raise error
+    return result

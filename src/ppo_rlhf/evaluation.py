@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from ppo_rlhf.distributed import gather_objects, rank, split_for_rank
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
@@ -38,20 +39,27 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, model, do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
                  prefix: str = "eval/") -> tuple[dict[str, float], list[tuple[str, str]]]:
-        """(metrics, [(prompt, response), ...]) over all held-out prompts."""
+        """(metrics, [(prompt, response), ...]) over all held-out prompts.
+
+        Several processes: each answers its own contiguous part of the prompts (sampling with its
+        own seed), and the metric is computed on all the answers, gathered in every process."""
         start = time.perf_counter()
         generator = TorchGenerator(stop_token_ids(self.tokenizer, model), self.tokenizer.pad_token_id,
-                                   self.max_new_tokens, do_sample=do_sample, temperature=temperature, seed=seed)
+                                   self.max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                   seed=seed + rank())
         texts, finished, lengths, scores = [], [], [], []
-        for begin in range(0, len(self.prompts), self.batch_size):
-            prompts = self.prompts[begin:begin + self.batch_size]
+        mine = split_for_rank(list(range(len(self.prompts))))
+        for begin in range(0, len(mine), self.batch_size):
+            index = mine[begin:begin + self.batch_size]
+            prompts = [self.prompts[i] for i in index]
             out = generate_responses(model, self.tokenizer, generator, prompts, self.max_prompt_length, self.chat_template)
             texts += out.texts
             finished += out.finished
             lengths += out.sequences.response_mask.sum(dim=1).tolist()
             if self.reward is not None:
-                rows = self.rows[begin:begin + self.batch_size]
+                rows = [self.rows[i] for i in index]
                 scores += self.reward(ScoringBatch(rows, prompts, out.texts, out.finished, out.sequences)).tolist()
+        texts, finished, lengths, scores = (gather_objects(part) for part in (texts, finished, lengths, scores))
         metrics = {}
         if self.metric is not None:
             metrics.update(self.metric(self.prompts, texts, finished))

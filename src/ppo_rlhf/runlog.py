@@ -76,6 +76,35 @@ class RunLog:
             self._tb = None
 
 
+class SilentRunLog(RunLog):
+    """The run log of a process that does not write the run folder (every rank but 0 of several):
+    the same calls, nothing written."""
+
+    def __init__(self, out_dir: str | Path, *args, **kwargs):
+        self.out_dir, self.metrics_path, self._tb = Path(out_dir), Path(out_dir) / "metrics.jsonl", None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        pass
+
+    def plot(self, keys: Iterable[str], filename: str = "curves.png", x: str = "step", title: str = "") -> None:
+        return None
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+
+def open_run_log(out_dir: str | Path, config: dict[str, Any] | None = None, tensorboard: bool = True,
+                 resume_after: int | None = None) -> RunLog:
+    """The run log of this process: the real one in the main process, a silent one in the others."""
+    from ppo_rlhf.distributed import is_main_process
+
+    cls = RunLog if is_main_process() else SilentRunLog
+    return cls(out_dir, config, tensorboard=tensorboard, resume_after=resume_after)
+
+
 def _cell(text: Any) -> str:
     """Text as one Markdown table cell."""
     return str(text).replace("|", "\\|").replace("\n", " ")

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
+from ppo_rlhf.distributed import barrier, gather_objects, is_main_process, on_main_process, rank, shard, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
@@ -25,7 +26,7 @@ from ppo_rlhf.models.value import Critic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
-from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
 from ppo_rlhf.stages.roles import load_roles
@@ -70,18 +71,28 @@ def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) 
 def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOConfig, progress: dict) -> None:
     """Everything needed to continue, in one folder replaced atomically.  ``progress``: what the
     summary needs from before a kill (the starting evaluation, PPO seconds so far).  A weight or
-    optimizer state that is not finite is never written over the last good checkpoint."""
+    optimizer state that is not finite is never written over the last good checkpoint.
+
+    Several processes: each one's random state is gathered (each samples its own rollouts), and
+    the main process writes the folder once while the others wait for it."""
     require_trained_finite(trainer)
-    with atomic_directory(out / "checkpoints" / "last") as staging:
-        save_actor(trainer.actor, None, staging / "actor")
-        if trainer.critic is not None:
-            trainer.critic.save(staging / "critic")
-        torch.save({"trainer": trainer.state_dict(), "prompt_rng": rng.get_state(), "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None,
-                    "sample_rng": trainer.generator.rng.get_state() if getattr(trainer.generator, "rng", None) else None,
-                    "progress": progress},
-                   staging / "trainer_state.pt")
-        atomic_write_json(staging / RUN_CONFIG, run_settings(config))
+    random_states = gather_objects([{
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None,
+        "sample_rng": trainer.generator.rng.get_state() if getattr(trainer.generator, "rng", None) else None,
+    }])
+
+    def write() -> None:
+        with atomic_directory(out / "checkpoints" / "last") as staging:
+            save_actor(trainer.actor, None, staging / "actor")
+            if trainer.critic is not None:
+                trainer.critic.save(staging / "critic")
+            torch.save({"trainer": trainer.state_dict(), "prompt_rng": rng.get_state(), **random_states[0],
+                        "random_states": random_states, "progress": progress},
+                       staging / "trainer_state.pt")
+            atomic_write_json(staging / RUN_CONFIG, run_settings(config))
+
+    on_main_process(write)
 
 
 def require_trained_finite(trainer: PPOTrainer) -> None:
@@ -131,13 +142,32 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
     actor_group, critic_group = trainer.optimizer.param_groups
     actor_group["lr"], critic_group["lr"] = config.lr, config.critic_lr or config.lr
     rng.set_state(state["prompt_rng"])
-    torch.set_rng_state(state["torch_rng"])
-    if state.get("cuda_rng") is not None and trainer.device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda_rng"], trainer.device)
-    if state["sample_rng"] is not None and getattr(trainer.generator, "rng", None) is not None:
-        trainer.generator.rng.set_state(state["sample_rng"])
-    drop_metrics_after(out, trainer.iteration)  # logged after the checkpoint: they will be logged again
+    # This process's own random state (one process: the only one); the world size was checked at start.
+    mine = state.get("random_states", [state])[rank()]
+    torch.set_rng_state(mine["torch_rng"])
+    if mine.get("cuda_rng") is not None and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(mine["cuda_rng"], trainer.device)
+    if mine["sample_rng"] is not None and getattr(trainer.generator, "rng", None) is not None:
+        trainer.generator.rng.set_state(mine["sample_rng"])
+    # Logged after the checkpoint: they will be logged again.
+    on_main_process(drop_metrics_after, out, trainer.iteration)
     return state.get("progress", {})
+
+
+def check_processes(config: PPOConfig) -> None:
+    """Several processes split each batch of rollouts, and each minibatch, evenly, and keep the K
+    samples of a prompt in one process (the group baselines read them together)."""
+    processes = world_size()
+    if processes == 1:
+        return
+    unit = processes * config.samples_per_prompt
+    if config.batch_size % unit:
+        raise ConfigError(f"invalid value for 'batch_size': {config.batch_size}; with {processes} processes it must be "
+                          f"a multiple of {unit} (processes x samples_per_prompt), so each process rolls out whole "
+                          f"prompt groups")
+    if config.mini_batch_size % processes:
+        raise ConfigError(f"invalid value for 'mini_batch_size': {config.mini_batch_size}; with {processes} processes "
+                          f"it must be a multiple of {processes}, each process computing an equal slice of it")
 
 
 def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: int | None = None) -> dict:
@@ -146,11 +176,14 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     set_threads(config.num_threads)
     seed_everything(config.seed)
     out = Path(config.out)
-    check_run_folder(out, config.overwrite, config.resume, resumable=out / "checkpoints" / "last" / "trainer_state.pt")
+    accelerator = config.accelerator()  # under accelerate launch / torchrun: joins the process group
+    check_processes(config)
+    on_main_process(check_run_folder, out, config.overwrite, config.resume,
+                    resumable=out / "checkpoints" / "last" / "trainer_state.pt")
     if config.resume:
         check_resume_settings(config, out)
     task = load_task(config.task, config.seed)
-    accelerator = config.accelerator()
+    main = is_main_process()
     roles = load_roles(config, task)
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
     # The trained models are saved in the dtype they came in (adapters and value heads: float32).
@@ -160,17 +193,18 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     check_policy(actor, tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
                  config.chat_template, config.max_prompt_length, config.max_new_tokens)
     generator = TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
-                               do_sample=config.do_sample, temperature=config.temperature, seed=config.seed,
+                               do_sample=config.do_sample, temperature=config.temperature,
+                               seed=config.seed + rank(),  # each process samples its own rollouts
                                device=accelerator.device)
     trainer = PPOTrainer(actor, roles.ref, reward, tokenizer, config, generator, critic=roles.critic,
                          accelerator=accelerator)
     rng = torch.Generator().manual_seed(config.seed)
-    for notice in start_run_folder(out, config.overwrite):
+    for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)
     # What the summary needs from before a resume: the true starting evaluation, PPO seconds so far.
     carried = load_last(trainer, out, rng, config) if config.resume else {}
     resumed = config.resume
-    run_log = RunLog(out, config_record or to_dict(config), resume_after=trainer.iteration if resumed else None)
+    run_log = open_run_log(out, config_record or to_dict(config), resume_after=trainer.iteration if resumed else None)
     evaluator = None
     if eval_rows:
         evaluator = Evaluator(tokenizer, eval_rows, task.metric if task else None,
@@ -187,12 +221,13 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                 metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
         return metrics, samples
 
-    print(f"ppo-rlhf ppo -> {out}" + (f" (resumed from {out / 'checkpoints' / 'last'}, after iteration "
-                                      f"{trainer.iteration} of {config.iterations})" if resumed else ""))
-    for line in plan_lines(config, roles, trainer, len(train_rows)):
-        print("  " + line)
-    for warning in plan_warnings(config):
-        print(f"warning: {warning}")
+    if main:
+        print(f"ppo-rlhf ppo -> {out}" + (f" (resumed from {out / 'checkpoints' / 'last'}, after iteration "
+                                          f"{trainer.iteration} of {config.iterations})" if resumed else ""))
+        for line in plan_lines(config, roles, trainer, len(train_rows)):
+            print("  " + line)
+        for warning in plan_warnings(config):
+            print(f"warning: {warning}")
     if "before" in carried:
         before, samples_before = carried["before"], carried["samples_before"]
     else:
@@ -204,10 +239,11 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     train_seconds = carried.get("train_seconds", 0.0)
     scores = dict(carried.get("scores", {}))  # the training score of the first and of the last iteration
     first_iteration = trainer.iteration
-    progress = tqdm(range(first_iteration, config.iterations), desc="ppo", mininterval=1.0)
+    progress = tqdm(range(first_iteration, config.iterations), desc="ppo", mininterval=1.0, disable=not main)
     for iteration in progress:
         start = time.perf_counter()
-        metrics = trainer.step(draw_batch(train_rows, config, rng))
+        # Every process draws the same batch and rolls out its own part of it.
+        metrics = trainer.step(shard(draw_batch(train_rows, config, rng)))
         train_seconds += time.perf_counter() - start
         metrics["time/elapsed"] = train_seconds  # PPO time so far, evaluation excluded
         done = iteration + 1
@@ -216,18 +252,19 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             metrics.update(eval_metrics)
             if done == config.iterations:
                 final_eval = eval_metrics, samples
-            tqdm.write(f"iteration {done}: held-out " + eval_line(eval_metrics))
+            if main:
+                tqdm.write(f"iteration {done}: held-out " + eval_line(eval_metrics))
         run_log.log(done, metrics)
         if "eval/response_length" in metrics:
             run_log.plot(CURVES, title="PPO")  # redrawn at each evaluation, so a long run can be watched
-        if config.sample_every and (done % config.sample_every == 0 or iteration == first_iteration):
+        if main and config.sample_every and (done % config.sample_every == 0 or iteration == first_iteration):
             run_log.log_samples(done, trainer.last_samples)
             for sample in trainer.last_samples[:2]:
                 tqdm.write(f"iteration {done} sample: {sample['prompt']!r} -> {sample['response']!r} "
                            f"(score {sample['score']:.3g})")
         scores.setdefault("first", metrics["score"])
         scores["last"] = metrics["score"]
-        if iteration == first_iteration and (warning := score_spread_warning(metrics, done)):
+        if main and iteration == first_iteration and (warning := score_spread_warning(metrics, done)):
             tqdm.write(f"warning: {warning}")
         progress.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
         if config.save_every and (done % config.save_every == 0 or done == config.iterations):
@@ -237,14 +274,19 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()
     require_trained_finite(trainer)
-    # Saved in the dtype each model came in (bf16 in, bf16 out); trained in float32.
-    actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
-                           out / "checkpoints" / "actor")
-    checkpoints = {"actor": str(actor_dir)}
-    if trainer.critic_module() is not None:  # a critic-free estimator has none to save
-        if critic_dtype is not None:
-            trainer.critic.backbone.to(critic_dtype)
-        checkpoints["critic"] = str(save_critic(trainer, tokenizer, out / "checkpoints" / "critic"))
+
+    def save_models() -> dict:
+        """Saved in the dtype each model came in (bf16 in, bf16 out); trained in float32."""
+        actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
+                               out / "checkpoints" / "actor")
+        saved = {"actor": str(actor_dir)}
+        if trainer.critic_module() is not None:  # a critic-free estimator has none to save
+            if critic_dtype is not None:
+                trainer.critic.backbone.to(critic_dtype)
+            saved["critic"] = str(save_critic(trainer, tokenizer, out / "checkpoints" / "critic"))
+        return saved
+
+    checkpoints = on_main_process(save_models)  # the processes hold the same weights: written once
     final_metrics, samples_after = final_eval or ({}, [])
     after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}
     sampled = {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")}

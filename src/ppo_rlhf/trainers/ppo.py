@@ -42,6 +42,7 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, value_head_on
@@ -171,6 +172,10 @@ class PPOTrainer:
             if config.target_kl is not None else FixedKLController(config.kl_coef)
         )
         self.score_moments = RunningMoments()
+        # Several processes: each rolls out its own part of the batch and trains on its slice of
+        # every minibatch; every process draws the same minibatches from this generator.
+        self.rank, self.processes = rank(), world_size()
+        self.minibatch_rng = torch.Generator().manual_seed(config.seed)
         # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
@@ -202,6 +207,10 @@ class PPOTrainer:
     @torch.no_grad()
     @under_autocast
     def make_experience(self, rows: list[dict]) -> tuple[Experience, dict[str, float]]:
+        """Stages 1-6 on this process's ``rows``.  With several processes, the per-row work (rollout,
+        scoring, the forward passes) is done on each process's own rows; the batch-level arithmetic
+        (score normalisation, whitening, the statistics) then runs on the gathered whole batch, in
+        every process alike, so N processes compute what one process would (docs/design.md, "Scale")."""
         config = self.config
         timings = {}
 
@@ -211,19 +220,19 @@ class PPOTrainer:
         check_prompt_groups(prompts, config.samples_per_prompt)
         rollout = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
                                      config.max_prompt_length, config.chat_template)
-        sequences, mask = rollout.sequences, rollout.sequences.response_mask
+        sequences = rollout.sequences
         timings["time/generate"] = time.perf_counter() - start
 
-        # 2. score
+        # 2. score (post-processed below, over the whole batch)
         start = time.perf_counter()
         raw_scores = self.reward(ScoringBatch(rows, prompts, rollout.texts, rollout.finished, sequences))
         raw_scores = raw_scores.to(self.device).float()  # a reward function's scores come on the CPU
-        scores = self.postprocess_scores(raw_scores, torch.tensor(rollout.finished, device=self.device))
+        finished = torch.tensor(rollout.finished, device=self.device)
         timings["time/score"] = time.perf_counter() - start
         # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
         self.last_samples = [{"prompt": p, "response": r, "score": float(x)}
                              for p, r, x in zip(prompts[:SAMPLES_KEPT], rollout.texts, raw_scores[:SAMPLES_KEPT].tolist())]
-        greedy_scores = self.greedy_baseline(rows, prompts, timings) if self.greedy_generator is not None else None
+        greedy = self.greedy_baseline(rows, prompts, timings) if self.greedy_generator is not None else None
 
         # 3. old log-probs and values (eval mode: no dropout, so they match the generation)
         start = time.perf_counter()
@@ -233,15 +242,28 @@ class PPOTrainer:
         logits, values = self.policy_and_values(sequences)
         logprobs = logprobs_from_logits(logits, sequences.response_ids)
 
-        # 4. reference log-probs
+        # 4. reference log-probs, and the per-token KL estimate
         ref_logits = self.reference_logits(sequences)
         ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
+        estimator = config.kl_estimator_used
+        kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
+        kl = keep_masked(kl, sequences.response_mask)
+        del logits, ref_logits
+
+        # The whole batch, in every process (one process: these are the tensors themselves).
+        sequences = self.gather_sequences(sequences)
+        mask = sequences.response_mask
+        logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
+        raw_scores, finished = gather_rows(raw_scores), gather_rows(finished)
+        scores = self.postprocess_scores(raw_scores, finished)
+        greedy_scores = None
+        if greedy is not None:  # ReMax: post-processed as the sampled scores, without moving their statistics
+            greedy_raw, greedy_finished = gather_rows(greedy[0]), gather_rows(greedy[1])
+            greedy_scores = self.postprocess_scores(greedy_raw, greedy_finished, update_moments=False)
+            greedy_scores = greedy_scores.repeat_interleave(config.samples_per_prompt)
 
         # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
         # and the reward is the score alone; either way kl[t] is logged and drives the controller.
-        estimator = config.kl_estimator_used
-        kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
-        kl = keep_masked(kl, mask)
         kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
         rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward)
 
@@ -261,9 +283,14 @@ class PPOTrainer:
                                 scores, raw_scores, greedy_scores)
         return experience, timings
 
-    def greedy_baseline(self, rows: list[dict], prompts: list, timings: dict[str, float]) -> torch.Tensor:
-        """ReMax: (B,) the score of each prompt's greedy response, post-processed as the sampled
-        scores are (without moving the running score statistics), repeated over the prompt's samples."""
+    def gather_sequences(self, sequences: Sequences) -> Sequences:
+        """Every process's sequences, padded as one process pads the whole batch (prompts on the left)."""
+        pad = self.tokenizer.pad_token_id
+        return Sequences(gather_rows(sequences.prompt_ids, pad, left=True), gather_rows(sequences.prompt_mask, left=True),
+                         gather_rows(sequences.response_ids, pad), gather_rows(sequences.response_mask))
+
+    def greedy_baseline(self, rows: list[dict], prompts: list, timings: dict[str, float]) -> tuple:
+        """ReMax: the raw score (one per prompt) of each prompt's greedy response, and whether it finished."""
         k = self.config.samples_per_prompt
         start = time.perf_counter()
         greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, prompts[::k],
@@ -271,10 +298,8 @@ class PPOTrainer:
         timings["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
         raw = self.reward(ScoringBatch(rows[::k], prompts[::k], greedy.texts, greedy.finished, greedy.sequences))
-        finished = torch.tensor(greedy.finished, device=self.device)
-        scores = self.postprocess_scores(raw.to(self.device).float(), finished, update_moments=False)
         timings["time/score"] += time.perf_counter() - start
-        return scores.repeat_interleave(k)
+        return raw.to(self.device).float(), torch.tensor(greedy.finished, device=self.device)
 
     def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor, update_moments: bool = True) -> torch.Tensor:
         config = self.config
@@ -303,6 +328,12 @@ class PPOTrainer:
         return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens)
 
     def update(self, experience: Experience) -> dict[str, float]:
+        """ppo_epochs passes of clipped-loss minibatch steps over the whole batch.
+
+        With N processes every one holds the whole batch (make_experience) and draws the same
+        minibatches; each computes its 1/N slice of a minibatch, its losses scaled by its share of
+        the minibatch, and the gradients are summed over the processes before the clip: the step
+        one process would take on the whole minibatch (docs/design.md, "Scale")."""
         config = self.config
         # During critic warm-up the policy loss is left out and the actor gets no gradient.
         warming_up = self.iteration < config.critic_warmup
@@ -312,10 +343,19 @@ class PPOTrainer:
         totals: dict[str, float] = {}
         n_steps = 0
         batch_size = experience.scores.shape[0]
+        # Minibatches from the trainer's own generator, which every process holds alike (the
+        # global RNG differs between processes: each samples its own rollouts).
         minibatches = [mb for _ in range(config.ppo_epochs)
-                       for mb in torch.randperm(batch_size, device=self.device).split(config.mini_batch_size)]
+                       for mb in torch.randperm(batch_size, generator=self.minibatch_rng).split(config.mini_batch_size)]
         for mb_index in minibatches:
-            mb = experience.select(mb_index)
+            mb_index = mb_index.to(self.device)
+            mb_mask = experience.mask[mb_index]
+            mb = experience.select(mb_index.chunk(self.processes)[self.rank])
+            # This process's share of the minibatch: of its response tokens (token means), and of
+            # its responses (the policy loss's per-response aggregations).  1 and 1 in one process.
+            token_share = (mb.mask.sum() / mb_mask.sum().clamp(min=1)).item() if self.processes > 1 else 1.0
+            row_share = mb.mask.shape[0] / mb_mask.shape[0]
+            policy_share = token_share if config.loss_aggregation == "token-mean" else row_share
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
             logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
@@ -325,14 +365,15 @@ class PPOTrainer:
             # several (B, T, V) tensors for the backward pass).
             with torch.set_grad_enabled(config.entropy_coef != 0 and not warming_up):
                 entropy = masked_mean(entropy_from_logits(out.logits), mb.mask)
-            if config.max_approx_kl is not None and not warming_up and pg_stats["approx_kl"] > config.max_approx_kl:
-                break  # the policy has moved far enough from the one that collected the batch
-            actor_loss = None if warming_up else pg_loss - config.entropy_coef * entropy
+            if config.max_approx_kl is not None and not warming_up:
+                approx_kl = sum_across_processes(pg_stats["approx_kl"] * token_share)
+                if approx_kl > config.max_approx_kl:
+                    break  # the policy has moved far enough from the one that collected the batch
+            actor_loss = None if warming_up else policy_share * pg_loss - config.entropy_coef * token_share * entropy
             if config.kl_in == "loss" and not warming_up:
                 kl_loss = self.kl_loss(out.logits, logprobs, mb)
                 pg_stats["kl_loss"] = kl_loss.detach()
-                if actor_loss is not None:
-                    actor_loss = actor_loss + self.kl_controller.value * kl_loss
+                actor_loss = actor_loss + self.kl_controller.value * policy_share * kl_loss
             self.optimizer.zero_grad(set_to_none=True)
             vf_stats = {}
             if self.critic_module() is None:  # a critic-free estimator: the policy's loss alone
@@ -341,7 +382,7 @@ class PPOTrainer:
                 # The value head reads the actor's trunk: one graph, one backward pass.
                 vf_loss, vf_stats = value_loss(self.value_head(out.hidden), mb.values, mb.returns, mb.mask,
                                                config.cliprange_value)
-                loss = config.vf_coef * vf_loss
+                loss = config.vf_coef * token_share * vf_loss
                 self.accelerator.backward(loss if actor_loss is None else actor_loss + loss)
             else:
                 # A separate critic shares no parameters with the actor: the actor's backward pass
@@ -355,14 +396,18 @@ class PPOTrainer:
                     with self.accelerator.autocast():
                         values = critic_values(self.critic, mb.sequences)
                     vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
-                    self.accelerator.backward(config.vf_coef * vf_loss)
+                    self.accelerator.backward(config.vf_coef * token_share * vf_loss)
+            sum_gradients(self.trainable_parameters)
             grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
-            losses = [loss.detach() for loss in (actor_loss, vf_stats.get("vf_loss")) if loss is not None]
-            if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=sum(losses),
-                                   grad_norm=grad_norm):
+            # The minibatch's statistics: each process's share of them, summed over the processes.
+            shares = {"pg_loss": policy_share, "kl_loss": policy_share}
+            step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach()}
+            step_stats = self.sum_shares({key: value * shares.get(key, token_share) for key, value in step_stats.items()})
+            loss = sum(step_stats[key] for key in ("pg_loss", "vf_loss", "kl_loss", "entropy") if key in step_stats)
+            if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=loss, grad_norm=grad_norm):
                 continue  # skipped: its statistics are not the update's
             # Statistics averaged over every minibatch of the update, not just the last one.
-            step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach(), "grad_norm": grad_norm}
+            step_stats["grad_norm"] = grad_norm
             for key, value in step_stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
             n_steps += 1
@@ -370,6 +415,13 @@ class PPOTrainer:
         stats["update_steps"] = n_steps
         stats["skipped_steps"] = self.guard.skipped
         return stats
+
+    def sum_shares(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Scalar statistics summed over the processes, in one all-reduce (one process: as given)."""
+        if self.processes == 1:
+            return stats
+        total = sum_across_processes(torch.stack([v.detach().float().reshape(()) for v in stats.values()]))
+        return dict(zip(stats, total))
 
     # ------------------------------------------------------------ one iteration
     def step(self, rows: list[dict]) -> dict[str, float]:
@@ -423,6 +475,7 @@ class PPOTrainer:
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.score_moments.state_dict(),
             "guard": self.guard.state_dict(),
+            "minibatch_rng": self.minibatch_rng.get_state(),
         }
         if self.value_head is not None:  # a critic-free estimator's state holds no critic at all
             state["value_head"] = self.value_head.state_dict()
@@ -435,5 +488,7 @@ class PPOTrainer:
         self.score_moments.load_state_dict(state["score_moments"])
         if "guard" in state:
             self.guard.load_state_dict(state["guard"])
+        if "minibatch_rng" in state:
+            self.minibatch_rng.set_state(state["minibatch_rng"])
         if self.value_head is not None and state.get("value_head") is not None:
             self.value_head.load_state_dict(state["value_head"])

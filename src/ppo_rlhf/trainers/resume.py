@@ -30,6 +30,7 @@ from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text, strict_json
 from ppo_rlhf.config import ConfigError, to_dict
+from ppo_rlhf.distributed import world_size
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.guard import require_finite
@@ -78,9 +79,13 @@ def load_trained_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) 
 
 
 # ------------------------------------------------------------------ settings and metrics
+PROCESSES = "processes"  # run_config.json's record of the world size; not a setting
+
+
 def run_settings(config: Any) -> dict:
-    """The config as run_config.json holds it (strict JSON: lists, not tuples; None, not NaN)."""
-    return json.loads(json.dumps(strict_json(to_dict(config))))
+    """The config as run_config.json holds it (strict JSON: lists, not tuples; None, not NaN), and
+    the number of processes that trained it."""
+    return {**json.loads(json.dumps(strict_json(to_dict(config)))), PROCESSES: world_size()}
 
 
 def field_defaults(config: Any) -> dict:
@@ -102,9 +107,17 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     saved_path = last_checkpoint(out) / RUN_CONFIG
     if not saved_path.is_file():
         return
+    saved = json.loads(saved_path.read_text())
+    # Each process holds its own sampling state and part of the batch: another count is another run.
+    trained_by = saved.pop(PROCESSES, 1)
+    if trained_by != world_size():
+        raise ConfigError(f"--resume: the run in {out} was trained by {trained_by} process(es) and this is "
+                          f"{world_size()}; resume it with the same number (accelerate launch --num_processes "
+                          f"{trained_by} ...), or start a new run")
+    current = run_settings(config)
+    current.pop(PROCESSES)
     may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
-    changed = changed_settings(json.loads(saved_path.read_text()), run_settings(config), may_change,
-                               field_defaults(config))
+    changed = changed_settings(saved, current, may_change, field_defaults(config))
     if changed:
         raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
                           f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
