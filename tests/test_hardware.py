@@ -19,7 +19,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from safetensors.torch import load_file
 from transformers import AutoModel
 
-from ppo_rlhf.hardware import resolve_device
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.hardware import check_launch, resolve_device
 from ppo_rlhf.models.lora import AdapterRewardModel
 from ppo_rlhf.models.value import Critic, ValueHead
 from ppo_rlhf.runlog import read_metrics
@@ -228,3 +229,14 @@ def test_bf16_mixed_precision_on_a_gpu_without_bf16_is_refused(tmp_path, capsys,
     err = refused(["ppo", "--device", "cuda", "--mixed-precision", "bf16", "--out", tmp_path], capsys,
                   "mixed_precision")
     assert "fp16" in err  # what to use instead
+
+
+@pytest.mark.parametrize("distributed_type", ["FSDP", "DEEPSPEED", "MEGATRON_LM"])
+def test_a_launch_that_shards_the_models_is_refused_by_name(distributed_type):
+    with pytest.raises(ConfigError, match=f"distributed_type {distributed_type} shards the models.*MULTI_GPU"):
+        check_launch(distributed_type)
+
+
+@pytest.mark.parametrize("distributed_type", ["NO", "MULTI_CPU", "MULTI_GPU"])
+def test_data_parallel_launches_are_accepted(distributed_type):
+    check_launch(distributed_type)

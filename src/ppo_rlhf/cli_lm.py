@@ -9,6 +9,7 @@ import argparse
 import json
 
 from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
+from ppo_rlhf.distributed import is_main_process
 
 
 def _stage(subparsers, name: str, config_cls, runner, help_text: str, printer=None):
@@ -21,7 +22,8 @@ def _stage(subparsers, name: str, config_cls, runner, help_text: str, printer=No
         yaml_values = load_yaml(args.config) if args.config else {}
         config = config_from_args(config_cls, args, yaml_values)
         summary = runner(config)
-        (printer or _print_summary)(summary)
+        if is_main_process():  # several processes: one summary
+            (printer or _print_summary)(summary)
         return 0
 
     parser.set_defaults(func=run)

@@ -135,3 +135,12 @@ def on_main_process(function, *args, **kwargs):
     if error is not None:
         raise error
     return result
+
+
+def check_batch_split(batch_size: int, key: str = "batch_size") -> None:
+    """ConfigError unless ``batch_size`` splits evenly over the processes."""
+    from ppo_rlhf.config import ConfigError
+
+    if batch_size % world_size():
+        raise ConfigError(f"invalid value for '{key}': {batch_size}; with {world_size()} processes it must be a "
+                          f"multiple of {world_size()}, each process computing an equal part of every batch")

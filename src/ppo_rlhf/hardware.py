@@ -27,6 +27,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HALF = (torch.bfloat16, torch.float16)
+# accelerate launch modes that shard the weights (FSDP, DeepSpeed ZeRO, Megatron): refused at start.
+SHARDED_LAUNCHES = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
 
 
 @dataclass
@@ -89,9 +91,21 @@ def make_accelerator(device: str = "auto", mixed_precision: str = "no"):
     if PartialState._shared_state and PartialState().num_processes == 1:
         AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision)
+    check_launch(accelerator.distributed_type.value)
     if accelerator.device.type != device:
         raise RuntimeError(f"accelerate placed this process on {accelerator.device}, not on the {device} asked for")
     return accelerator
+
+
+def check_launch(distributed_type: str) -> None:
+    """ConfigError for an ``accelerate launch`` mode that shards the weights (FSDP, DeepSpeed)."""
+    from ppo_rlhf.config import ConfigError
+
+    if distributed_type in SHARDED_LAUNCHES:
+        raise ConfigError(f"accelerate launch: distributed_type {distributed_type} shards the models, and ppo-rlhf's "
+                          f"trainers do not shard yet: every process holds whole models (data parallel).  Allowed: "
+                          f"MULTI_GPU (configs/accelerate/gpus_ddp.yaml, which also runs on CPUs), torchrun, "
+                          f"or one process")
 
 
 def train_in_float32(model: nn.Module, what: str) -> torch.dtype | None:

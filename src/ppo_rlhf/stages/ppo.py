@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
-from ppo_rlhf.distributed import barrier, gather_objects, is_main_process, on_main_process, rank, shard, world_size
+from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_process, rank, shard, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
@@ -226,6 +226,10 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                                           f"{trainer.iteration} of {config.iterations})" if resumed else ""))
         for line in plan_lines(config, roles, trainer, len(train_rows)):
             print("  " + line)
+        if world_size() > 1:
+            n = world_size()
+            print(f"  processes: {n}, data parallel: each rolls out {config.batch_size // n} of the batch and "
+                  f"computes {config.mini_batch_size // n} rows of each minibatch; gradients summed")
         for warning in plan_warnings(config):
             print(f"warning: {warning}")
     if "before" in carried:

@@ -16,8 +16,9 @@ from ppo_rlhf.data import drop_rows, load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
+from ppo_rlhf.distributed import check_batch_split, on_main_process
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
-from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.guard import require_finite
 from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
@@ -43,7 +44,9 @@ def run_reward(config: RewardConfig) -> dict:
     seed_everything(config.seed)
     start = time.perf_counter()
     out = Path(config.out)
-    check_run_folder(out, config.overwrite, config.resume, resumable=resumable(out))
+    config.accelerator()  # under accelerate launch / torchrun: joins the process group
+    check_batch_split(config.batch_size)
+    on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
     if config.resume:
         check_resume_settings(config, out)
     task = load_task(config.task if not config.data else None, config.seed)
@@ -67,17 +70,19 @@ def run_reward(config: RewardConfig) -> dict:
         rows = drop_rows(rows, lambda row: row[config.chosen_field] == row[config.rejected_field],
                          "have the same chosen and rejected response", config.data)
     check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template, needs_eos=False)
-    for notice in start_run_folder(out, config.overwrite):
+    for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)
     checkpoints = open_checkpoints(config, out, config.steps, "step")
-    run_log = RunLog(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
+    run_log = open_run_log(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
     result = train_reward_model(model, tokenizer, rows, config, run_log=run_log, checkpoints=checkpoints)
     require_finite(model.state_dict(), "the reward model")
+    # The processes hold the same weights: written once.
     if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder); float32 as trained
-        checkpoint = save_adapter(model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
+        checkpoint = on_main_process(save_adapter, model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
     else:
-        checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "reward")
+        checkpoint = on_main_process(save_pretrained_atomic, model.to(stored_dtype), tokenizer,
+                                     out / "checkpoints" / "reward")
     run_log.plot(["loss", "train_accuracy"])
     summary = {
         "stage": "reward",

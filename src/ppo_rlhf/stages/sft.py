@@ -17,8 +17,9 @@ from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_fits, check_tokenizer
 from ppo_rlhf.rollout.sequences import stop_token_ids
+from ppo_rlhf.distributed import check_batch_split, on_main_process
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
-from ppo_rlhf.runlog import RunLog
+from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.trainers.guard import require_finite
 from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
@@ -30,7 +31,9 @@ def run_sft(config: SFTConfig) -> dict:
     seed_everything(config.seed)
     start = time.perf_counter()
     out = Path(config.out)
-    check_run_folder(out, config.overwrite, config.resume, resumable=resumable(out))
+    config.accelerator()  # under accelerate launch / torchrun: joins the process group
+    check_batch_split(config.batch_size)
+    on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
     if config.resume:
         check_resume_settings(config, out)
     if config.data and not config.model:
@@ -63,15 +66,16 @@ def run_sft(config: SFTConfig) -> dict:
         if held_out:
             evaluator = HeldOutLoss(tokenizer, held_out, config, stop_token_ids(tokenizer, model))
             print(f"sft: {len(held_out)} of the rows held out for the held-out loss (--eval-fraction)")
-    for notice in start_run_folder(out, config.overwrite):
+    for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)
     checkpoints = open_checkpoints(config, out, config.steps, "step")
-    run_log = RunLog(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
+    run_log = open_run_log(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
     evaluations = train_sft(model, tokenizer, rows, config, run_log=run_log, evaluator=evaluator,
                             checkpoints=checkpoints)
     require_finite(model.state_dict(), "the SFT model")
-    checkpoint = save_pretrained_atomic(model.to(stored_dtype), tokenizer, out / "checkpoints" / "sft")
+    # The processes hold the same weights: written once.
+    checkpoint = on_main_process(save_pretrained_atomic, model.to(stored_dtype), tokenizer, out / "checkpoints" / "sft")
     run_log.plot(["loss", "eval/loss", "eval/token_accuracy", "eval/exact_match", "eval/value_correct",
                   "eval/style_correct", "lr"])
     summary = {

@@ -30,7 +30,7 @@ from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text, strict_json
 from ppo_rlhf.config import ConfigError, to_dict
-from ppo_rlhf.distributed import world_size
+from ppo_rlhf.distributed import gather_objects, on_main_process, rank, world_size
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.guard import require_finite
@@ -177,12 +177,20 @@ class Checkpoints:
                         for key, value in moments.items()}, f"the optimizer state after {done} steps")
         device = accelerator.device if accelerator is not None else torch.device("cpu")
         scaler = getattr(accelerator, "scaler", None)
-        with atomic_directory(last_checkpoint(self.out)) as staging:
-            save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(staging / TRAINED))
-            atomic_write_json(staging / RUN_CONFIG, self.settings)
-            torch.save({"step": done, "optimizer": optimizer_state, "rng": rng_states(device),
-                        "scaler": scaler.state_dict() if scaler is not None else None, **state},
-                       staging / TRAINER_STATE)
+        # Several processes: the same weights in each, written once by the main process; the random
+        # states are each process's own (dropout, sampling), kept by rank.
+        random_states = gather_objects([rng_states(device)])
+
+        def write() -> None:
+            with atomic_directory(last_checkpoint(self.out)) as staging:
+                save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(staging / TRAINED))
+                atomic_write_json(staging / RUN_CONFIG, self.settings)
+                torch.save({"step": done, "optimizer": optimizer_state, "rng": random_states[0],
+                            "rng_by_process": random_states,
+                            "scaler": scaler.state_dict() if scaler is not None else None, **state},
+                           staging / TRAINER_STATE)
+
+        on_main_process(write)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator=None) -> dict:
         """Put the saved weights, optimizer moments, loss scale and RNG states into this run;
@@ -196,7 +204,8 @@ class Checkpoints:
         scaler = getattr(accelerator, "scaler", None)
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
-        restore_rng_states(saved["rng"], accelerator.device if accelerator is not None else torch.device("cpu"))
+        mine = saved.get("rng_by_process", [saved["rng"]])[rank()]  # the world size was checked at start
+        restore_rng_states(mine, accelerator.device if accelerator is not None else torch.device("cpu"))
         return saved
 
 
@@ -207,5 +216,5 @@ def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step
     checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config))
     if config.resume:
         checkpoints.load(total, unit)
-        drop_metrics_after(out, checkpoints.step * logged_step_scale)
+        on_main_process(drop_metrics_after, out, checkpoints.step * logged_step_scale)
     return checkpoints

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
+from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
@@ -160,8 +161,12 @@ class _Examples:
 @torch.no_grad()
 def reward_accuracy(model, examples: _Examples, indices: torch.Tensor, batch_size: int = 512) -> float:
     model.eval()
-    correct = [examples.loss_and_correct(model, indices[i:i + batch_size])[1] for i in range(0, len(indices), batch_size)]
-    return torch.cat(correct).float().mean().item() if correct else float("nan")
+    if len(indices) == 0:
+        return float("nan")
+    mine = split_for_rank(indices)  # several processes: each its part, the counts summed
+    correct = [examples.loss_and_correct(model, mine[i:i + batch_size])[1] for i in range(0, len(mine), batch_size)]
+    right = torch.cat(correct).float().sum() if correct else torch.zeros((), device=next(model.parameters()).device)
+    return (sum_across_processes(right) / len(indices)).item()
 
 
 def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig, run_log=None,
@@ -172,7 +177,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     accelerator = accelerator or config.accelerator()
     train_in_float32(model, "reward model")
     model.to(accelerator.device)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
     order = list(range(len(rows)))
     random.Random(config.seed).shuffle(order)
     n_eval = int(len(rows) * config.eval_fraction)
@@ -190,19 +195,26 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         guard.load_state_dict(saved["guard"])
     start = time.perf_counter() - seconds_before
     model.train()
-    for step in tqdm(range(first_step, config.steps), desc=f"reward ({config.mode})", mininterval=1.0):
+    for step in tqdm(range(first_step, config.steps), desc=f"reward ({config.mode})", mininterval=1.0,
+                     disable=not is_main_process()):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps)
         batch = train_index[torch.randint(len(train_index), (config.batch_size,), generator=generator)]
+        # Several processes: each its equal part of the batch, its mean loss scaled by 1 / processes,
+        # the gradients summed (docs/design.md, "Scale").
         with accelerator.autocast():
-            loss, correct = examples.loss_and_correct(model, batch)
+            loss, correct = examples.loss_and_correct(model, shard(batch))
+        loss = loss / world_size() if world_size() > 1 else loss
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
+        sum_gradients(parameters)
         grad_norm = accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+        loss = sum_across_processes(loss.detach())  # the whole batch's loss
         done = step + 1
         guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
         if run_log is not None and (step % 25 == 0 or done == config.steps):
-            run_log.log(done, {"loss": loss.item(), "train_accuracy": correct.float().mean().item(),
+            accuracy = sum_across_processes(correct.float().sum()) / config.batch_size
+            run_log.log(done, {"loss": loss.item(), "train_accuracy": accuracy.item(),
                                "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start})
         if checkpoints is not None and checkpoints.due(done, config.steps):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
+from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -189,8 +190,10 @@ class HeldOutLoss:
         model.eval()
         device = next(model.parameters()).device
         loss_sum, correct, tokens = 0.0, 0, 0
-        for start in range(0, self.examples[0].shape[0], self.batch_size):
-            ids, mask, labels = (t[start:start + self.batch_size].to(device) for t in self.examples)
+        mine = split_for_rank(list(range(self.examples[0].shape[0])))  # several processes: a part each
+        for start in range(0, len(mine), self.batch_size):
+            index = torch.tensor(mine[start:start + self.batch_size], dtype=torch.long)
+            ids, mask, labels = (t[index].to(device) for t in self.examples)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (b, L-1, V)
             targets = labels[:, 1:]
             counted = targets != -100
@@ -200,6 +203,8 @@ class HeldOutLoss:
             correct += ((logits.argmax(dim=-1) == targets) & counted).sum().item()
             tokens += counted.sum().item()
         model.train(was_training)
+        loss_sum, correct, tokens = sum_across_processes(torch.tensor([loss_sum, correct, tokens],
+                                                                      dtype=torch.float64, device=device)).tolist()
         return {"eval/loss": loss_sum / max(tokens, 1), "eval/token_accuracy": correct / max(tokens, 1)}, []
 
 
@@ -211,9 +216,10 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     accelerator = accelerator or config.accelerator()
     train_in_float32(model, "SFT model")
     model.to(accelerator.device)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
     # (N, L) each, kept on the CPU; a batch moves to the device when it is used
     input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
+    trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     optimizer = accelerator.prepare(optimizer)  # with fp16 autocast: loss scaling
     generator = torch.Generator().manual_seed(config.seed)
@@ -228,7 +234,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         guard.load_state_dict(saved["guard"])
     start = time.perf_counter() - seconds_before
     model.train()
-    progress = tqdm(range(first_step, config.steps), desc="sft", mininterval=1.0)
+    progress = tqdm(range(first_step, config.steps), desc="sft", mininterval=1.0, disable=not is_main_process())
     for step in progress:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr, config.warmup_steps, config.min_lr_ratio)
@@ -236,14 +242,21 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             order, cursor = torch.randperm(len(rows), generator=generator), 0
         batch = order[cursor : cursor + config.batch_size]
         cursor += config.batch_size
-        # Trim the batch to its longest row: shorter tensors, same loss.
-        width = int(attention_mask[batch].sum(dim=1).max())
-        inputs = (t[batch, :width].to(accelerator.device) for t in (input_ids, attention_mask, labels))
+        # Several processes: each computes its part of the batch, its loss scaled by its share of
+        # the batch's completion tokens, and the gradients are summed (docs/design.md, "Scale").
+        mine = shard(batch)
+        share = (labels[mine, 1:] != -100).sum().item() / (labels[batch, 1:] != -100).sum().item() \
+            if world_size() > 1 else 1.0
+        # Trim the rows to their longest: shorter tensors, same loss.
+        width = int(attention_mask[mine].sum(dim=1).max())
+        inputs = (t[mine, :width].to(accelerator.device) for t in (input_ids, attention_mask, labels))
         with accelerator.autocast():
-            loss = completion_loss(model, *inputs)
+            loss = share * completion_loss(model, *inputs)
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
+        sum_gradients(trained)
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        loss = sum_across_processes(loss.detach())  # the whole batch's loss
         done = step + 1
         guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
         last = done == config.steps
