@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ppo_rlhf.distributed import check_batch_split, on_main_process
+from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.tasks import get_task
+from ppo_rlhf.trainers.resume import check_resume_settings, resumable
 
 
 def seed_everything(seed: int) -> None:
@@ -45,3 +49,14 @@ def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, ma
     longest = min(max(lengths), max_prompt_length) + max_new_tokens
     check_fits(model, tokenizer, longest, where, f"the longest prompt, at most --max-length minus --max-new-tokens = "
                                                  f"{max_prompt_length} tokens, plus --max-new-tokens {max_new_tokens}")
+
+
+def open_resumable_stage(config, out: Path) -> None:
+    """The start of a stage with resumable checkpoints (sft, rm): join the process group under
+    accelerate launch / torchrun, check that the batch splits over the processes, and that
+    ``out`` may be written (or resumed, with the same settings)."""
+    config.accelerator()
+    check_batch_split(config.batch_size)
+    on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
+    if config.resume:
+        check_resume_settings(config, out)

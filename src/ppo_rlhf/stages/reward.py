@@ -16,12 +16,12 @@ from ppo_rlhf.data import drop_rows, load_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
-from ppo_rlhf.distributed import check_batch_split, on_main_process
-from ppo_rlhf.run_folder import check_run_folder, start_run_folder
+from ppo_rlhf.distributed import on_main_process
+from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
-from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.stages.common import load_task, open_resumable_stage, seed_everything, set_threads
 from ppo_rlhf.trainers.guard import require_finite
-from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
+from ppo_rlhf.trainers.resume import open_checkpoints
 from ppo_rlhf.trainers.reward import RewardConfig, train_reward_model
 
 
@@ -44,11 +44,7 @@ def run_reward(config: RewardConfig) -> dict:
     seed_everything(config.seed)
     start = time.perf_counter()
     out = Path(config.out)
-    config.accelerator()  # under accelerate launch / torchrun: joins the process group
-    check_batch_split(config.batch_size)
-    on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
-    if config.resume:
-        check_resume_settings(config, out)
+    open_resumable_stage(config, out)
     task = load_task(config.task if not config.data else None, config.seed)
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
     if config.model:

@@ -17,12 +17,12 @@ from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_fits, check_tokenizer
 from ppo_rlhf.rollout.sequences import stop_token_ids
-from ppo_rlhf.distributed import check_batch_split, on_main_process
-from ppo_rlhf.run_folder import check_run_folder, start_run_folder
+from ppo_rlhf.distributed import on_main_process
+from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
-from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
+from ppo_rlhf.stages.common import load_task, open_resumable_stage, seed_everything, set_threads
 from ppo_rlhf.trainers.guard import require_finite
-from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
+from ppo_rlhf.trainers.resume import open_checkpoints
 from ppo_rlhf.trainers.sft import HeldOutLoss, SFTConfig, fit_rows, split_held_out, train_sft
 
 
@@ -31,11 +31,7 @@ def run_sft(config: SFTConfig) -> dict:
     seed_everything(config.seed)
     start = time.perf_counter()
     out = Path(config.out)
-    config.accelerator()  # under accelerate launch / torchrun: joins the process group
-    check_batch_split(config.batch_size)
-    on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
-    if config.resume:
-        check_resume_settings(config, out)
+    open_resumable_stage(config, out)
     if config.data and not config.model:
         raise ConfigError(f"--data {config.data} needs --model DIR: without it sft trains the built-in "
                           f"{config.task} task's tiny model, whose tokenizer knows only that task's characters")
