@@ -168,6 +168,10 @@ def check_processes(config: PPOConfig) -> None:
     if config.mini_batch_size % processes:
         raise ConfigError(f"invalid value for 'mini_batch_size': {config.mini_batch_size}; with {processes} processes "
                           f"it must be a multiple of {processes}, each process computing an equal slice of it")
+    micro = config.train_micro_batch_size
+    if micro is not None and (config.mini_batch_size // processes) % micro:
+        raise ConfigError(f"invalid value for 'train_micro_batch_size': {micro}; with {processes} processes each "
+                          f"computes {config.mini_batch_size // processes} rows of a minibatch, which it must divide")
 
 
 def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: int | None = None) -> dict:

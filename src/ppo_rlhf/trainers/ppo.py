@@ -101,6 +101,11 @@ def disable_dropout(model: torch.nn.Module, keep_lora_dropout: bool = False) -> 
             module.attention_dropout = 0.0
 
 
+def micro_batches(rows: int, size: int | None, device: torch.device) -> list[torch.Tensor]:
+    """Row indices 0..rows-1 in consecutive groups of ``size`` (None: one group of all)."""
+    return list(torch.arange(rows, device=device).split(size or rows))
+
+
 def under_autocast(method):
     """Run a PPOTrainer method under the trainer's autocast (``--mixed-precision``; none by default)."""
 
@@ -234,21 +239,17 @@ class PPOTrainer:
                              for p, r, x in zip(prompts[:SAMPLES_KEPT], rollout.texts, raw_scores[:SAMPLES_KEPT].tolist())]
         greedy = self.greedy_baseline(rows, prompts, timings) if self.greedy_generator is not None else None
 
-        # 3. old log-probs and values (eval mode: no dropout, so they match the generation)
+        # 3-4. old log-probs and values (eval mode: no dropout, so they match the generation), the
+        # reference's log-probs and the per-token KL, --rollout-micro-batch-size rows at a time:
+        # only that many rows' (rows, T, V) logits are ever held.
         start = time.perf_counter()
         self.actor.eval()
         if self.critic_module() is not None:
             self.critic_module().eval()
-        logits, values = self.policy_and_values(sequences)
-        logprobs = logprobs_from_logits(logits, sequences.response_ids)
-
-        # 4. reference log-probs, and the per-token KL estimate
-        ref_logits = self.reference_logits(sequences)
-        ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
-        estimator = config.kl_estimator_used
-        kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
-        kl = keep_masked(kl, sequences.response_mask)
-        del logits, ref_logits
+        parts = [self.old_and_reference(sequences.select(index))
+                 for index in micro_batches(len(prompts), config.rollout_micro_batch_size, self.device)]
+        logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts]) for i in range(3))
+        values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])
 
         # The whole batch, in every process (one process: these are the tensors themselves).
         sequences = self.gather_sequences(sequences)
@@ -282,6 +283,16 @@ class PPOTrainer:
         experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
                                 scores, raw_scores, greedy_scores)
         return experience, timings
+
+    def old_and_reference(self, sequences: Sequences) -> tuple:
+        """(logprobs, ref_logprobs, kl, values or None), each (b, T), of a micro-batch of rows."""
+        logits, values = self.policy_and_values(sequences)
+        logprobs = logprobs_from_logits(logits, sequences.response_ids)
+        ref_logits = self.reference_logits(sequences)
+        ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
+        estimator = self.config.kl_estimator_used
+        kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
+        return logprobs, ref_logprobs, keep_masked(kl, sequences.response_mask), values
 
     def gather_sequences(self, sequences: Sequences) -> Sequences:
         """Every process's sequences, padded as one process pads the whole batch (prompts on the left)."""
@@ -349,12 +360,43 @@ class PPOTrainer:
                        for mb in torch.randperm(batch_size, generator=self.minibatch_rng).split(config.mini_batch_size)]
         for mb_index in minibatches:
             mb_index = mb_index.to(self.device)
-            mb_mask = experience.mask[mb_index]
-            mb = experience.select(mb_index.chunk(self.processes)[self.rank])
-            # This process's share of the minibatch: of its response tokens (token means), and of
-            # its responses (the policy loss's per-response aggregations).  1 and 1 in one process.
-            token_share = (mb.mask.sum() / mb_mask.sum().clamp(min=1)).item() if self.processes > 1 else 1.0
-            row_share = mb.mask.shape[0] / mb_mask.shape[0]
+            step_stats = self.accumulate_gradients(experience, mb_index, warming_up)
+            if config.max_approx_kl is not None and not warming_up and step_stats["approx_kl"] > config.max_approx_kl:
+                self.optimizer.zero_grad(set_to_none=True)
+                break  # the policy has moved far enough from the one that collected the batch
+            sum_gradients(self.trainable_parameters)
+            grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
+            loss = sum(step_stats[key] for key in ("pg_loss", "vf_loss", "kl_loss", "entropy") if key in step_stats)
+            if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=loss, grad_norm=grad_norm):
+                continue  # skipped: its statistics are not the update's
+            # Statistics averaged over every minibatch of the update, not just the last one.
+            step_stats["grad_norm"] = grad_norm
+            for key, value in step_stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+            n_steps += 1
+        stats = {key: value / max(n_steps, 1) for key, value in totals.items()}
+        stats["update_steps"] = n_steps
+        stats["skipped_steps"] = self.guard.skipped
+        return stats
+
+    def accumulate_gradients(self, experience: Experience, mb_index: torch.Tensor, warming_up: bool
+                             ) -> dict[str, torch.Tensor]:
+        """Gradients of one minibatch's losses, left in ``.grad``; returns its statistics.
+
+        This process computes its 1/N slice of the minibatch, --train-micro-batch-size rows at a
+        time (gradient accumulation).  Each micro-batch's losses are scaled by its share of what
+        the minibatch's loss averages over -- response tokens for token means, responses for the
+        per-response aggregations -- so the accumulated (and, over processes, summed) gradient is
+        the whole minibatch's, and so are the statistics (1 and 1 for the whole minibatch at once)."""
+        config = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        mb_tokens = experience.mask[mb_index].sum().item()
+        mine = mb_index.chunk(self.processes)[self.rank]
+        totals: dict[str, torch.Tensor] = {}
+        for part_index in micro_batches(len(mine), config.train_micro_batch_size, self.device):
+            mb = experience.select(mine[part_index])
+            token_share = mb.mask.sum().item() / max(mb_tokens, 1)
+            row_share = len(part_index) / len(mb_index)
             policy_share = token_share if config.loss_aggregation == "token-mean" else row_share
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
@@ -365,16 +407,11 @@ class PPOTrainer:
             # several (B, T, V) tensors for the backward pass).
             with torch.set_grad_enabled(config.entropy_coef != 0 and not warming_up):
                 entropy = masked_mean(entropy_from_logits(out.logits), mb.mask)
-            if config.max_approx_kl is not None and not warming_up:
-                approx_kl = sum_across_processes(pg_stats["approx_kl"] * token_share)
-                if approx_kl > config.max_approx_kl:
-                    break  # the policy has moved far enough from the one that collected the batch
             actor_loss = None if warming_up else policy_share * pg_loss - config.entropy_coef * token_share * entropy
             if config.kl_in == "loss" and not warming_up:
                 kl_loss = self.kl_loss(out.logits, logprobs, mb)
                 pg_stats["kl_loss"] = kl_loss.detach()
                 actor_loss = actor_loss + self.kl_controller.value * policy_share * kl_loss
-            self.optimizer.zero_grad(set_to_none=True)
             vf_stats = {}
             if self.critic_module() is None:  # a critic-free estimator: the policy's loss alone
                 self.accelerator.backward(actor_loss)
@@ -397,24 +434,11 @@ class PPOTrainer:
                         values = critic_values(self.critic, mb.sequences)
                     vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
                     self.accelerator.backward(config.vf_coef * token_share * vf_loss)
-            sum_gradients(self.trainable_parameters)
-            grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
-            # The minibatch's statistics: each process's share of them, summed over the processes.
             shares = {"pg_loss": policy_share, "kl_loss": policy_share}
-            step_stats = {**pg_stats, **vf_stats, "entropy": entropy.detach()}
-            step_stats = self.sum_shares({key: value * shares.get(key, token_share) for key, value in step_stats.items()})
-            loss = sum(step_stats[key] for key in ("pg_loss", "vf_loss", "kl_loss", "entropy") if key in step_stats)
-            if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=loss, grad_norm=grad_norm):
-                continue  # skipped: its statistics are not the update's
-            # Statistics averaged over every minibatch of the update, not just the last one.
-            step_stats["grad_norm"] = grad_norm
-            for key, value in step_stats.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-            n_steps += 1
-        stats = {key: value / max(n_steps, 1) for key, value in totals.items()}
-        stats["update_steps"] = n_steps
-        stats["skipped_steps"] = self.guard.skipped
-        return stats
+            for key, value in {**pg_stats, **vf_stats, "entropy": entropy.detach()}.items():
+                weighted = value * shares.get(key, token_share)
+                totals[key] = weighted if key not in totals else totals[key] + weighted
+        return self.sum_shares(totals)
 
     def sum_shares(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Scalar statistics summed over the processes, in one all-reduce (one process: as given)."""

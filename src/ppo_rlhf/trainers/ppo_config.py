@@ -96,9 +96,16 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
               "then over responses (Dr. GRPO's; no length bias).  Empty: the estimator's paper (grpo sequence-mean, "
               "dr-grpo sequence-sum-norm, others token-mean); set it to compare estimators with the loss fixed",
         choices=(None, *LOSS_AGGREGATIONS))
+    rollout_micro_batch_size: int | None = option(None, "rows per forward pass of the rollout's old, reference and "
+                                                        "critic passes (their logits are (rows, T, vocabulary)); "
+                                                        "empty: the whole batch at once.  Same results, less memory")
     # --- update
     ppo_epochs: int = option(4, "passes over each rollout batch")
     mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size")
+    train_micro_batch_size: int | None = option(None, "rows per forward/backward pass within a minibatch, the "
+                                                      "gradients accumulated over them (per process); must divide "
+                                                      "mini_batch_size; empty: the whole minibatch.  Same step, "
+                                                      "less memory")
     lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: {FULL_MODEL_LR:g} for a full model, "
                                     f"{LORA_LR:g} with --lora (an adapter needs larger steps to move)")
     critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr "
@@ -147,6 +154,12 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of batch_size ({self.batch_size})", self.mini_batch_size)
+        check(self.rollout_micro_batch_size is None or self.rollout_micro_batch_size > 0, "rollout_micro_batch_size",
+              "> 0 or empty", self.rollout_micro_batch_size)
+        check(self.train_micro_batch_size is None or (self.train_micro_batch_size > 0 and
+                                                      self.mini_batch_size % self.train_micro_batch_size == 0),
+              "train_micro_batch_size", f"a divisor of mini_batch_size ({self.mini_batch_size}) or empty",
+              self.train_micro_batch_size)
         if self.lr is None:  # resolved here, so config.yaml records the value used
             self.lr = LORA_LR if self.lora else FULL_MODEL_LR
         check(self.lr > 0, "lr", "> 0", self.lr)
