@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench bench-gym smollm2 example-smollm2 bench-lora clean
+.PHONY: install demo test test-fast bench bench-gym bench-estimators smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -29,6 +29,10 @@ test-fast: install
 
 bench: install
 	$(PY) benchmarks/bench_pipeline.py
+
+# Every advantage estimator from the same SFT and reward model, and on SmolLM2 (about 40 min).
+bench-estimators: smollm2
+	$(PY) benchmarks/bench_estimators.py
 
 bench-gym: install
 	$(PY) -m pip install -q -e ".[dev,bench]"

@@ -1,0 +1,295 @@
+"""Advantage estimators side by side: one trainer, one rollout budget, only the estimator changes.
+
+    python benchmarks/bench_estimators.py                       # built-in task + SmolLM2, ~40 min on 2 cores
+    python benchmarks/bench_estimators.py --smollm2-seeds 0     # built-in task only
+    python benchmarks/bench_estimators.py --quick               # a few iterations of each, to try the script
+
+Built-in task: SFT and the reward model are trained once (the demo's stages; ``--from-demo DIR``
+reuses those of a ``ppo-rlhf demo`` run), then PPO from those same checkpoints with the learned
+reward model for each estimator and seed.  Every run has 64 sequences per iteration (16 prompts x 4
+samples for grpo, dr-grpo, rloo and reinforce++; 64 prompts x 1 for gae and remax, ReMax adding
+its greedy rollout), minibatch 32, 4 epochs, lr 3e-4, k1 KL in the reward at 0.05, no entropy
+term; gae adds the demo's critic (a separate model, its own lr, 3 warm-up iterations).  Held-out
+greedy and sampled exact-match (1,000 prompts) every 10 iterations, against PPO seconds.
+
+SmolLM2: examples/smollm2_vader/ppo.yaml (LoRA, VADER sentiment reward), 16 sequences per
+iteration (4 prompts x 4 samples for the group estimators), held-out greedy score and KL.
+
+Each PPO run is its own process, so its peak resident memory is its own.  Results:
+benchmarks/results/estimators.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+HERE = Path(__file__).parent
+ESTIMATORS = ("gae", "grpo", "dr-grpo", "rloo", "reinforce++", "remax")
+SAMPLES = {"gae": 1, "grpo": 4, "dr-grpo": 4, "rloo": 4, "reinforce++": 4, "remax": 1}
+# The shared budget and update of the built-in task's runs (tests/test_learning.py uses the same).
+TASK_COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
+               "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 60,
+               "eval_every": 10, "eval_size": 1000, "save_every": 0, "sample_every": 0}
+# gae's critic, as the demo preset trains it (stages/demo.py).
+GAE_CRITIC = {"critic": "separate", "critic_lr": 1e-3, "critic_warmup": 3, "vf_coef": 1.0, "cliprange_value": None}
+SMOLLM2_OVERRIDES = {"iterations": 10, "eval_every": 5, "save_every": 0, "sample_every": 0, "show_samples": 0}
+
+
+# ---------------------------------------------------------------- one PPO run, in a child process
+def child(config_path: str) -> None:
+    """Run PPO from a JSON config; write its peak resident memory next to its summary."""
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.stages.ppo import run_ppo
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    values = json.loads(Path(config_path).read_text())
+    run_ppo(build_config(PPOConfig, values))
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    (Path(values["out"]) / "peak_memory.json").write_text(json.dumps({"peak_rss_mib": peak_mib}))
+
+
+def run_in_child(values: dict, log: Path, num_threads: int = 0) -> dict:
+    values = {**values, "num_threads": num_threads}
+    out = Path(values["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out.parent / f"{out.name}.json"
+    config_path.write_text(json.dumps(values))
+    with log.open("a") as handle:
+        subprocess.run([sys.executable, __file__, "--child", str(config_path)], check=True, stdout=handle,
+                       stderr=subprocess.STDOUT)
+    return run_figures(out)
+
+
+# ---------------------------------------------------------------- figures from a run folder
+def first_reaching(records: list[dict], key: str, threshold: float) -> float | None:
+    """PPO seconds (evaluation excluded) at the first evaluation where ``key`` >= threshold."""
+    return next((r["time/elapsed"] for r in records if r.get(key, -1.0) >= threshold), None)
+
+
+def curve(records: list[dict], key: str) -> list[tuple[float, float]]:
+    """(PPO seconds, value) at each evaluation; the evaluation before PPO at 0 s."""
+    return [(r.get("time/elapsed", 0.0), r[key]) for r in records if key in r]
+
+
+def run_figures(out: Path) -> dict:
+    from ppo_rlhf.runlog import read_metrics
+
+    records = read_metrics(out / "metrics.jsonl")
+    iterations = [r for r in records if "time/iteration" in r]
+    summary = json.loads((out / "summary.json").read_text())
+    figures = {
+        "s_per_iteration": statistics.median(r["time/iteration"] for r in iterations),
+        "split_s": {k: statistics.median(r[f"time/{k}"] for r in iterations)
+                    for k in ("generate", "score", "forward", "train")},
+        "ppo_seconds": summary["ppo_seconds"],
+        "peak_rss_mib": json.loads((out / "peak_memory.json").read_text())["peak_rss_mib"],
+        "kl_last": statistics.mean(r["kl"] for r in iterations[-3:]),
+        "before": summary["before"], "after": summary["after"], "after_sampled": summary["after_sampled"],
+    }
+    for key in ("eval/exact_match", "eval_sampled/exact_match", "eval/score"):
+        if any(key in r for r in records):
+            figures[f"curve:{key}"] = curve(records, key)
+    if any("eval/exact_match" in r for r in records):
+        for threshold in (0.95, 0.99):
+            figures[f"s_to_{threshold:.0%}_greedy"] = first_reaching(records, "eval/exact_match", threshold)
+            figures[f"s_to_{threshold:.0%}_sampled"] = first_reaching(records, "eval_sampled/exact_match", threshold)
+    return figures
+
+
+# ---------------------------------------------------------------- the two settings
+def task_values(estimator: str, seed: int, sft: str, reward: str, out: Path, iterations: int, eval_size: int) -> dict:
+    values = {**TASK_COMMON, "estimator": estimator, "samples_per_prompt": SAMPLES[estimator], "seed": seed,
+              "model": sft, "reward_model": reward, "out": str(out), "iterations": iterations, "eval_size": eval_size,
+              "overwrite": True}
+    return {**values, **GAE_CRITIC} if estimator == "gae" else values
+
+
+def smollm2_values(estimator: str, seed: int, out: Path, iterations: int) -> dict:
+    values = yaml.safe_load((HERE.parent / "examples" / "smollm2_vader" / "ppo.yaml").read_text())
+    values.update(SMOLLM2_OVERRIDES, estimator=estimator, samples_per_prompt=SAMPLES[estimator], seed=seed,
+                  out=str(out), iterations=iterations, overwrite=True)
+    if estimator != "gae":  # the example's critic settings belong to gae alone
+        for key in ("critic", "critic_lr", "critic_warmup", "cliprange_value", "vf_coef"):
+            values.pop(key, None)
+    return values
+
+
+def train_sft_and_rm(out: Path, seed: int) -> tuple[str, str, dict]:
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.stages.demo import DemoConfig, stage_configs
+    from ppo_rlhf.stages.reward import run_reward
+    from ppo_rlhf.stages.sft import run_sft
+
+    sft_config, rm_config, _ = stage_configs(build_config(DemoConfig, {"out": str(out), "seed": seed,
+                                                                       "overwrite": True}))
+    sft_config.overwrite = rm_config.overwrite = True
+    sft, rm = run_sft(sft_config), run_reward(rm_config)
+    return sft["checkpoints"]["sft"], rm["checkpoints"]["reward"], {"sft_seconds": sft["seconds"],
+                                                                  "rm_seconds": rm["seconds"],
+                                                                  "rm_eval_accuracy": rm["eval_accuracy"]}
+
+
+# ---------------------------------------------------------------- report
+def spread(values: list[float], scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
+    """mean (min-max) over seeds; 'n/a' when a value is missing."""
+    if not values or any(v is None for v in values):
+        reached = [v for v in values if v is not None]
+        return f"{len(reached)}/{len(values)} seeds" + (f" ({min(reached) * scale:.{digits}f}-{max(reached) * scale:.{digits}f}{unit})" if reached else "")
+    mean = statistics.mean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.{digits}f}{unit}"
+    return f"{mean:.{digits}f}{unit} ({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
+
+
+def mean_curve(runs: list[dict], key: str) -> list[tuple[float, float]]:
+    """The seeds' curves averaged point by point (they evaluate at the same iterations)."""
+    curves = [r[f"curve:{key}"] for r in runs if f"curve:{key}" in r]
+    length = min(len(c) for c in curves)
+    return [(statistics.mean(c[i][0] for c in curves), statistics.mean(c[i][1] for c in curves)) for i in range(length)]
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("task", "eval/exact_match", "built-in task: held-out greedy exact-match"),
+              ("task", "eval_sampled/exact_match", "built-in task: sampled (T=1) exact-match"),
+              ("smollm2", "eval/score", "SmolLM2 + VADER: held-out greedy score")]
+    panels = [p for p in panels if results.get(p[0])]
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for axis, (setting, key, title) in zip(axes[0], panels):
+        for estimator, runs in results[setting]["runs"].items():
+            points = mean_curve(runs, key)
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=estimator)
+        axis.set_title(title, fontsize=10)
+        axis.set_xlabel("PPO seconds (evaluation excluded), mean over seeds")
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def report(results: dict) -> str:
+    lines = ["# Advantage estimators side by side", "", f"Command: `{results['command']}`  ",
+             f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", ""]
+    task = results.get("task")
+    if task:
+        lines += ["## Built-in task (learned reward model)", "",
+                  f"SFT and reward model: {task['source']}. Every run: 64 sequences per iteration, minibatch 32, "
+                  f"4 epochs, lr 3e-4, k1 KL in the reward at 0.05, no entropy term, {task['iterations']} "
+                  f"iterations, each estimator's paper defaults for whitening and loss aggregation; gae with the "
+                  f"demo's separate critic. Seeds {task['seeds']}; mean (min-max) over seeds. Held-out: "
+                  f"{task['eval_size']} prompts. SFT greedy exact-match before PPO: {task['sft_exact_match']:.2%}.",
+                  "", "| estimator | K | s/iteration (gen / score / fwd / train) | peak RSS MiB | greedy exact-match | "
+                  "sampled exact-match | s to 95% greedy | s to 99% greedy | s to 99% sampled |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for estimator, runs in task["runs"].items():
+            split = " / ".join(f"{statistics.mean(r['split_s'][k] for r in runs):.3f}"
+                               for k in ("generate", "score", "forward", "train"))
+            lines.append(
+                f"| {estimator} | {SAMPLES[estimator]} | {spread([r['s_per_iteration'] for r in runs], digits=3)} ({split}) "
+                f"| {spread([r['peak_rss_mib'] for r in runs], digits=0)} "
+                f"| {spread([r['after']['eval/exact_match'] for r in runs], 100, 1, '%')} "
+                f"| {spread([r['after_sampled']['eval_sampled/exact_match'] for r in runs], 100, 1, '%')} "
+                f"| {spread([r['s_to_95%_greedy'] for r in runs])} | {spread([r['s_to_99%_greedy'] for r in runs])} "
+                f"| {spread([r['s_to_99%_sampled'] for r in runs])} |")
+        lines.append("")
+    smol = results.get("smollm2")
+    if smol:
+        lines += ["## SmolLM2-135M-Instruct + LoRA, VADER sentiment reward", "",
+                  f"examples/smollm2_vader/ppo.yaml, {smol['iterations']} iterations of 16 sequences (group "
+                  f"estimators: 4 prompts x 4 samples), held-out greedy score on 8 prompts. Seeds {smol['seeds']}.",
+                  "", "| estimator | K | s/iteration | peak RSS MiB | held-out score before -> after | KL (last 3 its) |",
+                  "|---|---|---|---|---|---|"]
+        for estimator, runs in smol["runs"].items():
+            lines.append(
+                f"| {estimator} | {SAMPLES[estimator]} | {spread([r['s_per_iteration'] for r in runs], digits=2)} "
+                f"| {spread([r['peak_rss_mib'] for r in runs], digits=0)} "
+                f"| {spread([r['before']['eval/score'] for r in runs], digits=3)} -> "
+                f"{spread([r['after']['eval/score'] for r in runs], digits=3)} "
+                f"| {spread([r['kl_last'] for r in runs], digits=2)} |")
+        lines.append("")
+    lines += ["![estimators](estimators.png)", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="runs/bench_estimators")
+    parser.add_argument("--from-demo", help="reuse the SFT and reward model of this `ppo-rlhf demo` run folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--smollm2-seeds", type=int, nargs="*", default=[0])
+    parser.add_argument("--smollm2-model", default="runs/smollm2-135m-instruct")
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
+    parser.add_argument("--quick", action="store_true", help="3 iterations each, 100 held-out prompts")
+    parser.add_argument("--note", default="idle machine", help="what else ran on the machine")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads per run (0: torch's default); 1 when other work shares the cores")
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.log"
+    iterations, eval_size = (3, 100) if args.quick else (TASK_COMMON["iterations"], TASK_COMMON["eval_size"])
+    results = {"command": "python benchmarks/bench_estimators.py " + " ".join(sys.argv[1:]),
+               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+                          f"{torch.get_num_threads()} threads",
+               "date": time.strftime("%Y-%m-%d"), "note": args.note + (f"; {args.num_threads} torch thread(s) per run"
+                                                                        if args.num_threads else "")}
+
+    if args.seeds:
+        if args.from_demo:
+            demo = Path(args.from_demo)
+            sft, reward = str(demo / "sft" / "checkpoints" / "sft"), str(demo / "rm" / "checkpoints" / "reward")
+            source = f"those of the `ppo-rlhf demo` run in {demo}"
+        else:
+            sft, reward, figures = train_sft_and_rm(out / "demo", 0)
+            source = (f"trained once here (demo stages, seed 0: SFT {figures['sft_seconds']:.0f} s, reward model "
+                      f"{figures['rm_seconds']:.0f} s, held-out accuracy {figures['rm_eval_accuracy']:.2%})")
+        runs: dict[str, list[dict]] = {e: [] for e in args.estimators}
+        for seed in args.seeds:  # seeds outermost: a slow drift of the machine touches every estimator alike
+            for estimator in args.estimators:
+                print(f"built-in task: {estimator}, seed {seed}", flush=True)
+                values = task_values(estimator, seed, sft, reward, out / "task" / f"{estimator}-{seed}", iterations,
+                                     eval_size)
+                runs[estimator].append(run_in_child(values, log, args.num_threads))
+        first = next(iter(runs.values()))[0]
+        results["task"] = {"source": source, "seeds": args.seeds, "iterations": iterations, "eval_size": eval_size,
+                           "sft_exact_match": first["before"]["eval/exact_match"], "runs": runs}
+
+    if args.smollm2_seeds:
+        runs = {e: [] for e in args.estimators}
+        smol_iterations = 2 if args.quick else SMOLLM2_OVERRIDES["iterations"]
+        for seed in args.smollm2_seeds:
+            for estimator in args.estimators:
+                print(f"SmolLM2: {estimator}, seed {seed}", flush=True)
+                values = smollm2_values(estimator, seed, out / "smollm2" / f"{estimator}-{seed}", smol_iterations)
+                values["model"] = args.smollm2_model
+                runs[estimator].append(run_in_child(values, log, args.num_threads))
+        results["smollm2"] = {"seeds": args.smollm2_seeds, "iterations": smol_iterations, "runs": runs}
+
+    results_dir = HERE / "results"
+    results_dir.mkdir(exist_ok=True)
+    (results_dir / "estimators.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, results_dir / "estimators.png")
+    (results_dir / "estimators.md").write_text(report(results))
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The pure helpers of benchmarks/bench_estimators.py, on hand-made metric rows (the benchmark
+itself runs for half an hour and is not a test)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_estimators import curve, first_reaching, mean_curve, spread  # noqa: E402
+
+ROWS = [{"step": 0, "eval/exact_match": 0.3},
+        {"step": 1, "time/elapsed": 2.0, "time/iteration": 2.0},
+        {"step": 2, "time/elapsed": 4.0, "time/iteration": 2.0, "eval/exact_match": 0.96},
+        {"step": 3, "time/elapsed": 6.5, "time/iteration": 2.5, "eval/exact_match": 0.995}]
+
+
+def test_seconds_to_a_threshold_are_those_of_the_first_evaluation_reaching_it():
+    assert first_reaching(ROWS, "eval/exact_match", 0.95) == 4.0
+    assert first_reaching(ROWS, "eval/exact_match", 0.99) == 6.5
+    assert first_reaching(ROWS, "eval/exact_match", 0.999) is None
+
+
+def test_a_curve_starts_at_zero_seconds_with_the_evaluation_before_ppo():
+    assert curve(ROWS, "eval/exact_match") == [(0.0, 0.3), (4.0, 0.96), (6.5, 0.995)]
+
+
+def test_seeds_are_averaged_point_by_point_over_their_common_length():
+    runs = [{"curve:k": [(0.0, 0.2), (2.0, 0.6)]}, {"curve:k": [(0.0, 0.4), (4.0, 0.8), (6.0, 0.9)]}]
+    assert mean_curve(runs, "k") == [(0.0, 0.30000000000000004), (3.0, 0.7)]
+
+
+def test_spread_gives_mean_and_range_and_counts_seeds_that_never_reached():
+    assert spread([0.5, 0.7, 0.9], 100, 1, "%") == "70.0% (50.0-90.0)"
+    assert spread([4.0]) == "4.0"
+    assert spread([None, 3.0, 5.0]) == "2/3 seeds (3.0-5.0)"
+    assert spread([None]) == "0/1 seeds"
