@@ -59,9 +59,13 @@ def child(config_path: str) -> None:
     (Path(values["out"]) / "peak_memory.json").write_text(json.dumps({"peak_rss_mib": peak_mib}))
 
 
-def run_in_child(values: dict, log: Path, num_threads: int = 0) -> dict:
+def run_in_child(values: dict, log: Path, num_threads: int = 0, report_only: bool = False) -> dict | None:
+    """The figures of one PPO run, run in a child process (``report_only``: read from a finished
+    run folder, None if there is none)."""
     values = {**values, "num_threads": num_threads}
     out = Path(values["out"])
+    if report_only:
+        return run_figures(out) if (out / "peak_memory.json").exists() else None
     out.mkdir(parents=True, exist_ok=True)
     config_path = out.parent / f"{out.name}.json"
     config_path.write_text(json.dumps(values))
@@ -237,6 +241,9 @@ def main() -> None:
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
     parser.add_argument("--quick", action="store_true", help="3 iterations each, 100 held-out prompts")
     parser.add_argument("--note", default="idle machine", help="what else ran on the machine")
+    parser.add_argument("--note-source", default="", help="with --report-only: where the SFT and reward model came from")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the results from the finished runs under --out, running nothing")
     parser.add_argument("--num-threads", type=int, default=0,
                         help="torch threads per run (0: torch's default); 1 when other work shares the cores")
     args = parser.parse_args()
@@ -253,7 +260,10 @@ def main() -> None:
                                                                         if args.num_threads else "")}
 
     if args.seeds:
-        if args.from_demo:
+        if args.report_only:
+            sft = reward = ""
+            source = args.note_source
+        elif args.from_demo:
             demo = Path(args.from_demo)
             sft, reward = str(demo / "sft" / "checkpoints" / "sft"), str(demo / "rm" / "checkpoints" / "reward")
             source = f"those of the `ppo-rlhf demo` run in {demo}"
@@ -267,7 +277,10 @@ def main() -> None:
                 print(f"built-in task: {estimator}, seed {seed}", flush=True)
                 values = task_values(estimator, seed, sft, reward, out / "task" / f"{estimator}-{seed}", iterations,
                                      eval_size)
-                runs[estimator].append(run_in_child(values, log, args.num_threads))
+                figures = run_in_child(values, log, args.num_threads, args.report_only)
+                if figures is not None:
+                    runs[estimator].append(figures)
+        runs = {estimator: done for estimator, done in runs.items() if done}
         first = next(iter(runs.values()))[0]
         results["task"] = {"source": source, "seeds": args.seeds, "iterations": iterations, "eval_size": eval_size,
                            "sft_exact_match": first["before"]["eval/exact_match"], "runs": runs}
@@ -280,8 +293,12 @@ def main() -> None:
                 print(f"SmolLM2: {estimator}, seed {seed}", flush=True)
                 values = smollm2_values(estimator, seed, out / "smollm2" / f"{estimator}-{seed}", smol_iterations)
                 values["model"] = args.smollm2_model
-                runs[estimator].append(run_in_child(values, log, args.num_threads))
-        results["smollm2"] = {"seeds": args.smollm2_seeds, "iterations": smol_iterations, "runs": runs}
+                figures = run_in_child(values, log, args.num_threads, args.report_only)
+                if figures is not None:
+                    runs[estimator].append(figures)
+        runs = {estimator: done for estimator, done in runs.items() if done}
+        if runs:
+            results["smollm2"] = {"seeds": args.smollm2_seeds, "iterations": smol_iterations, "runs": runs}
 
     results_dir = HERE / "results"
     results_dir.mkdir(exist_ok=True)
