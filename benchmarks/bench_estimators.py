@@ -122,7 +122,7 @@ def task_values(estimator: str, seed: int, sft: str, reward: str, out: Path, ite
 def smollm2_values(estimator: str, seed: int, out: Path, iterations: int) -> dict:
     values = yaml.safe_load((HERE.parent / "examples" / "smollm2_vader" / "ppo.yaml").read_text())
     values.update(SMOLLM2_OVERRIDES, estimator=estimator, samples_per_prompt=SAMPLES[estimator], seed=seed,
-                  out=str(out), iterations=iterations, overwrite=True)
+                  out=str(out), iterations=iterations, eval_every=max(1, iterations // 2), overwrite=True)
     if estimator != "gae":  # the example's critic settings belong to gae alone
         for key in ("critic", "critic_lr", "critic_warmup", "cliprange_value", "vf_coef"):
             values.pop(key, None)
@@ -235,8 +235,9 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="runs/bench_estimators")
     parser.add_argument("--from-demo", help="reuse the SFT and reward model of this `ppo-rlhf demo` run folder")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--smollm2-seeds", type=int, nargs="*", default=[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="built-in task seeds (none: skip it)")
+    parser.add_argument("--smollm2-seeds", type=int, nargs="*", default=[0], help="SmolLM2 seeds (none: skip it)")
+    parser.add_argument("--smollm2-iterations", type=int, default=SMOLLM2_OVERRIDES["iterations"])
     parser.add_argument("--smollm2-model", default="runs/smollm2-135m-instruct")
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
     parser.add_argument("--quick", action="store_true", help="3 iterations each, 100 held-out prompts")
@@ -287,7 +288,7 @@ def main() -> None:
 
     if args.smollm2_seeds:
         runs = {e: [] for e in args.estimators}
-        smol_iterations = 2 if args.quick else SMOLLM2_OVERRIDES["iterations"]
+        smol_iterations = 2 if args.quick else args.smollm2_iterations
         for seed in args.smollm2_seeds:
             for estimator in args.estimators:
                 print(f"SmolLM2: {estimator}, seed {seed}", flush=True)
