@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench bench-gym bench-estimators smollm2 example-smollm2 bench-lora clean
+.PHONY: install demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick trl-venv smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -34,6 +34,27 @@ bench: install
 bench-estimators: smollm2
 	$(PY) benchmarks/bench_estimators.py
 
+# TRL 0.11.4 (its PPOTrainer, transformers < 4.47) in a virtual environment of its own, torch
+# first for the same reason as above; rich is imported by trl 0.11.4 but not declared by it.
+TRL_VENV  := .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed
+$(TRL_STAMP):
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TRL_VENV)/bin/python -m pip install -q trl==0.11.4 "transformers<4.47" "accelerate<1.3" "datasets<3.2" \
+		"peft<0.14" "numpy<2.3" tqdm rich
+	touch $(TRL_STAMP)
+
+trl-venv: $(TRL_STAMP)
+
+# ppo-rlhf against TRL 0.11.4, same machine and checkpoints: benchmarks/results/peers.{md,json,png}
+bench-peers: install trl-venv
+	$(PY) benchmarks/bench_peers.py
+
+bench-peers-quick: install trl-venv
+	$(PY) benchmarks/bench_peers.py --quick
+
 bench-gym: install
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) benchmarks/bench_gym.py
@@ -56,4 +77,4 @@ bench-lora: smollm2
 	$(PY) benchmarks/bench_smollm2_vader.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TRL_VENV) runs

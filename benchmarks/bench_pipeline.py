@@ -26,11 +26,13 @@ from ppo_rlhf.stages.demo import DemoConfig, run_demo, stage_configs
 from ppo_rlhf.stages.ppo import run_ppo
 
 HERE = Path(__file__).parent
-# Reference figures quoted from the issue (measured on this task and model size by the issue's author).
+# A figure quoted in the issue, measured elsewhere (another machine, another implementation and its
+# own settings): context for the whole pipeline, not a comparison of the same work.  The comparison
+# with TRL on the same machine, checkpoints and settings is benchmarks/bench_peers.py (peers.md).
 REFERENCES = {
-    "published walk-through": {"total_s": 21 * 60, "sft_s": 14 * 60, "rm_s": 18, "ppo_s_per_iteration": 2.1,
-                               "ppo_s_to_99_greedy": 380, "ppo_s_to_99_sampled": None},
-    "TRL 0.11.4 PPOTrainer": {"ppo_s_per_iteration": 0.47, "ppo_s_to_99_greedy": 22, "ppo_s_to_99_sampled": 250},
+    "published walk-through (quoted in the issue; other machine, other settings)": {
+        "total_s": 21 * 60, "sft_s": 14 * 60, "rm_s": 18, "ppo_s_per_iteration": 2.1, "ppo_s_to_99_greedy": 380,
+        "ppo_s_to_99_sampled": None},
 }
 
 
@@ -121,12 +123,16 @@ def report(r: dict) -> str:
                   f"to 99% sampled: {seconds(p['s_to_99_sampled'])} (iteration {p['iteration_to_99_sampled']})",
                   f"- throughput {p['tokens_per_s']:.0f} tokens/s (prompt + response), generation {p['generated_tokens_per_s']:.0f} tokens/s",
                   f"- iterations with a negative KL estimate: {p['negative_kl_iterations']} of {p['iterations']}", ""]
-    lines += ["## References (figures quoted in the issue, same task and model sizes)", "",
+    lines += ["## Context (not the same work)", "",
+              "A figure quoted in the issue, measured on another machine with another implementation and its own "
+              "settings; the same-machine, same-work comparison with TRL 0.11.4 is "
+              "[`peers.md`](peers.md) (`make bench-peers`).", "",
               "| | PPO s/iteration | PPO s to 99% greedy | PPO s to 99% sampled |", "|---|---|---|---|"]
     for name, ref in r["references"].items():
         lines.append(f"| {name} | {ref['ppo_s_per_iteration']} | {ref['ppo_s_to_99_greedy']} | {seconds(ref['ppo_s_to_99_sampled'])} |")
     mine = r["ppo_learned_reward"]
-    lines.append(f"| ppo-rlhf (learned RM) | {mine['s_per_iteration']:.3f} | {seconds(mine['s_to_99_greedy'])} | {seconds(mine['s_to_99_sampled'])} |")
+    lines.append(f"| ppo-rlhf demo preset (learned RM; separate critic, batch 64, up to 8 steps of 32), this machine | "
+                 f"{mine['s_per_iteration']:.3f} | {seconds(mine['s_to_99_greedy'])} | {seconds(mine['s_to_99_sampled'])} |")
     return "\n".join(lines) + "\n"
 
 
