@@ -168,9 +168,11 @@ class PPOTrainer:
         critic_ids = {id(p) for p in critic_params}
         actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
         self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
+        # foreach: AdamW's multi-tensor update, bit-identical to its per-parameter loop (tests/test_trainer_paths.py)
+        # and about 30% faster on a CPU, where torch would otherwise take the loop; elsewhere torch's default.
         self.optimizer = self.accelerator.prepare(torch.optim.AdamW(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
-            weight_decay=config.weight_decay, eps=config.adam_eps,
+            weight_decay=config.weight_decay, eps=config.adam_eps, foreach=True if self.device.type == "cpu" else None,
         ))
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
