@@ -1,4 +1,4 @@
-"""sft, rm and gym resume: a run stopped after a checkpoint (a crash, or a SIGKILL) and continued
+"""sft, rm, gym and PPO resume: a run stopped after a checkpoint (a crash, or a SIGKILL) and continued
 with --resume ends with exactly the weights of a straight run, each metric logged once; a resume
 with nothing to resume, or with a setting that would make it another run, is refused by name."""
 
@@ -176,10 +176,8 @@ KILLED = {
 }
 
 
-@pytest.mark.parametrize("stage", sorted(KILLED))
-def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
-    args, weights = KILLED[stage]
-    killed = tmp_path / "killed"
+def kill_after_first_checkpoint(args, killed: Path) -> None:
+    """Start the run in its own process and SIGKILL it once its first checkpoint is written."""
     command = [sys.executable, "-m", "ppo_rlhf.cli", *map(str, args), "--out", str(killed)]
     process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -190,7 +188,31 @@ def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
     assert process.poll() is None, "the run finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+@pytest.mark.parametrize("stage", sorted(KILLED))
+def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
+    args, weights = KILLED[stage]
+    killed = tmp_path / "killed"
+    kill_after_first_checkpoint(args, killed)
     run([*args, "--out", tmp_path / "straight"])
     run([*args, "--out", killed, "--resume"])
     same_tensors(tmp_path / "straight" / weights, killed / weights)
     assert logged_steps(killed) == logged_steps(tmp_path / "straight")
+
+
+@pytest.mark.parametrize("mode", [[], ["--lora", "--lora-r", 4]], ids=["full", "lora"])
+def test_a_killed_ppo_run_resumes_to_the_weights_of_a_straight_run(zoo, mode, tmp_path):
+    """The same for PPO, full model (value head) and LoRA, killed at whatever iteration it had
+    reached after its first checkpoint (every 2 iterations)."""
+    reward = zoo["root"] / "ppo_rlhf_test_rewards.py"  # by path: the killed run is another process
+    args = ["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", f"{reward}:length_score",
+            "--iterations", 30, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 4,
+            "--max-length", 32, "--save-every", 2, *mode, *THREADS]
+    killed = tmp_path / "killed"
+    kill_after_first_checkpoint(args, killed)
+    run([*args, "--out", tmp_path / "straight"])
+    run([*args, "--out", killed, "--resume"])
+    weights = "checkpoints/actor/" + ("adapter_model.safetensors" if mode else "model.safetensors")
+    same_tensors(tmp_path / "straight" / weights, killed / weights)
+    assert logged_steps(killed) == logged_steps(tmp_path / "straight") == list(range(1, 31))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ppo_rlhf.config import build_config
-from ppo_rlhf.trainers.ppo_config import FULL_MODEL_LR, LORA_LR, PPOConfig
+from ppo_rlhf.trainers.ppo_config import FULL_MODEL_LR, LORA_LR, PPOConfig, default_lr
 
 from zoo import PROMPTS, THREADS, run
 
@@ -17,9 +17,20 @@ BUDGET = ["--iterations", 1, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-e
 def test_defaults_sample_and_pick_a_learning_rate_per_mode():
     config = build_config(PPOConfig, {"model": "m", "reward_fn": "r:f"})
     assert config.do_sample  # PPO's gradient assumes samples from the policy
-    assert config.lr == FULL_MODEL_LR
+    assert config.lr is None  # a full model's default needs its width: the trainer resolves it
+    assert config.lam == 1.0  # the score reaches every token before the critic has learned
     assert build_config(PPOConfig, {"model": "m", "reward_fn": "r:f", "lora": True}).lr == LORA_LR
     assert build_config(PPOConfig, {"model": "m", "reward_fn": "r:f", "lora": True, "lr": 1e-3}).lr == 1e-3
+
+
+def test_default_full_model_lr_scales_with_the_width():
+    assert default_lr(768, lora=False) == FULL_MODEL_LR  # GPT-2 small: the reference width
+    assert default_lr(576, lora=False) == 1e-5 * 768 / 576  # SmolLM2-135M: 1.33e-5
+    assert abs(default_lr(4096, lora=False) - 1.875e-6) < 1e-12  # a 7B model
+    assert abs(default_lr(64, lora=False) - 1.2e-4) < 1e-12  # a toy
+    assert default_lr(8, lora=False) == LORA_LR  # capped
+    assert default_lr(None, lora=False) == FULL_MODEL_LR  # a config without a width
+    assert default_lr(64, lora=True) == LORA_LR
 
 
 def test_plan_is_printed_and_greedy_rollouts_warn(zoo, tmp_path, capsys):
@@ -28,7 +39,8 @@ def test_plan_is_printed_and_greedy_rollouts_warn(zoo, tmp_path, capsys):
     printed = capsys.readouterr().out
     for role in ("actor:", "reference:", "critic:", "reward:", "rollout:", "update:", "KL:"):
         assert role in printed, role
-    assert "k1 in the reward, kl_coef 0.3" in printed and "lr 1e-05" in printed
+    # the zoo's Llama is 32 wide: 1e-5 x 768 / 32
+    assert "k1 in the reward, kl_coef 0.3" in printed and "lr 0.00024" in printed
     assert "warning: greedy rollouts" in printed
 
 

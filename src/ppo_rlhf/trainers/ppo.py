@@ -58,7 +58,7 @@ from ppo_rlhf.trainers.estimators import (
     uses_critic,
 )
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
-from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
 
 
 @dataclass
@@ -168,6 +168,8 @@ class PPOTrainer:
         critic_ids = {id(p) for p in critic_params}
         actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
         self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
+        if config.lr is None:  # a full model's default follows its width; recorded in the config
+            config.lr = default_lr(getattr(actor.config.get_text_config(), "hidden_size", None), config.lora)
         # foreach: AdamW's multi-tensor update, bit-identical to its per-parameter loop (tests/test_trainer_paths.py)
         # and about 30% faster on a CPU, where torch would otherwise take the loop; elsewhere torch's default.
         self.optimizer = self.accelerator.prepare(torch.optim.AdamW(

@@ -18,12 +18,28 @@ from ppo_rlhf.trainers.estimators import (
 )
 
 
-# Default learning rates.  1e-5 is the usual full fine-tuning value for PPO on 0.1-7B models; a LoRA
-# adapter at 1e-5 barely moves (its update is the product of two small matrices, one starting at
-# 0), and 3e-4 is the value the SmolLM2 + LoRA example learns with (benchmarks/results/smollm2_vader.md).
+# Default learning rates.  Full fine-tuning: 1e-5 at GPT-2 small's width (768), scaled by
+# 768 / hidden width.  Adam moves every weight by about lr per step whatever its gradient's size,
+# and a unit's output sums its inputs over the width, so one lr changes a wide model's outputs more
+# than a narrow one's (the muP rule for hidden weights).  That gives 1.3e-5 for SmolLM2-135M (576),
+# 1.9e-6 for a 7B model (4096), in the range InstructGPT and TRL used at those sizes, and 1.2e-4
+# for a 64-wide model a user builds to try things, which 1e-5 leaves flat for 20 iterations
+# (tests/test_default_learning.py).  A LoRA adapter at 1e-5 barely moves (its update is the product
+# of two small matrices, one starting at 0); 3e-4 is the value the SmolLM2 + LoRA example learns
+# with (benchmarks/results/smollm2_vader.md), and the cap of the width rule.
 FULL_MODEL_LR = 1e-5
+REFERENCE_WIDTH = 768
 LORA_LR = 3e-4
 VF_COEF = 0.1
+
+
+def default_lr(hidden_width: int | None, lora: bool) -> float:
+    """The actor's learning rate when --lr is not given (see above)."""
+    if lora:
+        return LORA_LR
+    if not hidden_width:  # a config without a width: the GPT-2 small value
+        return FULL_MODEL_LR
+    return min(FULL_MODEL_LR * REFERENCE_WIDTH / hidden_width, LORA_LR)
 
 
 @dataclass
@@ -84,7 +100,10 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                "(--kl-coef 0).  --kl-in is kept as given",
         choices=ESTIMATORS)
     gamma: float = option(1.0, "discount per token")
-    lam: float = option(0.95, "GAE lambda (gae only)")
+    lam: float = option(1.0, "GAE lambda (gae only).  1: every token's advantage is the response's return minus "
+                             "the critic's value, so a score given at the end reaches every token from the first "
+                             "iteration; below 1 the critic's (at first untrained) values stand in for the rest, and "
+                             "only the last ~1/(1 - lam) tokens hear the score until the critic has learned")
     whiten_advantages: bool | None = option(None, "whiten advantages over the response tokens of the batch; empty: as "
                                                   "the estimator's paper (gae and reinforce++ yes, the group and "
                                                   "greedy baselines no)")
@@ -106,8 +125,10 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                                       "gradients accumulated over them (per process); must divide "
                                                       "mini_batch_size; empty: the whole minibatch.  Same step, "
                                                       "less memory")
-    lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: {FULL_MODEL_LR:g} for a full model, "
-                                    f"{LORA_LR:g} with --lora (an adapter needs larger steps to move)")
+    lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: for a full model {FULL_MODEL_LR:g} x "
+                                    f"{REFERENCE_WIDTH} / the model's hidden width (1.3e-5 for a 576-wide 135M model, "
+                                    f"1.9e-6 for a 4096-wide 7B, at most {LORA_LR:g}), {LORA_LR:g} with --lora (an "
+                                    f"adapter needs larger steps to move); the value used is printed and recorded")
     critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr "
                                            "(gae only)")
     critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise "
@@ -160,9 +181,10 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                                       self.mini_batch_size % self.train_micro_batch_size == 0),
               "train_micro_batch_size", f"a divisor of mini_batch_size ({self.mini_batch_size}) or empty",
               self.train_micro_batch_size)
-        if self.lr is None:  # resolved here, so config.yaml records the value used
-            self.lr = LORA_LR if self.lora else FULL_MODEL_LR
-        check(self.lr > 0, "lr", "> 0", self.lr)
+        if self.lr is None and self.lora:  # resolved here, so config.yaml records the value used
+            self.lr = LORA_LR
+        # A full model's default needs its width: the trainer resolves it (resolve_lr).
+        check(self.lr is None or self.lr > 0, "lr", "> 0", self.lr)
         check(self.adam_eps > 0, "adam_eps", "> 0", self.adam_eps)
         check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
         check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)

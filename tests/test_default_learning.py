@@ -1,0 +1,53 @@
+"""A user's first run learns with the defaults: the README's own command, their own tiny random
+model, a rule reward, nothing tuned.
+
+The model is what a user builds to try the library (a 2-layer, 64-wide Llama from a config with
+transformers' default initialisation, never trained), so its samples are random bytes; the
+reward counts the letter "e" in a response.  Only the run's length and one torch thread are
+added to the README's command.  What makes this learn, and what left it flat before (measured
+in docs/design.md "Defaults that learn"): the width-scaled default learning rate (1.2e-4 here;
+1e-5 moved nothing in 20 iterations) and lam = 1 (with 0.95 the final score reached only the last
+~20 of ~107 tokens while the fresh value head learned).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from test_readme import readme_commands
+from zoo import PROMPTS, make_tokenizer, run, write_jsonl
+
+
+def users_tiny_model(folder) -> None:
+    tokenizer = make_tokenizer("llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def test_the_readme_command_learns_with_default_settings(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    users_tiny_model(tmp_path / "DIR")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    (tmp_path / "my_rewards.py").write_text("def score(prompts, responses):\n"
+                                            "    return [float(r.count('e')) for r in responses]\n")
+    command = next(c for c in readme_commands("### Your own model") if c[0] == "ppo" and "--reward-fn" in c)
+    assert command == ["ppo", "--model", "DIR", "--prompts", "prompts.jsonl", "--reward-fn", "my_rewards.py:score",
+                       "--out", "runs/my_ppo_fn"]
+    run([*command, "--iterations", 20, "--num-threads", 1])
+
+    printed = capsys.readouterr().out
+    assert "lr 0.00012" in printed and "warning" not in printed  # 1e-5 x 768 / 64, nothing flagged
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "my_ppo_fn" / "metrics.jsonl").open()]
+    scores = [row["score"] for row in rows if "score" in row]
+    first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
+    # Measured: 5.2 -> 12.2 "e"s per response (iterations 1-3 vs 18-20); the same run with lr 1e-5,
+    # or with lam 0.95, stays between 3.8 and 6.0 throughout (5.3 at the end).
+    assert last > 1.6 * first, (first, last, scores)
