@@ -162,7 +162,7 @@ def main() -> None:
                 if any(row_key(r) == key for r in results):
                     continue
                 result = run_child(code, base, reward_model, length, rollout_micro, train_micro, checkpointing)
-                results.append({"label": label, **result})
+                results.append({"label": label, **result, "measured": time.strftime("%Y-%m-%d")})
                 print(json.dumps(results[-1]), flush=True)
                 write_report(results, args, Path(args.out))  # after every run: a long run is never lost
         finally:
@@ -183,8 +183,10 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# Peak memory of one PPO iteration against response length and micro-batch size",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_memory.py"
-        + (f" --before {args.before}" if args.before else "") + f"` ({platform.machine()} CPU, float32, one torch thread).",
+        f"Measured {', '.join(sorted({r.get('measured', '?') for r in results}))} by `python benchmarks/bench_memory.py"
+        + (f" --before {args.before}" if args.before else "")
+        + (" --gradient-checkpointing" if args.gradient_checkpointing else "")
+        + f"` ({platform.machine()} CPU, float32, one torch thread; rows of an earlier run kept with `--keep`).",
         f"`{Path(args.model).name}` as four full models (actor and separate critic trained with AdamW, frozen "
         f"reference and reward model), batch {BATCH} chat prompts, minibatch {MINIBATCH}, one epoch, every response "
         "exactly the length shown. Peak: resident high-water mark over the iteration; above models: the peak less "
