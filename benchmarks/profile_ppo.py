@@ -73,7 +73,7 @@ def instrument(trainer) -> Timers:
                         ("masked_mean", "loss math"), ("value_loss", "loss math")):
         timers.wrap(ppo_module, name, label)
     timers.wrap(ppo_module.Experience, "select", "select")
-    timers.wrap(trainer.value_head, "forward", "loss math")
+    timers.wrap(trainer.critic.value_head, "forward", "loss math")
     timers.wrap(trainer.accelerator, "backward", "backward")
     timers.wrap(trainer.accelerator, "clip_grad_norm_", "clip grad norm")
     timers.wrap(trainer.optimizer, "zero_grad", "zero_grad")

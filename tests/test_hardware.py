@@ -22,7 +22,7 @@ from transformers import AutoModel
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.hardware import check_launch, resolve_device
 from ppo_rlhf.models.lora import AdapterRewardModel
-from ppo_rlhf.models.value import Critic, ValueHead
+from ppo_rlhf.models.value import ModelCritic, ValueHead
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from zoo import REWARDS_MODULE, THREADS, run, run_failing, weights_changed
@@ -105,7 +105,7 @@ def test_value_head_on_a_bf16_trunk_gives_float32_values_and_gradients():
 
 
 def test_critic_on_a_bf16_trunk(zoo):
-    critic = Critic(AutoModel.from_pretrained(zoo["llama_bf16"]))
+    critic = ModelCritic(AutoModel.from_pretrained(zoo["llama_bf16"]))
     assert critic.backbone.dtype == torch.bfloat16 and critic.value_head.summary.weight.dtype == torch.float32
     ids = torch.tensor([[1, 5, 7, 9]])
     values = critic(ids, torch.ones_like(ids), torch.arange(4)[None])

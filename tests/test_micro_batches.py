@@ -9,7 +9,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
-from ppo_rlhf.models.value import Critic
+from ppo_rlhf.models.value import ModelCritic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.reward import FunctionReward
 from ppo_rlhf.trainers.ppo import PPOTrainer
@@ -28,7 +28,7 @@ def trainer_with(zoo, critic: str = "shared", **overrides) -> PPOTrainer:
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens, do_sample=True,
                                seed=0)
     torch.manual_seed(0)  # the value head starts the same in both trainers
-    separate = Critic.from_pretrained_trunk(config.model) if critic == "separate" else None
+    separate = ModelCritic.from_pretrained_trunk(config.model) if critic == "separate" else None
     return PPOTrainer(load_causal_lm(config.model), load_causal_lm(config.model), FunctionReward(config.reward_fn),
                       tokenizer, config, generator, critic=separate)
 
@@ -52,7 +52,7 @@ def test_gradient_accumulation_equals_one_large_minibatch(zoo, aggregation, crit
     minibatch = torch.tensor([5, 0, 7, 2, 3, 6, 1, 4])
     for trainer in (whole_trainer, accumulated_trainer):
         trainer.actor.train()
-        trainer.critic_module().train()
+        trainer.critic.train()
     whole_stats = whole_trainer.accumulate_gradients(experience, minibatch, warming_up=False)
     accumulated_stats = accumulated_trainer.accumulate_gradients(experience, minibatch, warming_up=False)
     pairs = list(zip(whole_trainer.trainable_parameters, accumulated_trainer.trainable_parameters))

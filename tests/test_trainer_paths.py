@@ -53,8 +53,8 @@ def run_iterations(estimator: str) -> tuple[dict[str, torch.Tensor], list[dict],
         step = trainer.step(draw_batch(rows, config, rng))
         metrics.append({k: v for k, v in step.items() if not k.startswith("time/") and "per_s" not in k})
     weights = {name: p.detach().clone() for name, p in trainer.actor.named_parameters()}
-    if trainer.value_head is not None:
-        weights.update({f"value_head.{n}": p.detach().clone() for n, p in trainer.value_head.named_parameters()})
+    if trainer.critic is not None:
+        weights.update({f"critic.{n}": p.detach().clone() for n, p in trainer.critic.named_parameters()})
     return weights, metrics, trainer
 
 

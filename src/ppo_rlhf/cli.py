@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.data import DataError
+    from ppo_rlhf.distributed import end_processes
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.reward import RewardError
     from ppo_rlhf.trainers.guard import DivergenceError
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         # Not a usage error: 3, so that a sweep can tell a diverged run from a bad command line.
         print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
         return 3
+    end_processes()
     return int(result or 0)
 
 

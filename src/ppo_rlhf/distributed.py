@@ -43,6 +43,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def end_processes() -> None:
+    """After a command has finished in every process: wait for all of them, then take the group
+    down.  A process that exits with its group still up can abort in the communication library's
+    teardown while another is still writing the run folder (seen as "terminate called without an
+    active exception", exit -6, under a loaded CPU)."""
+    if is_distributed():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def shard(items: list, of_rank: int | None = None, processes: int | None = None) -> list:
     """This process's contiguous part of a global batch; the parts of all ranks, in rank order,
     are the batch itself (so N processes see exactly what one process would)."""

@@ -1,4 +1,4 @@
-"""Models: loading Hugging Face checkpoints, building tiny ones from configs, value heads."""
+"""Models: loading Hugging Face checkpoints, building tiny ones from configs, critics."""
 
 from ppo_rlhf.models.loading import (
     ModelError,
@@ -10,11 +10,13 @@ from ppo_rlhf.models.loading import (
     same_vocabulary,
     save_pretrained_atomic,
 )
-from ppo_rlhf.models.value import Critic, ValueHead
+from ppo_rlhf.models.value import Critic, ModelCritic, SharedHeadCritic, ValueHead
 
 __all__ = [
     "Critic",
+    "ModelCritic",
     "ModelError",
+    "SharedHeadCritic",
     "ValueHead",
     "build_causal_lm",
     "build_sequence_classifier",

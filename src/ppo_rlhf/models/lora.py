@@ -31,14 +31,20 @@ from torch import nn
 from ppo_rlhf.checkpoint import atomic_directory
 from ppo_rlhf.config import check, option
 from ppo_rlhf.models.loading import ModelError
-from ppo_rlhf.models.value import ValueHead, value_head_on
+from ppo_rlhf.models.value import (
+    VALUE_HEAD,
+    Critic,
+    ValueHead,
+    load_value_head,
+    value_head_on,
+    values_over_response,
+)
 
 # peft asks transformers a deprecated question on every wrap; the user can do nothing about it.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-VALUE_HEAD = "value_head.safetensors"
 
 
 @dataclass
@@ -206,8 +212,9 @@ def trunk_of(peft_model) -> nn.Module:
 
 
 # ------------------------------------------------------------------ roles on the shared base
-class AdapterCritic(nn.Module):
-    """The critic as its own adapter on the shared base, plus a value head.
+class AdapterCritic(Critic):
+    """The critic as its own adapter on the shared base, plus a value head (models/value.py
+    has the interface).
 
     The adapter's parameters are registered here too (as the same tensors), so the critic's
     ``parameters()`` are exactly what the critic trains; the base is not a sub-module: it
@@ -231,20 +238,27 @@ class AdapterCritic(nn.Module):
         return active_adapter(self.peft_model, self.adapter_name)
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """(B, L) values over whole sequences."""
         with self.scope():
             hidden = trunk_of(self.peft_model)(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             ).last_hidden_state  # (B, L, H)
         return self.value_head(hidden)  # (B, L)
 
-    def save(self, path: str | Path, tokenizer=None) -> None:
+    def values(self, sequences, actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        from ppo_rlhf.rollout.sequences import position_ids_from_mask
+
+        mask = sequences.attention_mask
+        return values_over_response(self(sequences.input_ids, mask, position_ids_from_mask(mask)), sequences)
+
+    def save(self, path: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> None:
+        """The adapter as a peft folder with the value head beside it; both float32 as trained
+        (the base, saved by no one here, keeps its dtype), so ``dtype`` changes nothing."""
         save_adapter(self.peft_model, self.adapter_name, path, tokenizer, extra={VALUE_HEAD: self.value_head.state_dict()})
 
     def load_saved(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
         load_adapter_weights(self.peft_model, self.adapter_name, path)
-        self.value_head.load_state_dict(load_file(str(Path(path) / VALUE_HEAD)))
+        load_value_head(self.value_head, Path(path))
 
 
 @contextlib.contextmanager

@@ -1,12 +1,25 @@
-"""The critic: a scalar value per position, on the actor's trunk (shared) or its own model."""
+"""The critic: a value per response position, behind one interface (docs/design.md, "Roles").
+
+Three kinds fill it: a value head on the actor's trunk (:class:`SharedHeadCritic`), a model of
+its own (:class:`ModelCritic`), and an adapter of its own on a LoRA base (``AdapterCritic`` in
+models/lora.py).  The trainer asks a critic for its values and trains its ``parameters()``;
+the one thing it must know is whether the values read the actor's own forward pass
+(``reads_actor_trunk``), which decides whether actor and critic share one backward pass.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ppo_rlhf.rollout.sequences import Sequences
+
+VALUE_HEAD = "value_head.safetensors"  # a critic folder's value head, beside its trunk or adapter
 
 
 class ValueHead(nn.Module):
@@ -41,6 +54,87 @@ def hidden_size_of(model) -> int:
 
 
 class Critic(nn.Module):
+    """What the PPO trainer needs of a critic.
+
+    ``values(sequences, actor_hidden)`` gives (B, T) float32 values at the positions that predict
+    each response token.  ``actor_hidden`` is the actor's (B, T, H) hidden state at those
+    positions, from the forward pass the trainer has just run: a critic that reads it
+    (``reads_actor_trunk``) is trained in that pass's backward; any other runs its own forward
+    and backward inside ``scope()``.  ``parameters()`` are exactly what the critic trains.
+    ``save``/``load_saved`` write and read a folder (checkpoints/critic, and the resume point).
+    """
+
+    reads_actor_trunk = False
+    stored_dtype: torch.dtype | None = None  # a trunk loaded in half precision is saved back so
+
+    def values(self, sequences: "Sequences", actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def scope(self):
+        """Context for this critic's forward and backward passes (an adapter critic activates
+        its adapter); nothing to set up by default."""
+        return contextlib.nullcontext()
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute activations in the backward pass, where the critic has a trunk of its own."""
+
+    def save(self, path: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> None:
+        raise NotImplementedError
+
+    def load_saved(self, path: str | Path) -> None:
+        raise NotImplementedError
+
+
+def values_over_response(values: torch.Tensor, sequences: "Sequences") -> torch.Tensor:
+    """(B, P+T) values over a whole sequence -> (B, T) at the positions that predict each
+    response token (position P-1+t predicts token t), as the actor's log-probs are taken."""
+    start = sequences.prompt_length - 1
+    return values[:, start:-1]
+
+
+def save_value_head(head: ValueHead, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(path / VALUE_HEAD))
+
+
+def load_value_head(head: ValueHead, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    head.load_state_dict(load_file(str(path / VALUE_HEAD)))
+
+
+class SharedHeadCritic(Critic):
+    """A value head on the actor's trunk: the cheapest critic (one forward and one backward
+    pass serve actor and critic), at the price of a value loss that moves the actor's trunk."""
+
+    reads_actor_trunk = True
+
+    def __init__(self, value_head: ValueHead):
+        super().__init__()
+        self.value_head = value_head
+
+    @classmethod
+    def on(cls, actor: nn.Module) -> "SharedHeadCritic":
+        """A fresh head for ``actor`` (a causal LM or a peft model), on its device, in float32."""
+        return cls(value_head_on(actor))
+
+    def values(self, sequences: "Sequences", actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        if actor_hidden is None:
+            raise ValueError("a value head on the actor's trunk reads the actor's hidden states; none were given")
+        return self.value_head(actor_hidden)
+
+    def save(self, path: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> None:
+        """The head alone (the trunk is the actor's, saved as the actor); float32 as trained."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_value_head(self.value_head, path)
+
+    def load_saved(self, path: str | Path) -> None:
+        load_value_head(self.value_head, Path(path))
+
+
+class ModelCritic(Critic):
     """A separate critic: a transformer trunk (``AutoModel``) plus a value head.
 
     Initialised from the reward model's trunk by default, as published RLHF recipes do: it
@@ -51,9 +145,10 @@ class Critic(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.value_head = value_head or value_head_on(backbone)
+        self.stored_dtype = backbone.dtype  # before the trainer upcasts a half-precision trunk
 
     @classmethod
-    def from_pretrained_trunk(cls, path: str | Path, dtype: torch.dtype | str = "auto") -> "Critic":
+    def from_pretrained_trunk(cls, path: str | Path, dtype: torch.dtype | str = "auto") -> "ModelCritic":
         from transformers import AutoModel
 
         from ppo_rlhf.models.loading import from_pretrained, is_adapter_only, load_adapter_as_model
@@ -75,32 +170,37 @@ class Critic(nn.Module):
         finally:
             hf_logging.set_verbosity(verbosity)
 
-    def scope(self):
-        """Context for this critic's forward and backward passes (nothing to set up for a model
-        of its own; see AdapterCritic)."""
-        return contextlib.nullcontext()
-
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """(B, L) values over whole sequences."""
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, L, H)
         return self.value_head(hidden)  # (B, L)
 
-    def save(self, path: str | Path, tokenizer=None) -> None:
-        """Trunk as a standard HF folder, value head beside it as safetensors; the tokenizer
-        says which token ids the critic reads."""
-        from safetensors.torch import save_file
+    def values(self, sequences: "Sequences", actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        from ppo_rlhf.rollout.sequences import position_ids_from_mask
 
+        mask = sequences.attention_mask
+        return values_over_response(self(sequences.input_ids, mask, position_ids_from_mask(mask)), sequences)
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def save(self, path: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> None:
+        """Trunk as a standard HF folder, value head beside it as safetensors; the tokenizer
+        says which token ids the critic reads.  ``dtype``: the trunk is cast to it first (the
+        end of a run: a bf16 trunk goes back out in bf16); the head stays float32."""
         path = Path(path)
+        if dtype is not None:
+            self.backbone.to(dtype)
         self.backbone.save_pretrained(path)
-        save_file({k: v.contiguous() for k, v in self.value_head.state_dict().items()}, str(path / "value_head.safetensors"))
+        save_value_head(self.value_head, path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
 
     def load_saved(self, path: str | Path) -> None:
         """Load weights written by :meth:`save` into this critic."""
-        from safetensors.torch import load_file
         from transformers import AutoModel
 
         self.backbone.load_state_dict(AutoModel.from_pretrained(path).state_dict())
-        self.value_head.load_state_dict(load_file(str(Path(path) / "value_head.safetensors")))
+        load_value_head(self.value_head, Path(path))

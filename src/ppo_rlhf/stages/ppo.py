@@ -3,7 +3,7 @@
 Run folder:
     OUT/config.yaml, metrics.jsonl, tb/, curves.png, summary.json
     OUT/checkpoints/actor/    the final actor, a standard causal-LM folder (with tokenizer)
-    OUT/checkpoints/critic/   the final critic (value head, plus trunk if separate); estimator gae only
+    OUT/checkpoints/critic/   the final critic (value head, plus its trunk or adapter); estimator gae only
     OUT/checkpoints/last/     resumable state, rewritten atomically every --save-every iterations
 """
 
@@ -22,7 +22,6 @@ from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_proces
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
-from ppo_rlhf.models.value import Critic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
@@ -98,8 +97,8 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
 def require_trained_finite(trainer: PPOTrainer) -> None:
     """DivergenceError naming the tensor if what PPO trains holds a NaN or an infinity."""
     trained = {name: p for name, p in trainer.actor.named_parameters() if p.requires_grad}
-    if trainer.critic_module() is not None:
-        trained.update({f"critic.{name}": p for name, p in trainer.critic_module().named_parameters()})
+    if trainer.critic is not None:
+        trained.update({f"critic.{name}": p for name, p in trainer.critic.named_parameters()})
     require_finite(trained, "the PPO actor/critic")
     for index, state in trainer.optimizer.state_dict()["state"].items():
         require_finite({f"optimizer state {index}.{key}": v for key, v in state.items()}, "the PPO optimizer")
@@ -116,14 +115,10 @@ def save_actor(actor, tokenizer, path: Path) -> Path:
     return save_pretrained_atomic(actor, tokenizer, path)
 
 
-def save_critic(trainer: PPOTrainer, tokenizer, path: Path) -> Path:
+def save_critic(critic, tokenizer, path: Path) -> Path:
+    """The final critic, in the dtype its trunk came in (bf16 in, bf16 out)."""
     with atomic_directory(path) as staging:
-        if trainer.critic is not None:
-            trainer.critic.save(staging, tokenizer)
-        else:
-            from safetensors.torch import save_file
-
-            save_file(trainer.value_head.state_dict(), str(staging / "value_head.safetensors"))
+        critic.save(staging, tokenizer, dtype=critic.stored_dtype)
     return path
 
 
@@ -134,7 +129,8 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
         load_adapter_weights(trainer.actor, trainer.actor.active_adapter, last / "actor")
     else:
         trainer.actor.load_state_dict(load_causal_lm(last / "actor").state_dict())
-    if trainer.critic is not None:
+    # (A shared head from before critics had folders of their own is in the trainer state.)
+    if trainer.critic is not None and (last / "critic").is_dir():
         trainer.critic.load_saved(last / "critic")
     state = torch.load(last / "trainer_state.pt", weights_only=False, map_location="cpu")
     trainer.load_state_dict(state["trainer"])
@@ -192,7 +188,6 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
     # The trained models are saved in the dtype they came in (adapters and value heads: float32).
     actor_dtype = actor.dtype
-    critic_dtype = roles.critic.backbone.dtype if isinstance(roles.critic, Critic) else None
     train_rows, eval_rows = prompt_sets(config, task)
     check_policy(actor, tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
                  config.chat_template, config.max_prompt_length, config.max_new_tokens)
@@ -288,10 +283,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
                                out / "checkpoints" / "actor")
         saved = {"actor": str(actor_dir)}
-        if trainer.critic_module() is not None:  # a critic-free estimator has none to save
-            if critic_dtype is not None:
-                trainer.critic.backbone.to(critic_dtype)
-            saved["critic"] = str(save_critic(trainer, tokenizer, out / "checkpoints" / "critic"))
+        if trainer.critic is not None:  # a critic-free estimator has none to save
+            saved["critic"] = str(save_critic(trainer.critic, tokenizer, out / "checkpoints" / "critic"))
         return saved
 
     checkpoints = on_main_process(save_models)  # the processes hold the same weights: written once

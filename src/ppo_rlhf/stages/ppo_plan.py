@@ -18,8 +18,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     """A few lines: each role, the rollout, the update, the KL."""
     first = next(roles.actor.parameters())
     where = f"{first.device}, {str(first.dtype).replace('torch.', '')}"
-    critic_module = trainer.critic_module()
-    critic_ids = {id(p) for p in critic_module.parameters()} if critic_module is not None else set()
+    critic_ids = {id(p) for p in trainer.critic.parameters()} if trainer.critic is not None else set()
     actor_trained = [p for p in trainer.trainable_parameters if id(p) not in critic_ids]
     critic_trained = [p for p in trainer.trainable_parameters if id(p) in critic_ids]
     if config.lora:
@@ -30,7 +29,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         reference = f"a frozen copy of {config.model}"
     critic = {"shared": "value head on the actor's trunk", "separate": "a separate model",
               "lora": "its own LoRA adapter + value head on the shared base"}[config.critic]
-    critic = (f"{critic}; {_count(critic_trained)} parameters trained" if critic_module is not None
+    critic = (f"{critic}; {_count(critic_trained)} parameters trained" if trainer.critic is not None
               else f"none (estimator {config.estimator})")
     k = config.samples_per_prompt
     prompts = f"{config.batch_size} prompts" if k == 1 else f"{config.batch_size // k} prompts x {k} samples"
@@ -50,7 +49,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
         f"up to {config.max_new_tokens} new tokens",
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
-        f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if critic_module is not None else "")
+        f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}",
         f"KL:        {kl}",
     ]

@@ -1,7 +1,10 @@
-"""The four PPO roles -- actor, reference, reward, critic -- loaded from a PPOConfig.
+"""The four PPO roles -- actor, reference, reward, critic -- built from a PPOConfig, in one place
+(docs/design.md, "Roles").  Each is loaded in its stored dtype (or ``--dtype``); the trainer then
+puts every role on its device and upcasts what it trains to float32 (hardware.py).
 
 Full models: the actor and a frozen reference are two copies of ``--model``; the reward is a
-model folder or a function; the critic is a value head on the actor (shared) or its own model.
+model folder or a function; the critic (models/value.py) is a value head on the actor's trunk
+(``--critic shared``), a model of its own (``separate``), or none for a critic-free estimator.
 
 ``--lora``: one base in memory (models/lora.py).  The actor is the base + a policy adapter,
 the reference is the base with adapters disabled, a reward adapter trained on the same base
@@ -18,7 +21,15 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.models import Critic, load_causal_lm, load_sequence_classifier, load_tokenizer, same_vocabulary
+from ppo_rlhf.models import (
+    Critic,
+    ModelCritic,
+    SharedHeadCritic,
+    load_causal_lm,
+    load_sequence_classifier,
+    load_tokenizer,
+    same_vocabulary,
+)
 from ppo_rlhf.models.value import ValueHead
 from ppo_rlhf.models.loading import TOKENIZER_FILES, is_adapter_only, require_model_folder
 from ppo_rlhf.models.lora import (
@@ -30,6 +41,7 @@ from ppo_rlhf.models.lora import (
     score_head_from,
 )
 from ppo_rlhf.rollout.reward import FunctionReward, ModelReward
+from ppo_rlhf.trainers.estimators import uses_critic
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 POLICY, CRITIC, REWARD = "policy", "critic", "reward"  # adapter names on the shared base
@@ -40,7 +52,7 @@ class Roles:
     actor: object  # causal LM, or a peft model with the policy adapter active
     ref: object | None  # None: the actor's base with adapters disabled
     reward: object  # ModelReward or FunctionReward
-    critic: object | None  # Critic, AdapterCritic, or None for a value head on the actor
+    critic: Critic | None  # SharedHeadCritic, ModelCritic or AdapterCritic; None: a critic-free estimator
     tokenizer: object
 
 
@@ -57,9 +69,9 @@ def load_roles(config: PPOConfig, task) -> Roles:
         roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
     if config.gradient_checkpointing:
         # Only the trained models: the reference and the reward never run a backward pass.
-        for model in (roles.actor, getattr(roles.critic, "backbone", None)):
-            if model is not None:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        roles.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if roles.critic is not None:
+            roles.critic.enable_gradient_checkpointing()
     return roles
 
 
@@ -81,15 +93,17 @@ def load_single_base_roles(config: PPOConfig, task) -> Roles:
         reward = build_reward(config, tokenizer, task)
 
     critic = None
-    if config.critic == "lora":
+    if not uses_critic(config.estimator):
+        pass
+    elif config.critic == "lora":
         if reward_adapter is not None:  # the critic starts as the reward model, as a separate critic would
             add_adapter_from(actor, CRITIC, *reward_adapter)
             critic = AdapterCritic(actor, CRITIC, value_head_from(score_head))
         else:
             actor.add_adapter(CRITIC, config.lora_config("CAUSAL_LM", base))
             critic = AdapterCritic(actor, CRITIC)
-    elif config.critic == "separate":
-        critic = build_critic(config, tokenizer, base)
+    else:
+        critic = build_critic(config, tokenizer, actor)
 
     # Which adapters train is decided here, once: peft's add/set_adapter also toggle it.
     actor.set_adapter(POLICY)
@@ -155,7 +169,10 @@ def critic_init_folder(config: PPOConfig, tokenizer, actor) -> str:
     return config.model
 
 
-def build_critic(config: PPOConfig, tokenizer, actor):
-    if config.critic == "shared":
+def build_critic(config: PPOConfig, tokenizer, actor) -> Critic | None:
+    """The critic of a full-model run (``--critic lora`` is built with the adapters above)."""
+    if not uses_critic(config.estimator):
         return None
-    return Critic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor), config.load_dtype)
+    if config.critic == "shared":
+        return SharedHeadCritic.on(actor)
+    return ModelCritic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor), config.load_dtype)

@@ -45,9 +45,9 @@ from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models.lora import adapters_disabled
-from ppo_rlhf.models.value import Critic, value_head_on
+from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
-from ppo_rlhf.rollout.logprobs import critic_values, forward_response, logprobs_from_logits
+from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import Sequences
@@ -128,8 +128,9 @@ class PPOTrainer:
         tokenizer: the actor's tokenizer.
         config: PPOConfig.
         generator: the rollout engine (TorchGenerator unless another is plugged in).
-        critic: a separate Critic, or None for a value head on the actor's trunk (estimator gae),
-            or for no critic at all (every other estimator).
+        critic: a Critic (models/value.py: a value head on the actor's trunk, a model of its own,
+            or an adapter on a LoRA base); None: a fresh value head on the actor's trunk for
+            estimator gae, no critic at all for every other estimator.
         accelerator: the device and autocast (hardware.py); default: the ones ``config`` asks for.
             Every role is moved to its device; the trained weights (actor, critic) are upcast to
             float32, the frozen ones (reference, reward, a LoRA base) stay as loaded.
@@ -138,9 +139,12 @@ class PPOTrainer:
     def __init__(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None = None,
                  accelerator=None):
         self.actor, self.ref, self.reward, self.tokenizer = actor, ref, reward, tokenizer
-        self.config, self.generator, self.critic = config, generator, critic
+        self.config, self.generator = config, generator
         if critic is not None and not uses_critic(config.estimator):
             raise ValueError(f"estimator {config.estimator} has no critic, but one was given")
+        if critic is None and uses_critic(config.estimator):
+            critic = SharedHeadCritic.on(actor)
+        self.critic: Critic | None = critic
         self.accelerator = accelerator or config.accelerator()
         self.device = self.accelerator.device
         for model in (actor, ref, getattr(reward, "model", None), critic):
@@ -149,7 +153,6 @@ class PPOTrainer:
         train_in_float32(actor, "actor")
         if critic is not None:
             train_in_float32(critic, "critic")
-        self.value_head = value_head_on(actor) if critic is None and uses_critic(config.estimator) else None
         # ReMax's baseline: the score of each prompt's greedy response, from one more rollout.
         self.greedy_generator = (TorchGenerator(generator.stop_token_ids, tokenizer.pad_token_id, config.max_new_tokens,
                                                 do_sample=False, device=self.device)
@@ -162,8 +165,7 @@ class PPOTrainer:
             disable_dropout(actor, keep_lora_dropout)
             if critic is not None:
                 disable_dropout(critic, keep_lora_dropout)
-        critic_module = self.critic_module()
-        critic_params = [] if critic_module is None else [p for p in critic_module.parameters() if p.requires_grad]
+        critic_params = [] if critic is None else [p for p in critic.parameters() if p.requires_grad]
         # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
         critic_ids = {id(p) for p in critic_params}
         actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
@@ -189,20 +191,11 @@ class PPOTrainer:
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
 
-    def critic_module(self) -> torch.nn.Module | None:
-        """The critic's trained module: a separate critic, the value head, or None (no critic)."""
-        return self.critic if self.critic is not None else self.value_head
-
     # ------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response logits (B, T, V) of the actor and values (B, T) of the critic (None without one)."""
         out = forward_response(self.actor, sequences, self.config.temperature)
-        if self.critic is not None:
-            values = critic_values(self.critic, sequences)
-        elif self.value_head is not None:
-            values = self.value_head(out.hidden)
-        else:
-            values = None
+        values = None if self.critic is None else self.critic.values(sequences, out.hidden)
         return out.logits, values
 
     @under_autocast
@@ -248,8 +241,8 @@ class PPOTrainer:
         # only that many rows' (rows, T, V) logits are ever held.
         start = time.perf_counter()
         self.actor.eval()
-        if self.critic_module() is not None:
-            self.critic_module().eval()
+        if self.critic is not None:
+            self.critic.eval()
         parts = [self.old_and_reference(sequences.select(index))
                  for index in micro_batches(len(prompts), config.rollout_micro_batch_size, self.device)]
         logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts]) for i in range(3))
@@ -353,8 +346,8 @@ class PPOTrainer:
         # During critic warm-up the policy loss is left out and the actor gets no gradient.
         warming_up = self.iteration < config.critic_warmup
         self.actor.train()
-        if self.critic_module() is not None:
-            self.critic_module().train()
+        if self.critic is not None:
+            self.critic.train()
         totals: dict[str, float] = {}
         n_steps = 0
         batch_size = experience.scores.shape[0]
@@ -417,25 +410,25 @@ class PPOTrainer:
                 pg_stats["kl_loss"] = kl_loss.detach()
                 actor_loss = actor_loss + self.kl_controller.value * policy_share * kl_loss
             vf_stats = {}
-            if self.critic_module() is None:  # a critic-free estimator: the policy's loss alone
+            if self.critic is None:  # a critic-free estimator: the policy's loss alone
                 self.accelerator.backward(actor_loss)
-            elif self.critic is None:
-                # The value head reads the actor's trunk: one graph, one backward pass.
-                vf_loss, vf_stats = value_loss(self.value_head(out.hidden), mb.values, mb.returns, mb.mask,
-                                               config.cliprange_value)
+            elif self.critic.reads_actor_trunk:
+                # The critic reads the actor's forward pass: one graph, one backward pass.
+                vf_loss, vf_stats = value_loss(self.critic.values(mb.sequences, out.hidden), mb.values, mb.returns,
+                                               mb.mask, config.cliprange_value)
                 loss = config.vf_coef * token_share * vf_loss
                 self.accelerator.backward(loss if actor_loss is None else actor_loss + loss)
             else:
-                # A separate critic shares no parameters with the actor: the actor's backward pass
-                # runs first and frees its graph before the critic's is built (same gradients as
-                # one backward of the sum, half the activation memory).
+                # A critic with a forward pass of its own shares no graph with the actor: the actor's
+                # backward pass runs first and frees its graph before the critic's is built (same
+                # gradients as one backward of the sum, half the activation memory).
                 if actor_loss is not None:
                     self.accelerator.backward(actor_loss)
                 # The critic's scope spans its backward pass too: gradient checkpointing recomputes
                 # activations there, and a critic adapter must be the active one when it does.
                 with self.critic.scope():
                     with self.accelerator.autocast():
-                        values = critic_values(self.critic, mb.sequences)
+                        values = self.critic.values(mb.sequences)
                     vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
                     self.accelerator.backward(config.vf_coef * token_share * vf_loss)
             shares = {"pg_loss": policy_share, "kl_loss": policy_share}
@@ -505,9 +498,7 @@ class PPOTrainer:
             "guard": self.guard.state_dict(),
             "minibatch_rng": self.minibatch_rng.get_state(),
         }
-        if self.value_head is not None:  # a critic-free estimator's state holds no critic at all
-            state["value_head"] = self.value_head.state_dict()
-        return state
+        return state  # the critic's weights are saved as a folder of their own (stages/ppo.py)
 
     def load_state_dict(self, state: dict) -> None:
         self.iteration = state["iteration"]
@@ -518,5 +509,5 @@ class PPOTrainer:
             self.guard.load_state_dict(state["guard"])
         if "minibatch_rng" in state:
             self.minibatch_rng.set_state(state["minibatch_rng"])
-        if self.value_head is not None and state.get("value_head") is not None:
-            self.value_head.load_state_dict(state["value_head"])
+        if state.get("value_head") is not None and isinstance(self.critic, SharedHeadCritic):
+            self.critic.value_head.load_state_dict(state["value_head"])  # a checkpoint from before critic folders
