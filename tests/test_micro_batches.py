@@ -69,3 +69,30 @@ def test_a_micro_batch_that_does_not_divide_the_minibatch_is_refused():
         build_config(PPOConfig, {"task": "doubling", "mini_batch_size": 16, "train_micro_batch_size": 5})
     with pytest.raises(ConfigError, match="'rollout_micro_batch_size'.*> 0"):
         build_config(PPOConfig, {"task": "doubling", "rollout_micro_batch_size": 0})
+
+
+def test_max_approx_kl_stops_alike_with_and_without_micro_batches_and_spends_no_backward_on_the_stop(zoo):
+    settings = {"mini_batch_size": 4, "ppo_epochs": 4, "lr": 1e-2, "max_approx_kl": 1e-4}
+    whole_trainer = trainer_with(zoo, **settings)
+    accumulated_trainer = trainer_with(zoo, train_micro_batch_size=2, **settings)
+    experience, _ = whole_trainer.make_experience(ROWS)
+    backward_calls = {}
+    for name, trainer in (("whole", whole_trainer), ("accumulated", accumulated_trainer)):
+        original = trainer.accelerator.backward
+
+        def counted(loss, name=name, original=original):
+            backward_calls[name] = backward_calls.get(name, 0) + 1
+            return original(loss)
+
+        trainer.accelerator.backward = counted
+    whole = whole_trainer.update(experience)
+    accumulated = accumulated_trainer.update(experience)
+    assert 0 < whole["update_steps"] < 8  # the stop was reached, after at least one step
+    assert accumulated["update_steps"] == whole["update_steps"]
+    # The same steps with the same statistics (the weights themselves are not compared: AdamW's
+    # first steps are about lr * sign(gradient), which float rounding flips for a gradient near 0).
+    for key in ("pg_loss", "approx_kl", "entropy", "vf_loss"):
+        assert accumulated[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    # One micro-batch: the stop is seen before its backward pass; two: after both (then discarded).
+    assert backward_calls["whole"] == whole["update_steps"]
+    assert backward_calls["accumulated"] == 2 * (whole["update_steps"] + 1)

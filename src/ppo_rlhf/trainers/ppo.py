@@ -358,7 +358,7 @@ class PPOTrainer:
         for mb_index in minibatches:
             mb_index = mb_index.to(self.device)
             step_stats = self.accumulate_gradients(experience, mb_index, warming_up)
-            if config.max_approx_kl is not None and not warming_up and step_stats["approx_kl"] > config.max_approx_kl:
+            if step_stats is None or self.moved_too_far(step_stats["approx_kl"], warming_up):
                 self.optimizer.zero_grad(set_to_none=True)
                 break  # the policy has moved far enough from the one that collected the batch
             sum_gradients(self.trainable_parameters)
@@ -376,21 +376,30 @@ class PPOTrainer:
         stats["skipped_steps"] = self.guard.skipped
         return stats
 
+    def moved_too_far(self, approx_kl: torch.Tensor, warming_up: bool) -> bool:
+        """--max-approx-kl: the update stops once a minibatch's approx_kl passes it."""
+        return self.config.max_approx_kl is not None and not warming_up and approx_kl > self.config.max_approx_kl
+
     def accumulate_gradients(self, experience: Experience, mb_index: torch.Tensor, warming_up: bool
-                             ) -> dict[str, torch.Tensor]:
+                             ) -> dict[str, torch.Tensor] | None:
         """Gradients of one minibatch's losses, left in ``.grad``; returns its statistics.
 
         This process computes its 1/N slice of the minibatch, --train-micro-batch-size rows at a
         time (gradient accumulation).  Each micro-batch's losses are scaled by its share of what
         the minibatch's loss averages over -- response tokens for token means, responses for the
         per-response aggregations -- so the accumulated (and, over processes, summed) gradient is
-        the whole minibatch's, and so are the statistics (1 and 1 for the whole minibatch at once)."""
+        the whole minibatch's, and so are the statistics (1 and 1 for the whole minibatch at once).
+
+        None: --max-approx-kl stops the update at this minibatch, known from its forward pass when
+        each process computes its slice in one micro-batch, so no backward pass is spent on it
+        (with several micro-batches the update checks the accumulated approx_kl instead)."""
         config = self.config
         self.optimizer.zero_grad(set_to_none=True)
         mb_tokens = experience.mask[mb_index].sum().item()
         mine = mb_index.chunk(self.processes)[self.rank]
         totals: dict[str, torch.Tensor] = {}
-        for part_index in micro_batches(len(mine), config.train_micro_batch_size, self.device):
+        parts = micro_batches(len(mine), config.train_micro_batch_size, self.device)
+        for part_index in parts:
             mb = experience.select(mine[part_index])
             token_share = mb.mask.sum().item() / max(mb_tokens, 1)
             row_share = len(part_index) / len(mb_index)
@@ -400,6 +409,10 @@ class PPOTrainer:
             logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
             pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio,
                                             config.loss_aggregation, config.max_new_tokens)
+            if len(parts) == 1 and config.max_approx_kl is not None:
+                approx_kl = self.sum_shares({"approx_kl": pg_stats["approx_kl"] * token_share})["approx_kl"]
+                if self.moved_too_far(approx_kl, warming_up):
+                    return None
             # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
             # several (B, T, V) tensors for the backward pass).
             with torch.set_grad_enabled(config.entropy_coef != 0 and not warming_up):
