@@ -39,9 +39,16 @@ def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: 
     config.model, config.reward_model = sft, reward
     config.eval_size = 100  # evaluation is not timed in time/iteration; a small one keeps the run short
     run_ppo(config)
-    seconds = [r["time/iteration"] for r in read_metrics(Path(out) / "metrics.jsonl") if "time/iteration" in r]
-    return {"code": str(Path(ppo_rlhf.__file__).resolve().parent.parent.parent), "iterations": len(seconds),
-            "seconds_per_iteration": statistics.median(seconds), "mean_seconds": statistics.fmean(seconds)}
+    rows = [r for r in read_metrics(Path(out) / "metrics.jsonl") if "time/iteration" in r]
+    # The demo stops an update early once approx_kl passes max_approx_kl: the number of minibatch
+    # steps differs between runs, so the update is also given per step.
+    trained = [r for r in rows if r.get("update_steps")]
+    return {"code": str(Path(ppo_rlhf.__file__).resolve().parent.parent.parent), "iterations": len(rows),
+            "seconds_per_iteration": statistics.median(r["time/iteration"] for r in rows),
+            **{f"{key}_seconds": statistics.median(r[f"time/{key}"] for r in rows)
+               for key in ("generate", "score", "forward", "train")},
+            "update_steps": statistics.fmean(r.get("update_steps", 0) for r in rows),
+            "train_seconds_per_step": statistics.median(r["time/train"] / r["update_steps"] for r in trained)}
 
 
 def run_child(code: Path, sft: Path, reward: Path, out: Path, args) -> dict:
@@ -105,8 +112,9 @@ def main() -> None:
                 measured = {}
                 for name in order:
                     result = run_child(versions[name], sft, reward, scratch / f"run-{index}-{len(measured)}", args)
-                    measured[name] = result["seconds_per_iteration"]
-                    print(f"round {index + 1}: {name}: {measured[name]:.4f} s/iteration", flush=True)
+                    measured[name] = result
+                    print(f"round {index + 1}: {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()
+                                                                      if k != "code"), flush=True)
                 rounds.append(measured)
                 write_report(rounds, now, args, Path(args.out))
         finally:
@@ -127,14 +135,23 @@ def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
         "iterations' time/iteration; the table gives each version's median over the rounds and the ratio to this "
         "code, round by round (median, min-max).",
         "",
-        "| code | s/iteration, median of rounds | this code / it, median | min-max |",
-        "|---|---|---|---|",
+        "| code | s/iteration | this code / it (min-max) | generate | score | old+ref passes | update "
+        "| minibatch steps per iteration | update s per step | this code / it per step (min-max) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[name][key] for r in rounds)
+
+    def ratios(name: str, key: str) -> str:
+        values = [r[now][key] / r[name][key] for r in rounds]
+        return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
     for name in rounds[0]:
-        seconds = [r[name] for r in rounds]
-        ratios = [r[now] / r[name] for r in rounds]
-        lines.append(f"| {name} | {statistics.median(seconds):.4f} | {statistics.median(ratios):.3f} "
-                     f"| {min(ratios):.3f}-{max(ratios):.3f} |")
+        lines.append(f"| {name} | {median(name, 'seconds_per_iteration'):.4f} | {ratios(name, 'seconds_per_iteration')} | "
+                     + " | ".join(f"{median(name, f'{k}_seconds'):.4f}" for k in ("generate", "score", "forward", "train"))
+                     + f" | {statistics.fmean(r[name]['update_steps'] for r in rounds):.2f} "
+                     f"| {median(name, 'train_seconds_per_step'):.4f} | {ratios(name, 'train_seconds_per_step')} |")
     lines.append("")
     out.mkdir(parents=True, exist_ok=True)
     (out / "regression.md").write_text("\n".join(lines))
