@@ -37,7 +37,7 @@ from ppo_rlhf.models.value import (
     ValueHead,
     load_value_head,
     value_head_on,
-    values_over_response,
+    values_of_own_pass,
 )
 
 # peft asks transformers a deprecated question on every wrap; the user can do nothing about it.
@@ -246,10 +246,7 @@ class AdapterCritic(Critic):
         return self.value_head(hidden)  # (B, L)
 
     def values(self, sequences, actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
-        from ppo_rlhf.rollout.sequences import position_ids_from_mask
-
-        mask = sequences.attention_mask
-        return values_over_response(self(sequences.input_ids, mask, position_ids_from_mask(mask)), sequences)
+        return values_of_own_pass(self, sequences)
 
     def save(self, path: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> None:
         """The adapter as a peft folder with the value head beside it; both float32 as trained

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from ppo_rlhf.rollout.sequences import Sequences
 
 VALUE_HEAD = "value_head.safetensors"  # a critic folder's value head, beside its trunk or adapter
 
@@ -57,7 +53,8 @@ class Critic(nn.Module):
     """What the PPO trainer needs of a critic.
 
     ``values(sequences, actor_hidden)`` gives (B, T) float32 values at the positions that predict
-    each response token.  ``actor_hidden`` is the actor's (B, T, H) hidden state at those
+    each response token of ``sequences`` (a rollout/sequences.py ``Sequences``: prompt + response
+    ids, masks and positions).  ``actor_hidden`` is the actor's (B, T, H) hidden state at those
     positions, from the forward pass the trainer has just run: a critic that reads it
     (``reads_actor_trunk``) is trained in that pass's backward; any other runs its own forward
     and backward inside ``scope()``.  ``parameters()`` are exactly what the critic trains.
@@ -67,7 +64,7 @@ class Critic(nn.Module):
     reads_actor_trunk = False
     stored_dtype: torch.dtype | None = None  # a trunk loaded in half precision is saved back so
 
-    def values(self, sequences: "Sequences", actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def values(self, sequences, actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
     def scope(self):
@@ -85,11 +82,18 @@ class Critic(nn.Module):
         raise NotImplementedError
 
 
-def values_over_response(values: torch.Tensor, sequences: "Sequences") -> torch.Tensor:
+def values_over_response(values: torch.Tensor, sequences) -> torch.Tensor:
     """(B, P+T) values over a whole sequence -> (B, T) at the positions that predict each
     response token (position P-1+t predicts token t), as the actor's log-probs are taken."""
     start = sequences.prompt_length - 1
     return values[:, start:-1]
+
+
+def values_of_own_pass(critic: nn.Module, sequences) -> torch.Tensor:
+    """(B, T) values of a critic that runs its own forward pass over whole sequences:
+    ``critic(input_ids, attention_mask, position_ids) -> (B, P+T)``."""
+    full = critic(sequences.input_ids, sequences.attention_mask, sequences.position_ids)
+    return values_over_response(full, sequences)
 
 
 def save_value_head(head: ValueHead, path: Path) -> None:
@@ -119,7 +123,7 @@ class SharedHeadCritic(Critic):
         """A fresh head for ``actor`` (a causal LM or a peft model), on its device, in float32."""
         return cls(value_head_on(actor))
 
-    def values(self, sequences: "Sequences", actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def values(self, sequences, actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
         if actor_hidden is None:
             raise ValueError("a value head on the actor's trunk reads the actor's hidden states; none were given")
         return self.value_head(actor_hidden)
@@ -177,11 +181,8 @@ class ModelCritic(Critic):
         ).last_hidden_state  # (B, L, H)
         return self.value_head(hidden)  # (B, L)
 
-    def values(self, sequences: "Sequences", actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
-        from ppo_rlhf.rollout.sequences import position_ids_from_mask
-
-        mask = sequences.attention_mask
-        return values_over_response(self(sequences.input_ids, mask, position_ids_from_mask(mask)), sequences)
+    def values(self, sequences, actor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        return values_of_own_pass(self, sequences)
 
     def enable_gradient_checkpointing(self) -> None:
         self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

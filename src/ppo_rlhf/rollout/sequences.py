@@ -77,6 +77,10 @@ class Sequences:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
     @property
+    def position_ids(self) -> torch.Tensor:  # (B, P+T) from 0 at the first real token
+        return position_ids_from_mask(self.attention_mask)
+
+    @property
     def prompt_length(self) -> int:
         return self.prompt_ids.shape[1]
 
