@@ -1,6 +1,7 @@
 """No-regression check: the built-in demo's PPO seconds per iteration, this code against earlier commits.
 
     python benchmarks/bench_regression.py --before 6587571 19c554c     # about 6 minutes on 2 cores
+    python benchmarks/bench_regression.py --before 19c554c --no-early-stop   # every version does 8 steps
 
 Trains the demo's SFT model and reward model once (this code), then runs the demo's PPO stage
 (its preset: separate critic, learned reward, batch 64) from those same checkpoints with each
@@ -10,6 +11,12 @@ round so that a drift of the machine's speed falls on every version alike.  A ru
 the median of its iterations' ``time/iteration`` (generation, scoring, the rollout passes and
 the update; evaluation excluded); each version's figure is the median over its rounds, and the
 ratio to this code is taken round by round.  Writes RESULTS/regression.md and .json.
+
+The preset stops an iteration's update once approx_kl passes 0.02, and approx_kl itself was
+corrected after 19c554c (it is now the unbiased (r - 1) - log r), so the versions do different
+numbers of minibatch steps per iteration.  ``--no-early-stop`` turns the stop off in every
+version: each then does the same 8 steps per iteration, and the per-iteration figures compare
+the same work (RESULTS/regression_no_early_stop.md).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: int) -> dict:
+def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: int, early_stop: bool) -> dict:
     """One PPO stage of the demo with the code on sys.path (this checkout or a worktree)."""
     import ppo_rlhf
     from ppo_rlhf.runlog import read_metrics
@@ -37,6 +44,8 @@ def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: 
 
     _, _, config = stage_configs(DemoConfig(out=out, ppo_iterations=iterations, num_threads=threads, seed=seed))
     config.model, config.reward_model = sft, reward
+    if not early_stop:
+        config.max_approx_kl = None
     config.eval_size = 100  # evaluation is not timed in time/iteration; a small one keeps the run short
     run_ppo(config)
     rows = [r for r in read_metrics(Path(out) / "metrics.jsonl") if "time/iteration" in r]
@@ -54,6 +63,7 @@ def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: 
 def run_child(code: Path, sft: Path, reward: Path, out: Path, args) -> dict:
     command = [sys.executable, __file__, "--child", "--sft", str(sft), "--reward", str(reward), "--run-out", str(out),
                "--iterations", str(args.iterations), "--num-threads", str(args.num_threads), "--seed", str(args.seed)]
+    command += ["--no-early-stop"] if args.no_early_stop else []
     env = {**os.environ, "PYTHONPATH": str(code / "src")}  # before the editable install on sys.path
     done = subprocess.run(command, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,6 +92,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=40, help="PPO iterations per run")
     parser.add_argument("--num-threads", type=int, default=1, help="torch threads (1: the demo model is tiny)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-early-stop", action="store_true",
+                        help="no max_approx_kl stop: every version does every minibatch step")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sft", help=argparse.SUPPRESS)
@@ -89,7 +101,8 @@ def main() -> None:
     parser.add_argument("--run-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.sft, args.reward, args.run_out, args.iterations, args.num_threads, args.seed)))
+        print(json.dumps(child(args.sft, args.reward, args.run_out, args.iterations, args.num_threads, args.seed,
+                               early_stop=not args.no_early_stop)))
         return
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -129,8 +142,11 @@ def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
         "",
         f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_regression.py"
         + (f" --before {' '.join(args.before)}" if args.before else "")
+        + (" --no-early-stop" if args.no_early_stop else "")
         + f"` ({platform.machine()} CPU, {args.num_threads} torch thread(s), {os.cpu_count()} cores). The demo's "
-        f"PPO preset ({args.iterations} iterations, separate critic, learned reward) from one SFT and reward model, "
+        f"PPO preset ({args.iterations} iterations, separate critic, learned reward"
+        + (", its approx_kl early stop off: 8 minibatch steps per iteration in every version" if args.no_early_stop else "")
+        + ") from one SFT and reward model, "
         f"each version in turn, {len(rounds)} rounds with the order rotated. A run's figure is the median of its "
         "iterations' time/iteration; the table gives each version's median over the rounds and the ratio to this "
         "code, round by round (median, min-max).",
@@ -154,8 +170,9 @@ def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
                      f"| {median(name, 'train_seconds_per_step'):.4f} | {ratios(name, 'train_seconds_per_step')} |")
     lines.append("")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "regression.md").write_text("\n".join(lines))
-    (out / "regression.json").write_text(json.dumps({"args": vars(args), "this_code": now, "rounds": rounds},
+    name = "regression_no_early_stop" if args.no_early_stop else "regression"
+    (out / f"{name}.md").write_text("\n".join(lines))
+    (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "this_code": now, "rounds": rounds},
                                                     indent=2))
 
 
