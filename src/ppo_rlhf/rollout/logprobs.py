@@ -59,11 +59,3 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0) -> R
     if temperature != 1.0:  # (no copy of a (B, T, V) tensor for nothing)
         logits = logits / temperature
     return ResponseForward(logits=logits, hidden=hidden)
-
-
-def critic_values(critic, sequences: Sequences) -> torch.Tensor:
-    """(B, T) values from a separate critic at the positions that predict each response token."""
-    attention_mask = sequences.attention_mask
-    values = critic(sequences.input_ids, attention_mask, position_ids_from_mask(attention_mask))  # (B, P+T)
-    start = sequences.prompt_length - 1
-    return values[:, start:-1]
