@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -111,13 +112,23 @@ def main() -> None:
     write_report(results, args, Path(args.out))
 
 
+def bf16_instructions() -> str:
+    """The CPU's native bf16 instruction sets (Linux), which decide whether bf16 is fast here."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "bf16 instructions unknown"
+    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    return f"with {' and '.join(found)}" if found else "without native bf16 instructions"
+
+
 def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# bf16 against float32: SmolLM2-135M-Instruct + LoRA + VADER",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_bf16.py` (examples/smollm2_vader/ppo.yaml, "
         f"{results[0]['iterations']} iterations of 16 chat prompts, seed 0; the two runs side by side, each on "
-        f"{args.num_threads} torch thread(s), x86_64 CPU with avx512_bf16). float32: the float32 folder, no autocast. bf16: the same model converted with "
+        f"{args.num_threads} torch thread(s), {platform.machine()} CPU {bf16_instructions()}). float32: the float32 folder, no autocast. bf16: the same model converted with "
         "`convert-gguf --dtype bfloat16`, `--mixed-precision bf16` (frozen base in bf16, LoRA adapters and value "
         "head trained in float32 under autocast). Peak: the process's resident high-water mark over the whole run.",
         "",
