@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
+import os
 import sys
 
 from ppo_rlhf.config import ConfigError
@@ -81,5 +83,24 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
+def run() -> None:
+    """The ``ppo-rlhf`` console command (and ``python -m ppo_rlhf.cli``): ``main()``, then exit.
+
+    A process of a multi-process launch leaves without the interpreter's teardown.  By then the
+    command has finished in every process (``end_processes``: barrier, group destroyed) and its
+    files are closed; all that is left is finalisation, where now and then, under a loaded CPU, a
+    process whose run had succeeded ended with SIGABRT ("terminate called without an active
+    exception", exit -6: the message of a C++ thread that tries to take the GIL while the
+    interpreter shuts down), and the launcher then reported the whole run as failed.
+    """
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
