@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,37 @@ def test_a_launch_that_shards_the_models_is_refused_by_name(distributed_type):
 @pytest.mark.parametrize("distributed_type", ["NO", "MULTI_CPU", "MULTI_GPU"])
 def test_data_parallel_launches_are_accepted(distributed_type):
     check_launch(distributed_type)
+
+
+def test_sft_and_rm_take_an_fsdp_launch_and_the_other_stages_refuse_it(monkeypatch):
+    check_launch("FSDP", shards=True)
+    # On a CPU accelerate reports an FSDP launch as MULTI_CPU: its environment gives it away.
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ConfigError, match="distributed_type FSDP shards the models.*sft and rm"):
+        check_launch("MULTI_CPU")
+    for refused_anyway in ("DEEPSPEED", "MEGATRON_LM"):
+        with pytest.raises(ConfigError, match=refused_anyway):
+            check_launch(refused_anyway, shards=True)
+
+
+@pytest.mark.parametrize("stage, variable, value, message", [
+    ("sft", "FSDP_VERSION", "1", "fsdp_version 1.*allowed fsdp_version: 2"),
+    ("sft", "FSDP_OFFLOAD_PARAMS", "true", "fsdp_offload_params is true.*allowed false"),
+    ("rm", "FSDP_ACTIVATION_CHECKPOINTING", "true", "fsdp_activation_checkpointing is true.*allowed false"),
+    ("rm", "FSDP_SHARDING_STRATEGY", "HYBRID_SHARD", "fsdp_sharding_strategy HYBRID_SHARD.*FULL_SHARD or SHARD_GRAD_OP"),
+])
+def test_an_fsdp_setting_ppo_rlhf_does_not_follow_is_named_at_start(tmp_path, capsys, monkeypatch, stage, variable,
+                                                                    value, message):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv(variable, value)
+    err = run_failing([stage, "--out", tmp_path / "run"], capsys)
+    assert re.search(message, err) and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_lora_under_an_fsdp_launch_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    err = refused(["rm", "--model", tmp_path, "--lora", "--out", tmp_path / "run"], capsys, "lora")
+    assert "gpus_ddp.yaml" in err

@@ -7,6 +7,7 @@ import json
 import re
 import os
 import socket
+from pathlib import Path
 import subprocess
 import sys
 
@@ -159,3 +160,74 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused(sft_model, tm
     assert result.returncode != 0
     assert re.search(message, result.stderr), result.stderr[-2000:]
     assert re.search(r"exitcode\s*:\s*2", result.stderr)  # each process stopped as a bad input does: exit 2
+
+
+# ------------------------------------------------------------------ FSDP (configs/accelerate/fsdp.yaml)
+FSDP_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "fsdp.yaml"
+
+
+def launch_fsdp(args: list, processes: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
+    """``ppo-rlhf ARGS`` under ``accelerate launch`` with the shipped FSDP config (on the CPU: gloo)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
+               "--num_processes", str(processes), "--main_process_port", str(free_port()), "-m", "ppo_rlhf.cli",
+               *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_sft_sharded_over_two_processes_trains_like_one_and_resumes(tmp_path):
+    assert main([str(a) for a in sft_args(tmp_path / "one")]) == 0
+    # Half the steps, then a resume from the sharded checkpoint (whole weights and AdamW moments,
+    # each process taking its shards back) to the end.
+    result = launch_fsdp(sft_args(tmp_path / "two", "--steps", 6))
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = launch_fsdp(sft_args(tmp_path / "two", "--resume"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout
+    largest = largest_difference(tmp_path / "one" / "checkpoints" / "sft", tmp_path / "two" / "checkpoints" / "sft")
+    print(f"sft, FSDP: largest difference {largest:.3g}")
+    assert largest <= 1e-5
+    # A resume must be launched as the run was: sharded.
+    result = launch(sft_args(tmp_path / "two", "--resume", "--steps", 18), processes=2)
+    assert result.returncode != 0 and "trained with an FSDP config" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_pairwise_reward_model_sharded_over_two_processes_trains_like_one(sft_model, tmp_path):
+    assert main([str(a) for a in rm_args(sft_model, tmp_path / "one")]) == 0
+    result = launch_fsdp(rm_args(sft_model, tmp_path / "two", "--save-every", 6))
+    assert result.returncode == 0, result.stderr[-3000:]
+    largest = largest_difference(tmp_path / "one" / "checkpoints" / "reward", tmp_path / "two" / "checkpoints" / "reward")
+    print(f"rm, FSDP: largest difference {largest:.3g}")
+    assert largest <= 1e-5
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert two["eval_accuracy"] == pytest.approx(one["eval_accuracy"])
+
+
+def test_ppo_under_an_fsdp_launch_is_refused_by_name(sft_model, tmp_path):
+    result = launch_fsdp(ppo_args(sft_model, tmp_path / "run", "--iterations", 1))
+    assert result.returncode != 0
+    assert "distributed_type FSDP shards the models" in result.stderr and "gpus_ddp.yaml" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bf16_llama_sharded_over_two_processes_trains_on_user_data_like_one(zoo, tmp_path):
+    """A hub-like checkpoint (untied head, stored in bf16): sft on the user's rows, then a pairwise
+    reward model on it, each sharded over 2 processes, against 1 process."""
+    sft = ["sft", "--model", zoo["llama_bf16"], "--data", zoo["data"]["jsonl"], "--prompt-field", "question",
+           "--completion-field", "answer", "--steps", 6, "--batch-size", 8, "--eval-fraction", 0.25, "--lr", 1e-3,
+           "--num-threads", 1]
+    assert main([str(a) for a in [*sft, "--out", tmp_path / "sft_one"]]) == 0
+    result = launch_fsdp([*sft, "--out", tmp_path / "sft_two"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = (tmp_path / f"sft_{n}" / "checkpoints" / "sft" for n in ("one", "two"))
+    assert largest_difference(one, two) <= 1e-2  # bf16 as stored: one bf16 spacing at most
+    assert json.loads((two / "config.json").read_text())["dtype"] == "bfloat16"  # saved as it came in
+    assert {t.dtype for t in weights(two).values()} == {torch.bfloat16}
+    rm = ["rm", "--mode", "pairwise", "--model", two, "--data", zoo["pairs"], "--prompt-field", "query",
+          "--chosen-field", "good", "--rejected-field", "bad", "--steps", 6, "--batch-size", 8, "--num-threads", 1]
+    assert main([str(a) for a in [*rm, "--out", tmp_path / "rm_one"]]) == 0
+    result = launch_fsdp([*rm, "--out", tmp_path / "rm_two"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = (tmp_path / f"rm_{n}" / "checkpoints" / "reward" for n in ("one", "two"))
+    assert largest_difference(one, two) <= 1e-2

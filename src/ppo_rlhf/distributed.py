@@ -114,10 +114,13 @@ def gather_rows(tensor: torch.Tensor | None, pad_value: float = 0, left: bool = 
 def sum_gradients(parameters: list[torch.nn.Parameter]) -> None:
     """Each parameter's gradient replaced by its sum over every process (one flat all-reduce).
     With each process's loss scaled by its share of the batch, the sum is the whole batch's
-    gradient, exactly as one process would compute it."""
+    gradient, exactly as one process would compute it.  The gradients of a sharded model
+    (DTensors) were summed by its backward pass already (ppo_rlhf.sharding)."""
     if not is_distributed():
         return
-    grads = [p.grad for p in parameters if p.grad is not None]
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None and not isinstance(p.grad, DTensor)]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

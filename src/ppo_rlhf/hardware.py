@@ -55,8 +55,9 @@ class HardwareOptions:
         """What ``from_pretrained(dtype=...)`` takes: "auto" (the stored dtype) or a torch dtype."""
         return "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
 
-    def accelerator(self):
-        return make_accelerator(self.device, self.mixed_precision)
+    def accelerator(self, shards: bool = False):
+        """``shards``: the stage can shard its trained model (sft, rm) under an FSDP launch."""
+        return make_accelerator(self.device, self.mixed_precision, shards)
 
 
 def resolve_device(device: str) -> str:
@@ -77,8 +78,9 @@ def bf16_supported(device: str) -> bool:
     return True  # CPU autocast computes bf16 on any CPU
 
 
-def make_accelerator(device: str = "auto", mixed_precision: str = "no"):
-    """An ``Accelerator`` on ``device`` with ``mixed_precision`` autocast, for one process.
+def make_accelerator(device: str = "auto", mixed_precision: str = "no", shards: bool = False):
+    """An ``Accelerator`` on ``device`` with ``mixed_precision`` autocast, for one process;
+    ``shards``: the caller shards its model itself under an FSDP launch (:mod:`ppo_rlhf.sharding`).
 
     accelerate keeps one state per process; one process that runs stages one after another with
     their own settings (the demo, a notebook, the tests) gets that state replaced.  Under
@@ -91,21 +93,28 @@ def make_accelerator(device: str = "auto", mixed_precision: str = "no"):
     if PartialState._shared_state and PartialState().num_processes == 1:
         AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision)
-    check_launch(accelerator.distributed_type.value)
+    check_launch(accelerator.distributed_type.value, shards)
     if accelerator.device.type != device:
         raise RuntimeError(f"accelerate placed this process on {accelerator.device}, not on the {device} asked for")
     return accelerator
 
 
-def check_launch(distributed_type: str) -> None:
-    """ConfigError for an ``accelerate launch`` mode that shards the weights (FSDP, DeepSpeed)."""
+def check_launch(distributed_type: str, shards: bool = False) -> None:
+    """ConfigError for an ``accelerate launch`` mode that shards the weights where the stage does
+    not (``shards``: sft and rm shard under FSDP; nothing takes DeepSpeed or Megatron).  On a CPU
+    accelerate reports an FSDP launch as MULTI_CPU: its environment says what it is."""
     from ppo_rlhf.config import ConfigError
+    from ppo_rlhf.sharding import fsdp_launched
 
+    if fsdp_launched() and distributed_type not in SHARDED_LAUNCHES:
+        distributed_type = "FSDP"
+    if distributed_type == "FSDP" and shards:
+        return
     if distributed_type in SHARDED_LAUNCHES:
-        raise ConfigError(f"accelerate launch: distributed_type {distributed_type} shards the models, and ppo-rlhf's "
-                          f"trainers do not shard yet: every process holds whole models (data parallel).  Allowed: "
-                          f"MULTI_GPU (configs/accelerate/gpus_ddp.yaml, which also runs on CPUs), torchrun, "
-                          f"or one process")
+        raise ConfigError(f"accelerate launch: distributed_type {distributed_type} shards the models; ppo-rlhf's sft "
+                          f"and rm shard under FSDP (configs/accelerate/fsdp.yaml), its other commands do not yet: "
+                          f"every process holds whole models (data parallel).  Allowed here: MULTI_GPU "
+                          f"(configs/accelerate/gpus_ddp.yaml, which also runs on CPUs), torchrun, or one process")
 
 
 def train_in_float32(model: nn.Module, what: str) -> torch.dtype | None:

@@ -6,6 +6,7 @@ Every checkpoint ppo-rlhf writes is a standard folder: ``AutoModelForCausalLM`` 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -210,11 +211,25 @@ def build_sequence_classifier(tokenizer, num_labels: int, n_layer=4, n_head=4, n
     return GPT2ForSequenceClassification(config)
 
 
-def save_pretrained_atomic(model, tokenizer, path: str | Path) -> Path:
-    """``save_pretrained`` of model and tokenizer into ``path``, replacing it in one step."""
+def save_pretrained_atomic(model, tokenizer, path: str | Path, state_dict: dict | None = None,
+                           dtype: torch.dtype | None = None) -> Path:
+    """``save_pretrained`` of model and tokenizer into ``path``, replacing it in one step.
+
+    ``state_dict``: the weights to write instead of the model's own (a sharded model's, gathered
+    whole); ``dtype``: the dtype to write them in (default: as they are)."""
     path = Path(path)
+    if state_dict is not None and dtype is not None:
+        state_dict = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
+    elif dtype is not None:
+        model = model.to(dtype)
     with atomic_directory(path) as staging:
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, state_dict=state_dict)
+        if state_dict is not None and dtype is not None:
+            # transformers records the dtype of the model's own (float32) weights, not of the ones written.
+            config_file = staging / "config.json"
+            config = json.loads(config_file.read_text())
+            config["dtype"] = str(dtype).removeprefix("torch.")
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
     return path

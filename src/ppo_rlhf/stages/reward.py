@@ -17,6 +17,7 @@ from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pret
 from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.distributed import on_main_process
+from ppo_rlhf.sharding import is_sharded, whole_weights
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import load_task, open_resumable_stage, seed_everything, set_threads
@@ -72,13 +73,14 @@ def run_reward(config: RewardConfig) -> dict:
     run_log = open_run_log(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
     result = train_reward_model(model, tokenizer, rows, config, run_log=run_log, checkpoints=checkpoints)
-    require_finite(model.state_dict(), "the reward model")
-    # The processes hold the same weights: written once.
+    # The processes hold the same weights (or, sharded, their parts of them): written once.
+    weights = whole_weights(model)  # sharded: gathered, whole on the main process
+    on_main_process(require_finite, weights, "the reward model")
     if config.lora:  # a peft folder: PeftModel.from_pretrained(classifier of the base, folder); float32 as trained
         checkpoint = on_main_process(save_adapter, model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
     else:
-        checkpoint = on_main_process(save_pretrained_atomic, model.to(stored_dtype), tokenizer,
-                                     out / "checkpoints" / "reward")
+        checkpoint = on_main_process(save_pretrained_atomic, model, tokenizer, out / "checkpoints" / "reward",
+                                     weights if is_sharded(model) else None, stored_dtype)
     run_log.plot(["loss", "train_accuracy"])
     summary = {
         "stage": "reward",

@@ -33,6 +33,8 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.distributed import gather_objects, on_main_process, rank, world_size
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.sharding import (fsdp_launched, is_sharded, load_whole, load_whole_optimizer_state, whole_optimizer_state,
+                               whole_tensors)
 from ppo_rlhf.trainers.guard import require_finite
 
 TRAINED, TRAINER_STATE, RUN_CONFIG = "trained.safetensors", "trainer_state.pt", "run_config.json"
@@ -73,19 +75,19 @@ def load_trained_parameters(model: nn.Module, tensors: dict[str, torch.Tensor]) 
         missing, unexpected = sorted(parameters.keys() - tensors.keys()), sorted(tensors.keys() - parameters.keys())
         raise ConfigError(f"--resume: the checkpoint's trained parameters do not fit this model "
                           f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
-    with torch.no_grad():
-        for name, parameter in parameters.items():
-            parameter.copy_(tensors[name])
+    for name, parameter in parameters.items():
+        load_whole(parameter, tensors[name])  # a sharded model's parameter takes its shard
 
 
 # ------------------------------------------------------------------ settings and metrics
 PROCESSES = "processes"  # run_config.json's record of the world size; not a setting
+SHARDED = "sharded"  # and whether the processes sharded the model (FSDP): its optimizer state is keyed by name
 
 
 def run_settings(config: Any) -> dict:
     """The config as run_config.json holds it (strict JSON: lists, not tuples; None, not NaN), and
-    the number of processes that trained it."""
-    return {**json.loads(json.dumps(strict_json(to_dict(config)))), PROCESSES: world_size()}
+    the number of processes that trained it, and whether they sharded it."""
+    return {**json.loads(json.dumps(strict_json(to_dict(config)))), PROCESSES: world_size(), SHARDED: fsdp_launched()}
 
 
 def field_defaults(config: Any) -> dict:
@@ -114,8 +116,13 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
         raise ConfigError(f"--resume: the run in {out} was trained by {trained_by} process(es) and this is "
                           f"{world_size()}; resume it with the same number (accelerate launch --num_processes "
                           f"{trained_by} ...), or start a new run")
+    sharded = saved.pop(SHARDED, False)
+    if sharded != fsdp_launched():
+        how = "with an FSDP config (configs/accelerate/fsdp.yaml)" if sharded else "without an FSDP config"
+        raise ConfigError(f"--resume: the run in {out} was trained {how}; resume it the same way, or start a new run")
     current = run_settings(config)
     current.pop(PROCESSES)
+    current.pop(SHARDED)
     may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
     changed = changed_settings(saved, current, may_change, field_defaults(config))
     if changed:
@@ -170,10 +177,11 @@ class Checkpoints:
         Refuses non-finite weights or optimizer moments: the last good checkpoint stays."""
         from safetensors.torch import save_file
 
-        tensors = trained_parameters(model)
+        # A sharded model: whole tensors, gathered by every process and kept by the main one.
+        tensors = whole_tensors(trained_parameters(model))
         require_finite(tensors, f"the weights after {done} steps")
-        optimizer_state = optimizer.state_dict()
-        require_finite({f"{index}.{key}": value for index, moments in optimizer_state["state"].items()
+        optimizer_state = whole_optimizer_state(model, optimizer) if is_sharded(model) else optimizer.state_dict()
+        require_finite({f"{index}.{key}": value for index, moments in optimizer_state.get("state", {}).items()
                         for key, value in moments.items()}, f"the optimizer state after {done} steps")
         device = accelerator.device if accelerator is not None else torch.device("cpu")
         scaler = getattr(accelerator, "scaler", None)
@@ -200,7 +208,10 @@ class Checkpoints:
 
         saved = self.saved
         load_trained_parameters(model, load_file(str(last_checkpoint(self.out) / TRAINED)))
-        optimizer.load_state_dict(saved["optimizer"])
+        if is_sharded(model):
+            load_whole_optimizer_state(model, optimizer, saved["optimizer"])
+        else:
+            optimizer.load_state_dict(saved["optimizer"])
         scaler = getattr(accelerator, "scaler", None)
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])

@@ -27,6 +27,7 @@ from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_e
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_token_scores
+from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
 from ppo_rlhf.trainers.guard import DivergenceGuard
 from ppo_rlhf.trainers.resume import Checkpoints
 from ppo_rlhf.trainers.sft import lr_at
@@ -80,6 +81,9 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         self.validate_lora()
         self.validate_hardware()
         check(self.model is not None or not self.lora, "lora", "--lora needs --model (the base to adapt)", self.lora)
+        if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows
+            check(not self.lora, "lora", "off under an FSDP launch (ppo-rlhf shards full fine-tuning; LoRA trains "
+                                         "data parallel: configs/accelerate/gpus_ddp.yaml)", self.lora)
         check(self.steps > 0, "steps", "> 0", self.steps)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         check(self.lr > 0, "lr", "> 0", self.lr)
@@ -174,9 +178,10 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     """Train ``model`` in place, its trained weights in float32 on the accelerator's device
     (default: the one ``config`` asks for); returns final train/held-out accuracy.
     ``checkpoints``: where to save resumable state, and the state a resumed run continues from."""
-    accelerator = accelerator or config.accelerator()
+    accelerator = accelerator or config.accelerator(shards=True)
     train_in_float32(model, "reward model")
     model.to(accelerator.device)
+    shard_if_launched(model)  # an FSDP launch: each process holds 1/N of it (before the optimizer sees it)
     torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
     order = list(range(len(rows)))
     random.Random(config.seed).shuffle(order)
@@ -208,7 +213,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         sum_gradients(parameters)
-        grad_norm = accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+        grad_norm = plain(accelerator.clip_grad_norm_(parameters, config.max_grad_norm))
         loss = sum_across_processes(loss.detach())  # the whole batch's loss
         done = step + 1
         guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
@@ -219,11 +224,12 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         if checkpoints is not None and checkpoints.due(done, config.steps):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "batch_rng": generator.get_state(), "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
-    with accelerator.autocast():
+    with accelerator.autocast(), gathered(model):
         eval_accuracy = reward_accuracy(model, examples, eval_index)
     result = {"eval_accuracy": eval_accuracy, "seconds": time.perf_counter() - start,
               "eval_rows": n_eval}
     if run_log is not None:
         run_log.log(config.steps, result)
+    model.zero_grad(set_to_none=True)  # the last step's gradients: a model's worth of memory, not needed to save it
     model.eval()
     return result

@@ -23,6 +23,7 @@ from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
+from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
 from ppo_rlhf.trainers.guard import DivergenceGuard
 from ppo_rlhf.trainers.resume import Checkpoints
 
@@ -69,6 +70,7 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
 
     def validate(self) -> None:
         self.validate_hardware()
+        sharding_from_launch()  # an FSDP launch: a setting ppo-rlhf does not follow is named at start
         check(self.steps > 0, "steps", "> 0", self.steps)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         check(self.lr > 0, "lr", "> 0", self.lr)
@@ -213,9 +215,10 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     """Train ``model`` in place, in float32 on the accelerator's device (default: the one
     ``config`` asks for); returns the list of evaluation records.  ``checkpoints``: where to save
     resumable state, and the state a resumed run continues from."""
-    accelerator = accelerator or config.accelerator()
+    accelerator = accelerator or config.accelerator(shards=True)
     train_in_float32(model, "SFT model")
     model.to(accelerator.device)
+    shard_if_launched(model)  # an FSDP launch: each process holds 1/N of it (before the optimizer sees it)
     torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
     # (N, L) each, kept on the CPU; a batch moves to the device when it is used
     input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
@@ -255,7 +258,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         sum_gradients(trained)
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        grad_norm = plain(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
         loss = sum_across_processes(loss.detach())  # the whole batch's loss
         done = step + 1
         guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
@@ -265,7 +268,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             record = {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"],
                       "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start}
             if evaluate_now:
-                with accelerator.autocast():
+                with accelerator.autocast(), gathered(model):
                     metrics, _ = evaluator(model)
                 model.train()
                 record.update(metrics)
@@ -277,5 +280,6 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "order": order, "cursor": cursor, "order_rng": generator.get_state(), "evaluations": evaluations,
                 "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
+    model.zero_grad(set_to_none=True)  # the last step's gradients: a model's worth of memory, not needed to save it
     model.eval()
     return evaluations
