@@ -1,15 +1,19 @@
-"""Peak memory per process of ``ppo-rlhf sft`` on SmolLM2-135M-Instruct (full fine-tuning):
-one process, two processes data parallel (configs/accelerate/gpus_ddp.yaml) and two processes
-sharded (configs/accelerate/fsdp.yaml), all on the CPU (gloo), with the same global batch; and
-the largest weight difference between the checkpoints (the runs must train alike).
+"""Peak memory per process, data parallel against sharded (FSDP), on SmolLM2-135M-Instruct:
+``ppo-rlhf sft`` (full fine-tuning) and one iteration of ``ppo-rlhf ppo`` (full models, separate
+critic): one process, two processes data parallel (configs/accelerate/gpus_ddp.yaml) and two
+processes sharded (configs/accelerate/fsdp.yaml), on the CPU (gloo), with the same global batch;
+and the largest weight difference between the runs' checkpoints (they must train alike).
 
     make smollm2                              # once: runs/smollm2-135m-instruct
-    python benchmarks/bench_fsdp_memory.py    # a few minutes on 2 cores
+    python benchmarks/bench_fsdp_memory.py    # about 15 minutes on 2 cores
 
 "peak" is each process's resident high-water mark (Linux VmHWM) over the whole command: loading
-the model (every process loads it whole before sharding it), training, gathering the checkpoint.
-"training state" is what the trained model's weights, gradients and AdamW moments take in float32
-by arithmetic (4 copies of the parameters), whole or 1/N of it.  Writes RESULTS/fsdp_memory.md and .json.
+the models (every process loads them whole before sharding), training, gathering the checkpoint.
+"trained state" is what the trained weights, their gradients and AdamW moments take in float32
+by arithmetic (4 copies of the trained parameters: SFT the model, PPO actor and critic), whole
+or 1/N of it; PPO's frozen reference and reward model (2 more copies) are whole in every mode.
+Each configuration runs twice: with glibc's default allocator, and with it told to hand freed
+memory back at once.  Writes RESULTS/fsdp_memory.md and .json.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ROOT / "configs" / "accelerate"
-STEPS, BATCH, MAX_LENGTH = 6, 8, 64
+EXAMPLE = ROOT / "examples" / "smollm2_vader"
+STEPS, BATCH, MAX_LENGTH, NEW_TOKENS = 6, 8, 64, 32
 
 
 def free_port() -> int:
@@ -50,22 +55,35 @@ def child(peak_file: str, args: list[str]) -> None:
     os._exit(code)  # as the ppo-rlhf command leaves a multi-process launch
 
 
-def sft_args(model: Path, data: Path, out: Path) -> list[str]:
-    return ["sft", "--model", str(model), "--data", str(data), "--steps", str(STEPS), "--batch-size", str(BATCH),
-            "--max-length", str(MAX_LENGTH), "--eval-fraction", "0", "--save-every", "0", "--lr", "1e-5",
-            "--num-threads", "1", "--overwrite", "--out", str(out)]
+def sft_args(model: Path, work: Path) -> list[str]:
+    return ["sft", "--model", str(model), "--data", str(work / "sft.jsonl"), "--steps", str(STEPS), "--batch-size",
+            str(BATCH), "--max-length", str(MAX_LENGTH), "--eval-fraction", "0", "--save-every", "0", "--lr", "1e-5",
+            "--num-threads", "1"]
 
+
+def ppo_args(model: Path, work: Path) -> list[str]:
+    return ["ppo", "--model", str(model), "--reward-model", str(work / "reward_model"), "--critic", "separate",
+            "--prompts", str(EXAMPLE / "prompts.jsonl"), "--chat-template", "--batch-size", str(BATCH),
+            "--mini-batch-size", str(BATCH // 2), "--ppo-epochs", "1", "--max-new-tokens", str(NEW_TOKENS),
+            "--max-length", str(MAX_LENGTH + NEW_TOKENS), "--temperature", "0.7", "--iterations", "1",
+            "--save-every", "0", "--eval-every", "0", "--lr", "1e-5", "--num-threads", "1"]
+
+
+STAGES = {"sft": (sft_args, "sft", 1), "ppo": (ppo_args, "actor", 2)}  # args, checkpoint compared, models trained
 
 # glibc's allocator keeps freed memory in per-thread arenas (gloo's threads have their own) and
 # reuses it late: the resident set then holds far more than the live tensors.  These settings make
 # it hand large freed blocks back at once, so the peak follows what the tensors need.
 PROMPT_RELEASE = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+MODES = (("one process", None), ("2 processes, data parallel", "gpus_ddp.yaml"), ("2 processes, sharded (FSDP)", "fsdp.yaml"))
 
 
-def run(name: str, config: str | None, model: Path, data: Path, work: Path, malloc: dict) -> dict:
-    slug = name.split(",")[-1].strip().split()[0].lower() + ("_released" if malloc else "")
+def run(stage: str, mode: str, config: str | None, model: Path, work: Path, malloc: dict) -> dict:
+    slug = f"{stage}_{mode.split(',')[-1].strip().split()[0].lower()}" + ("_released" if malloc else "")
     out, peak_file = work / slug, work / f"{slug}.peak"
-    inner = [str(Path(__file__).resolve()), "--child", str(peak_file), "--", *sft_args(model, data, out)]
+    arguments, compared, _ = STAGES[stage]
+    inner = [str(Path(__file__).resolve()), "--child", str(peak_file), "--",
+             *arguments(model, work), "--overwrite", "--out", str(out)]
     if config is None:
         command = [sys.executable, *inner]
     else:
@@ -76,13 +94,14 @@ def run(name: str, config: str | None, model: Path, data: Path, work: Path, mall
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+        raise SystemExit(f"{stage}, {mode} failed:\n{result.stderr[-3000:]}")
     peaks = [json.loads(Path(f"{peak_file}.{r}").read_text())["peak_kib"] for r in range(1 if config is None else 2)]
     summary = json.loads((out / "summary.json").read_text())
-    return {"name": name, "allocator": "glibc, " + (" ".join(f"{k}={v}" for k, v in malloc.items()) or "default"),
-            "processes": len(peaks), "peak_mib_by_process": [round(p / 1024) for p in peaks],
-            "command_seconds": round(seconds, 1), "sft_seconds": summary["seconds"],
-            "checkpoint": str(out / "checkpoints" / "sft")}
+    return {"stage": stage, "mode": mode, "allocator": "glibc, " + (" ".join(f"{k}={v}" for k, v in malloc.items())
+                                                                     or "default"),
+            "peak_mib_by_process": [round(p / 1024) for p in peaks], "command_seconds": round(seconds, 1),
+            "stage_seconds": summary.get("seconds", summary.get("ppo_seconds")),
+            "checkpoint": str(out / "checkpoints" / compared)}
 
 
 def largest_difference(one: str, two: str) -> float:
@@ -105,45 +124,51 @@ def main() -> None:
     import torch
     from safetensors import safe_open
 
+    from bench_lora_memory import prepare
+
     model, work = Path(args.model), Path(args.work)
     if not (model / "config.json").is_file():
         raise SystemExit(f"{model}: no model folder; run `make smollm2` first")
     work.mkdir(parents=True, exist_ok=True)
-    prompts = [json.loads(line)["prompt"] for line in (ROOT / "examples" / "smollm2_vader" / "prompts.jsonl").open()]
-    data = work / "sft.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "completion": " It was a lovely day, and I enjoyed it."}) + "\n"
-                            for p in prompts))
+    prompts = [json.loads(line)["prompt"] for line in (EXAMPLE / "prompts.jsonl").open()]
+    (work / "sft.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": " It was a lovely day, and I "
+                                                         "enjoyed it."}) + "\n" for p in prompts))
+    prepare(model, work)  # work/reward_model: an (untrained) reward model on the base; memory does not care
     with safe_open(str(model / "model.safetensors"), "pt") as weights:
         parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys())
-    state_mib = parameters * 4 * 4 / 2**20  # float32 weights, gradients, two AdamW moments
-    runs = [run(name, config, model, data, work, malloc) for malloc in ({}, PROMPT_RELEASE)
-            for name, config in (("one process", None), ("2 processes, data parallel", "gpus_ddp.yaml"),
-                                 ("2 processes, sharded (FSDP)", "fsdp.yaml"))]
+    copy_mib = parameters * 4 / 2**20  # one float32 copy of the model
+    runs = [run(stage, mode, config, model, work, malloc) for stage in STAGES for malloc in ({}, PROMPT_RELEASE)
+            for mode, config in MODES]
     for r in runs:
-        r["training_state_mib"] = round(state_mib if "sharded" not in r["name"] else state_mib / 2)
-        r["largest_difference_to_one_process"] = largest_difference(runs[0]["checkpoint"], r["checkpoint"])
-    report = {"model": str(model), "parameters": parameters, "steps": STEPS, "batch_size": BATCH,
-              "max_length": MAX_LENGTH, "torch": torch.__version__, "machine": platform.machine(),
-              "cpus": os.cpu_count(), "runs": runs}
+        trained = 4 * copy_mib * STAGES[r["stage"]][2]
+        r["trained_state_mib"] = round(trained / 2 if "sharded" in r["mode"] else trained)
+        reference = next(x for x in runs if x["stage"] == r["stage"] and x["allocator"] == r["allocator"]
+                         and "data parallel" in x["mode"])
+        r["largest_difference_to_data_parallel"] = largest_difference(reference["checkpoint"], r["checkpoint"])
+    report = {"model": str(model), "parameters": parameters, "sft_steps": STEPS, "batch_size": BATCH,
+              "max_length": MAX_LENGTH, "ppo_new_tokens": NEW_TOKENS, "torch": torch.__version__,
+              "machine": platform.machine(), "cpus": os.cpu_count(), "runs": runs}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fsdp_memory.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["# Peak memory per process: sft data parallel against sharded (FSDP)", "",
+    lines = ["# Peak memory per process: data parallel against sharded (FSDP)", "",
              "Command: `python benchmarks/bench_fsdp_memory.py`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one torch thread per "
              f"process, gloo", "",
-             f"`ppo-rlhf sft` on SmolLM2-135M-Instruct ({parameters / 1e6:.1f} M parameters, float32), full fine-tuning, "
-             f"{STEPS} steps of a global batch of {BATCH} rows, at most {MAX_LENGTH} tokens. Peak: each process's "
-             f"resident high-water mark over the whole command (loading, training, writing the checkpoint). "
-             f"Training state: weights, gradients and AdamW moments of the trained model in float32, by arithmetic.", "",
-             "The second set of rows runs with glibc told to hand freed memory back at once (`MALLOC_ARENA_MAX=1 "
-             "MALLOC_MMAP_THRESHOLD_=65536`): with its defaults, memory freed by gloo's threads and by the "
-             "gathered-then-freed layers stays in the process, and the peak says more about the allocator than "
-             "about the tensors.", "",
-             "| run | allocator | peak per process (MiB) | training state per process (MiB) | sft seconds | largest weight difference to one process |",
-             "|---|---|---|---|---|---|"]
+             f"SmolLM2-135M-Instruct ({parameters / 1e6:.1f} M parameters, float32; one copy {copy_mib:,.0f} MiB). "
+             f"`sft`: full fine-tuning, {STEPS} steps of a global batch of {BATCH} rows of at most {MAX_LENGTH} tokens. "
+             f"`ppo`: one iteration, full models (actor, separate critic, reference, reward model), {BATCH} chat "
+             f"prompts, {NEW_TOKENS} new tokens, 2 minibatches. Peak: each process's resident high-water mark over the "
+             f"whole command (loading, training, writing the checkpoint). Trained state: weights, gradients and AdamW "
+             f"moments of what trains, float32, by arithmetic; PPO's reference and reward model are whole in every "
+             f"mode. Weight difference: the checkpoint (SFT model, PPO actor) against the data-parallel run's.", "",
+             "The allocator column: glibc's defaults keep memory freed by gloo's threads and by the gathered-then-freed "
+             "layers in the process, so the peak says more about the allocator than about the tensors; "
+             "`MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=65536` has it hand large freed blocks back at once.", "",
+             "| stage | run | allocator | peak per process (MiB) | trained state per process (MiB) | seconds | largest weight difference |",
+             "|---|---|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| {r['name']} | {r['allocator']} | {' / '.join(map(str, r['peak_mib_by_process']))} | {r['training_state_mib']:,} "
-                     f"| {r['sft_seconds']} | {r['largest_difference_to_one_process']:.2g} |")
+        lines.append(f"| {r['stage']} | {r['mode']} | {r['allocator']} | {' / '.join(f'{p:,}' for p in r['peak_mib_by_process'])} "
+                     f"| {r['trained_state_mib']:,} | {r['stage_seconds']} | {r['largest_difference_to_data_parallel']:.2g} |")
     (RESULTS / "fsdp_memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

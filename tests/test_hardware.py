@@ -243,11 +243,11 @@ def test_data_parallel_launches_are_accepted(distributed_type):
     check_launch(distributed_type)
 
 
-def test_sft_and_rm_take_an_fsdp_launch_and_the_other_stages_refuse_it(monkeypatch):
+def test_sft_rm_and_ppo_take_an_fsdp_launch_and_the_other_stages_refuse_it(monkeypatch):
     check_launch("FSDP", shards=True)
     # On a CPU accelerate reports an FSDP launch as MULTI_CPU: its environment gives it away.
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    with pytest.raises(ConfigError, match="distributed_type FSDP shards the models.*sft and rm"):
+    with pytest.raises(ConfigError, match="distributed_type FSDP shards the models.*sft, rm and ppo"):
         check_launch("MULTI_CPU")
     for refused_anyway in ("DEEPSPEED", "MEGATRON_LM"):
         with pytest.raises(ConfigError, match=refused_anyway):
@@ -270,8 +270,9 @@ def test_an_fsdp_setting_ppo_rlhf_does_not_follow_is_named_at_start(tmp_path, ca
     assert not (tmp_path / "run").exists()
 
 
-def test_lora_under_an_fsdp_launch_is_refused(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("stage", ["rm", "ppo"])
+def test_lora_under_an_fsdp_launch_is_refused(tmp_path, capsys, monkeypatch, stage):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    err = refused(["rm", "--model", tmp_path, "--lora", "--out", tmp_path / "run"], capsys, "lora")
+    err = refused([stage, "--model", tmp_path, "--lora", "--out", tmp_path / "run"], capsys, "lora")
     assert "gpus_ddp.yaml" in err

@@ -204,11 +204,31 @@ def test_a_pairwise_reward_model_sharded_over_two_processes_trains_like_one(sft_
     assert two["eval_accuracy"] == pytest.approx(one["eval_accuracy"])
 
 
-def test_ppo_under_an_fsdp_launch_is_refused_by_name(sft_model, tmp_path):
-    result = launch_fsdp(ppo_args(sft_model, tmp_path / "run", "--iterations", 1))
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_ppo_sharded_over_two_processes_trains_like_one_and_resumes(sft_model, tmp_path, critic):
+    """Actor (and a separate critic) sharded; generation and evaluation on the actor gathered once;
+    half the iterations, then a resume from the sharded checkpoint, against one process."""
+    args = ["--critic", critic, "--eval-every", 5]
+    assert main([str(a) for a in ppo_args(sft_model, tmp_path / "one", *args, "--save-every", 0)]) == 0
+    result = launch_fsdp(ppo_args(sft_model, tmp_path / "two", *args, "--iterations", 5, "--save-every", 5))
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = launch_fsdp(ppo_args(sft_model, tmp_path / "two", *args, "--save-every", 5, "--resume"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout
+    for role in ["actor"] + (["critic"] if critic == "separate" else []):
+        largest = largest_difference(tmp_path / "one" / "checkpoints" / role, tmp_path / "two" / "checkpoints" / role)
+        print(f"ppo, FSDP, {critic} critic, {role}: largest difference {largest:.3g}")
+        assert largest <= 1e-5
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert two["after"]["eval/exact_match"] == pytest.approx(one["after"]["eval/exact_match"])
+
+
+def test_eval_under_an_fsdp_launch_is_refused_by_name(sft_model, tmp_path):
+    result = launch_fsdp(["eval", "--task", "doubling", "--model", sft_model, "--size", 8, "--out",
+                          tmp_path / "run", "--num-threads", 1])
     assert result.returncode != 0
     assert "distributed_type FSDP shards the models" in result.stderr and "gpus_ddp.yaml" in result.stderr
-    assert not (tmp_path / "run").exists()
 
 
 def test_a_bf16_llama_sharded_over_two_processes_trains_on_user_data_like_one(zoo, tmp_path):

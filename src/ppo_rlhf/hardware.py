@@ -56,7 +56,7 @@ class HardwareOptions:
         return "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
 
     def accelerator(self, shards: bool = False):
-        """``shards``: the stage can shard its trained model (sft, rm) under an FSDP launch."""
+        """``shards``: the stage shards what it trains under an FSDP launch (sft, rm, ppo)."""
         return make_accelerator(self.device, self.mixed_precision, shards)
 
 
@@ -101,7 +101,7 @@ def make_accelerator(device: str = "auto", mixed_precision: str = "no", shards: 
 
 def check_launch(distributed_type: str, shards: bool = False) -> None:
     """ConfigError for an ``accelerate launch`` mode that shards the weights where the stage does
-    not (``shards``: sft and rm shard under FSDP; nothing takes DeepSpeed or Megatron).  On a CPU
+    not (``shards``: sft, rm and ppo shard under FSDP; nothing takes DeepSpeed or Megatron).  On a CPU
     accelerate reports an FSDP launch as MULTI_CPU: its environment says what it is."""
     from ppo_rlhf.config import ConfigError
     from ppo_rlhf.sharding import fsdp_launched
@@ -111,8 +111,8 @@ def check_launch(distributed_type: str, shards: bool = False) -> None:
     if distributed_type == "FSDP" and shards:
         return
     if distributed_type in SHARDED_LAUNCHES:
-        raise ConfigError(f"accelerate launch: distributed_type {distributed_type} shards the models; ppo-rlhf's sft "
-                          f"and rm shard under FSDP (configs/accelerate/fsdp.yaml), its other commands do not yet: "
+        raise ConfigError(f"accelerate launch: distributed_type {distributed_type} shards the models; ppo-rlhf's sft, "
+                          f"rm and ppo shard under FSDP (configs/accelerate/fsdp.yaml), its other commands do not: "
                           f"every process holds whole models (data parallel).  Allowed here: MULTI_GPU "
                           f"(configs/accelerate/gpus_ddp.yaml, which also runs on CPUs), torchrun, or one process")
 

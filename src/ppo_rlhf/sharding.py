@@ -1,6 +1,7 @@
-"""Sharded data parallel: the trained model of ``sft`` and ``rm`` split over the processes with
-torch's FSDP2 (``fully_shard``), started by ``accelerate launch --config_file
-configs/accelerate/fsdp.yaml``.  docs/design.md ("Scale") has the picture; in short:
+"""Sharded data parallel: what ``sft``, ``rm`` and ``ppo`` train (the SFT model, the reward
+model, PPO's actor and critic) split over the processes with torch's FSDP2 (``fully_shard``),
+started by ``accelerate launch --config_file configs/accelerate/fsdp.yaml``.  docs/design.md
+("Scale") has the picture; in short:
 
 - Each decoder layer (the model's ``_no_split_modules``, or the config's
   ``fsdp_transformer_layer_cls_to_wrap``) is one unit; the embeddings, final norm and head are
@@ -113,14 +114,29 @@ def shard(model: nn.Module, settings: ShardingSettings) -> nn.Module:
         fully_shard(model.base_model, reshard_after_forward=settings.reshard_after_forward)
         fully_shard(head, reshard_after_forward=settings.reshard_after_forward)
     fully_shard(model, reshard_after_forward=settings.reshard_after_forward)
+    _sum_gradients(model, settings)
+    return model
+
+
+def shard_unit(module: nn.Module, settings: ShardingSettings) -> nn.Module:
+    """``module`` sharded as one unit (a value head called on its own), gradients summed."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(module, reshard_after_forward=settings.reshard_after_forward)
+    _sum_gradients(module, settings)
+    return module
+
+
+def _sum_gradients(model: nn.Module, settings: ShardingSettings) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
     for unit in model.modules():
         if isinstance(unit, FSDPModule):
             # A sum: the losses are already scaled by each process's share of the batch.  gloo has
             # no pre-multiplied sum, hence the plain SUM reduction.
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)
-    _SHARDED[model] = settings
-    return model
+            _SHARDED[unit] = settings
 
 
 def shard_if_launched(model: nn.Module) -> nn.Module:
@@ -136,24 +152,23 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 @contextmanager
-def gathered(model: nn.Module):
-    """The whole of a sharded model in every process for the duration (evaluation, generation):
-    gathered once, so that processes may run different numbers of forward passes.  Nothing for a
-    model that is not sharded."""
-    if not is_sharded(model):
-        yield model
-        return
+def gathered(model: nn.Module | None):
+    """The whole of every sharded unit inside ``model``, in every process, for the duration
+    (evaluation, generation, saving): gathered once, so that processes may run different numbers
+    of forward passes, and the modules hold plain whole tensors that ``state_dict`` and
+    ``save_pretrained`` read as they are.  Writes to them are not kept (load with
+    :func:`load_whole_state`).  Nothing for a model without sharded units."""
     from torch.distributed.fsdp import FSDPModule
 
-    units = [unit for unit in model.modules() if isinstance(unit, FSDPModule)]
+    units = [] if model is None else [unit for unit in model.modules() if isinstance(unit, FSDPModule)]
     for unit in units:
         unit.unshard()
-    model.set_reshard_after_forward(False)
+        unit.set_reshard_after_forward(False, recurse=False)
     try:
         yield model
     finally:
-        model.set_reshard_after_forward(_SHARDED[model].reshard_after_forward)
         for unit in units:
+            unit.set_reshard_after_forward(_SHARDED[unit].reshard_after_forward, recurse=False)
             unit.reshard()
 
 
@@ -181,14 +196,11 @@ def whole_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def whole_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict for ``save_pretrained``, whole (see :func:`whole_tensors`), each tensor
-    once: of tied weights (GPT-2's embedding and head) the first name, as transformers writes them."""
-    seen, unique = set(), {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            unique[name] = tensor.detach()
-    return whole_tensors(unique)
+    """The model's state dict for ``save_pretrained``, each tensor once, sharded ones gathered
+    whole to the main process (see :func:`whole_tensors`)."""
+    from ppo_rlhf.models.loading import unique_state_dict
+
+    return whole_tensors(unique_state_dict(model))
 
 
 def load_whole(parameter: torch.Tensor, whole: torch.Tensor) -> None:
@@ -203,19 +215,48 @@ def load_whole(parameter: torch.Tensor, whole: torch.Tensor) -> None:
             parameter.copy_(whole)
 
 
-def whole_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's state with whole moments, keyed by parameter name, on the main process
-    (every process must call it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def load_whole_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Whole weights (a saved folder's state dict) into ``module``'s parameters, sharded or not;
+    buffers are left as they are (derived, never trained)."""
+    parameters = dict(module.named_parameters())
+    missing = sorted(parameters.keys() - state.keys())
+    if missing:
+        raise KeyError(f"the saved weights lack {missing[:3]}")
+    for name, parameter in parameters.items():
+        load_whole(parameter, state[name])
 
-    optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper: the torch optimizer in it
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+def whole_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """``optimizer.state_dict()`` with every sharded moment gathered whole, one at a time (every
+    process must call it); the main process keeps them on the CPU, the others get none.  The
+    same layout as an unsharded optimizer's: moments by parameter index."""
+    from torch.distributed.tensor import DTensor
+
+    state = optimizer.state_dict()
+    if not any(isinstance(v, DTensor) for moments in state["state"].values() for v in moments.values()):
+        return state
+    whole = {}
+    for index, moments in state["state"].items():
+        entry = {key: (plain(value).detach().cpu() if isinstance(value, DTensor) else value)
+                 for key, value in moments.items()}
+        if is_main_process():
+            whole[index] = entry
+    return {**state, "state": whole}
 
 
-def load_whole_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Put a :func:`whole_optimizer_state` back, each process taking its shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def load_whole_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Put a :func:`whole_optimizer_state` (or any optimizer state dict) back; each sharded
+    parameter's moments become its shards of them."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    optimizer = getattr(optimizer, "optimizer", optimizer)
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                             options=StateDictOptions(full_state_dict=True))
+    optimizer.load_state_dict(state)
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper: the torch optimizer in it
+    for group in inner.param_groups:
+        for parameter in group["params"]:
+            if not isinstance(parameter, DTensor):
+                continue
+            moments = inner.state[parameter]
+            for key, value in moments.items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == parameter.shape:
+                    moments[key] = distribute_tensor(value.to(parameter.device), parameter.device_mesh,
+                                                     parameter.placements)

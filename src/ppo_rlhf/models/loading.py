@@ -211,6 +211,34 @@ def build_sequence_classifier(tokenizer, num_labels: int, n_layer=4, n_head=4, n
     return GPT2ForSequenceClassification(config)
 
 
+def unique_state_dict(model) -> dict[str, torch.Tensor]:
+    """What ``model.state_dict()`` holds, each tensor once (of tied weights, such as GPT-2's
+    embedding and head, the first name, as transformers writes them), read from the parameters
+    and persistent buffers themselves: inside ``sharding.gathered`` those are the whole tensors,
+    where a sharded model's ``state_dict()`` would give its shards."""
+    state = {name: parameter.detach() for name, parameter in model.named_parameters()}
+    for module_name, module in model.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set:
+                state[f"{module_name}.{name}" if module_name else name] = buffer
+    return state
+
+
+def write_model_folder(model, folder: Path, state_dict: dict | None = None, dtype: torch.dtype | None = None) -> None:
+    """``model.save_pretrained(folder)``, its weights (or ``state_dict``) written in ``dtype``
+    (default: as they are), the model itself left as it is."""
+    weights = unique_state_dict(model) if state_dict is None else state_dict
+    if dtype is not None:
+        weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
+    model.save_pretrained(folder, state_dict=weights)
+    if dtype is not None:
+        # transformers records the dtype of the model's own (float32) weights, not of the ones written.
+        config_file = Path(folder) / "config.json"
+        config = json.loads(config_file.read_text())
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def save_pretrained_atomic(model, tokenizer, path: str | Path, state_dict: dict | None = None,
                            dtype: torch.dtype | None = None) -> Path:
     """``save_pretrained`` of model and tokenizer into ``path``, replacing it in one step.
@@ -218,18 +246,8 @@ def save_pretrained_atomic(model, tokenizer, path: str | Path, state_dict: dict 
     ``state_dict``: the weights to write instead of the model's own (a sharded model's, gathered
     whole); ``dtype``: the dtype to write them in (default: as they are)."""
     path = Path(path)
-    if state_dict is not None and dtype is not None:
-        state_dict = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
-    elif dtype is not None:
-        model = model.to(dtype)
     with atomic_directory(path) as staging:
-        model.save_pretrained(staging, state_dict=state_dict)
-        if state_dict is not None and dtype is not None:
-            # transformers records the dtype of the model's own (float32) weights, not of the ones written.
-            config_file = staging / "config.json"
-            config = json.loads(config_file.read_text())
-            config["dtype"] = str(dtype).removeprefix("torch.")
-            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_model_folder(model, staging, state_dict, dtype)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
     return path

@@ -59,6 +59,7 @@ class Critic(nn.Module):
     (``reads_actor_trunk``) is trained in that pass's backward; any other runs its own forward
     and backward inside ``scope()``.  ``parameters()`` are exactly what the critic trains.
     ``save``/``load_saved`` write and read a folder (checkpoints/critic, and the resume point).
+    ``shard(settings)`` splits what the critic trains over the processes of an FSDP launch.
     """
 
     reads_actor_trunk = False
@@ -81,6 +82,12 @@ class Critic(nn.Module):
     def load_saved(self, path: str | Path) -> None:
         raise NotImplementedError
 
+    def shard(self, settings) -> None:
+        from ppo_rlhf.config import ConfigError
+
+        raise ConfigError(f"FSDP: a {type(self).__name__} cannot be sharded; allowed critics under an FSDP launch: "
+                          f"shared (a value head on the actor) or separate (a model of its own)")
+
 
 def values_over_response(values: torch.Tensor, sequences) -> torch.Tensor:
     """(B, P+T) values over a whole sequence -> (B, T) at the positions that predict each
@@ -99,13 +106,18 @@ def values_of_own_pass(critic: nn.Module, sequences) -> torch.Tensor:
 def save_value_head(head: ValueHead, path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(path / VALUE_HEAD))
+    from ppo_rlhf.models.loading import unique_state_dict
+
+    # unique_state_dict: inside sharding.gathered, the whole head rather than this process's shard
+    save_file({k: v.contiguous() for k, v in unique_state_dict(head).items()}, str(path / VALUE_HEAD))
 
 
 def load_value_head(head: ValueHead, path: Path) -> None:
     from safetensors.torch import load_file
 
-    head.load_state_dict(load_file(str(path / VALUE_HEAD)))
+    from ppo_rlhf.sharding import load_whole_state
+
+    load_whole_state(head, load_file(str(path / VALUE_HEAD)))  # the head may be sharded
 
 
 class SharedHeadCritic(Critic):
@@ -136,6 +148,10 @@ class SharedHeadCritic(Critic):
 
     def load_saved(self, path: str | Path) -> None:
         load_value_head(self.value_head, Path(path))
+
+    def shard(self, settings) -> None:
+        """Nothing: the trunk is the actor's (sharded with it); the head is a few numbers per
+        process, its gradient summed with the unsharded ones."""
 
 
 class ModelCritic(Critic):
@@ -191,10 +207,10 @@ class ModelCritic(Critic):
         """Trunk as a standard HF folder, value head beside it as safetensors; the tokenizer
         says which token ids the critic reads.  ``dtype``: the trunk is cast to it first (the
         end of a run: a bf16 trunk goes back out in bf16); the head stays float32."""
+        from ppo_rlhf.models.loading import write_model_folder
+
         path = Path(path)
-        if dtype is not None:
-            self.backbone.to(dtype)
-        self.backbone.save_pretrained(path)
+        write_model_folder(self.backbone, path, dtype=dtype)
         save_value_head(self.value_head, path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
@@ -203,5 +219,14 @@ class ModelCritic(Critic):
         """Load weights written by :meth:`save` into this critic."""
         from transformers import AutoModel
 
-        self.backbone.load_state_dict(AutoModel.from_pretrained(path).state_dict())
+        from ppo_rlhf.sharding import load_whole_state
+
+        load_whole_state(self.backbone, AutoModel.from_pretrained(path).state_dict())
         load_value_head(self.value_head, Path(path))
+
+    def shard(self, settings) -> None:
+        """The trunk per decoder layer, the head as a unit of its own (it is called on its own)."""
+        from ppo_rlhf.sharding import shard, shard_unit
+
+        shard(self.backbone, settings)
+        shard_unit(self.value_head, settings)

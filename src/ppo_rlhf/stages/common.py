@@ -55,7 +55,7 @@ def open_resumable_stage(config, out: Path) -> None:
     """The start of a stage with resumable checkpoints (sft, rm): join the process group under
     accelerate launch / torchrun, check that the batch splits over the processes, and that
     ``out`` may be written (or resumed, with the same settings)."""
-    config.accelerator(shards=True)  # sft and rm shard their model under an FSDP launch
+    config.accelerator(shards=True)  # sft and rm shard what they train under an FSDP launch
     check_batch_split(config.batch_size)
     on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
     if config.resume:

@@ -24,6 +24,7 @@ from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
+from ppo_rlhf.sharding import gathered, load_whole_state, whole_optimizer_state
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
@@ -74,7 +75,7 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
 
     Several processes: each one's random state is gathered (each samples its own rollouts), and
     the main process writes the folder once while the others wait for it."""
-    require_trained_finite(trainer)
+    trainer_state = trainer.state_dict()  # every process: sharded optimizer moments gathered to the main one
     random_states = gather_objects([{
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None,
@@ -82,25 +83,28 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
     }])
 
     def write() -> None:
+        require_trained_finite(trainer, trainer_state["optimizer"])
         with atomic_directory(out / "checkpoints" / "last") as staging:
             save_actor(trainer.actor, None, staging / "actor")
             if trainer.critic is not None:
                 trainer.critic.save(staging / "critic")
-            torch.save({"trainer": trainer.state_dict(), "prompt_rng": rng.get_state(), **random_states[0],
+            torch.save({"trainer": trainer_state, "prompt_rng": rng.get_state(), **random_states[0],
                         "random_states": random_states, "progress": progress},
                        staging / "trainer_state.pt")
             atomic_write_json(staging / RUN_CONFIG, run_settings(config))
 
-    on_main_process(write)
+    with gathered(trainer.actor), gathered(trainer.critic):  # sharded: whole weights in every process meanwhile
+        on_main_process(write)
 
 
-def require_trained_finite(trainer: PPOTrainer) -> None:
-    """DivergenceError naming the tensor if what PPO trains holds a NaN or an infinity."""
+def require_trained_finite(trainer: PPOTrainer, optimizer_state: dict) -> None:
+    """DivergenceError naming the tensor if what PPO trains holds a NaN or an infinity.  Sharded
+    models: call it with them gathered, and the optimizer state gathered whole."""
     trained = {name: p for name, p in trainer.actor.named_parameters() if p.requires_grad}
     if trainer.critic is not None:
         trained.update({f"critic.{name}": p for name, p in trainer.critic.named_parameters()})
     require_finite(trained, "the PPO actor/critic")
-    for index, state in trainer.optimizer.state_dict()["state"].items():
+    for index, state in optimizer_state["state"].items():
         require_finite({f"optimizer state {index}.{key}": v for key, v in state.items()}, "the PPO optimizer")
 
 
@@ -108,11 +112,12 @@ def is_peft_model(model) -> bool:
     return hasattr(model, "peft_config")
 
 
-def save_actor(actor, tokenizer, path: Path) -> Path:
-    """A full causal-LM folder, or with LoRA the policy adapter as a peft folder."""
+def save_actor(actor, tokenizer, path: Path, dtype: torch.dtype | None = None) -> Path:
+    """A full causal-LM folder (in ``dtype``; default: as trained), or with LoRA the policy
+    adapter as a peft folder (float32 as trained)."""
     if is_peft_model(actor):
         return save_adapter(actor, actor.active_adapter, path, tokenizer)
-    return save_pretrained_atomic(actor, tokenizer, path)
+    return save_pretrained_atomic(actor, tokenizer, path, dtype=dtype)
 
 
 def save_critic(critic, tokenizer, path: Path) -> Path:
@@ -128,7 +133,7 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
     if is_peft_model(trainer.actor):
         load_adapter_weights(trainer.actor, trainer.actor.active_adapter, last / "actor")
     else:
-        trainer.actor.load_state_dict(load_causal_lm(last / "actor").state_dict())
+        load_whole_state(trainer.actor, load_causal_lm(last / "actor").state_dict())  # the actor may be sharded
     # (A shared head from before critics had folders of their own is in the trainer state.)
     if trainer.critic is not None and (last / "critic").is_dir():
         trainer.critic.load_saved(last / "critic")
@@ -176,7 +181,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     set_threads(config.num_threads)
     seed_everything(config.seed)
     out = Path(config.out)
-    accelerator = config.accelerator()  # under accelerate launch / torchrun: joins the process group
+    accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
     check_processes(config)
     on_main_process(check_run_folder, out, config.overwrite, config.resume,
                     resumable=out / "checkpoints" / "last" / "trainer_state.pt")
@@ -214,7 +219,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     def evaluate() -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
         with like) and the greedy (prompt, response) pairs."""
-        with accelerator.autocast():
+        with accelerator.autocast(), gathered(actor):  # sharded: the actor gathered once for the evaluation
             metrics, samples = evaluator(actor)
             if config.eval_sampled:
                 metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
@@ -234,7 +239,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     if "before" in carried:
         before, samples_before = carried["before"], carried["samples_before"]
     else:
-        with accelerator.autocast():
+        with accelerator.autocast(), gathered(actor):
             before, samples_before = (evaluator(actor) if evaluator else ({}, []))
         if before:
             run_log.log(0, before)
@@ -276,18 +281,19 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
 
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()
-    require_trained_finite(trainer)
+    optimizer_state = whole_optimizer_state(trainer.optimizer)
 
     def save_models() -> dict:
         """Saved in the dtype each model came in (bf16 in, bf16 out); trained in float32."""
-        actor_dir = save_actor(actor if is_peft_model(actor) else actor.to(actor_dtype), tokenizer,
-                               out / "checkpoints" / "actor")
+        require_trained_finite(trainer, optimizer_state)
+        actor_dir = save_actor(actor, tokenizer, out / "checkpoints" / "actor", dtype=actor_dtype)
         saved = {"actor": str(actor_dir)}
         if trainer.critic is not None:  # a critic-free estimator has none to save
             saved["critic"] = str(save_critic(trainer.critic, tokenizer, out / "checkpoints" / "critic"))
         return saved
 
-    checkpoints = on_main_process(save_models)  # the processes hold the same weights: written once
+    with gathered(actor), gathered(trainer.critic):  # sharded: whole weights in every process meanwhile
+        checkpoints = on_main_process(save_models)  # the processes hold the same weights: written once
     final_metrics, samples_after = final_eval or ({}, [])
     after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}
     sampled = {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")}

@@ -51,6 +51,7 @@ from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import Sequences
+from ppo_rlhf.sharding import gathered, load_whole_optimizer_state, plain, shard, sharding_from_launch, whole_optimizer_state
 from ppo_rlhf.trainers.estimators import (
     check_prompt_groups,
     critic_free_advantages,
@@ -145,7 +146,7 @@ class PPOTrainer:
         if critic is None and uses_critic(config.estimator):
             critic = SharedHeadCritic.on(actor)
         self.critic: Critic | None = critic
-        self.accelerator = accelerator or config.accelerator()
+        self.accelerator = accelerator or config.accelerator(shards=True)
         self.device = self.accelerator.device
         for model in (actor, ref, getattr(reward, "model", None), critic):
             if isinstance(model, torch.nn.Module):
@@ -165,6 +166,11 @@ class PPOTrainer:
             disable_dropout(actor, keep_lora_dropout)
             if critic is not None:
                 disable_dropout(critic, keep_lora_dropout)
+        sharding = sharding_from_launch()
+        if sharding is not None:  # an FSDP launch: what trains is split over the processes, before the optimizer sees it
+            shard(actor, sharding)
+            if critic is not None:
+                critic.shard(sharding)
         critic_params = [] if critic is None else [p for p in critic.parameters() if p.requires_grad]
         # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
         critic_ids = {id(p) for p in critic_params}
@@ -223,8 +229,9 @@ class PPOTrainer:
         start = time.perf_counter()
         prompts = [row[config.prompt_field] for row in rows]
         check_prompt_groups(prompts, config.samples_per_prompt)
-        rollout = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
-                                     config.max_prompt_length, config.chat_template)
+        with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
+            rollout = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
+                                         config.max_prompt_length, config.chat_template)
         sequences = rollout.sequences
         timings["time/generate"] = time.perf_counter() - start
 
@@ -304,8 +311,9 @@ class PPOTrainer:
         """ReMax: the raw score (one per prompt) of each prompt's greedy response, and whether it finished."""
         k = self.config.samples_per_prompt
         start = time.perf_counter()
-        greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, prompts[::k],
-                                    self.config.max_prompt_length, self.config.chat_template)
+        with gathered(self.actor):
+            greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, prompts[::k],
+                                        self.config.max_prompt_length, self.config.chat_template)
         timings["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
         raw = self.reward(ScoringBatch(rows[::k], prompts[::k], greedy.texts, greedy.finished, greedy.sequences))
@@ -365,7 +373,7 @@ class PPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 break  # the policy has moved far enough from the one that collected the batch
             sum_gradients(self.trainable_parameters)
-            grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
+            grad_norm = plain(self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm))
             loss = sum(step_stats[key] for key in ("pg_loss", "vf_loss", "kl_loss", "entropy") if key in step_stats)
             if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=loss, grad_norm=grad_norm):
                 continue  # skipped: its statistics are not the update's
@@ -508,7 +516,7 @@ class PPOTrainer:
     def state_dict(self) -> dict:
         state = {
             "iteration": self.iteration,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": whole_optimizer_state(self.optimizer),  # sharded: gathered to the main process
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.score_moments.state_dict(),
             "guard": self.guard.state_dict(),
@@ -518,7 +526,7 @@ class PPOTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.iteration = state["iteration"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_whole_optimizer_state(self.optimizer, state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.score_moments.load_state_dict(state["score_moments"])
         if "guard" in state:

@@ -9,6 +9,7 @@ from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, check
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.sharding import sharding_from_launch
 from ppo_rlhf.trainers.estimators import (
     ESTIMATORS,
     GROUP_ESTIMATORS,
@@ -170,6 +171,9 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         self.validate_hardware()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
+        if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows
+            check(not self.lora, "lora", "off under an FSDP launch (ppo-rlhf shards full models; LoRA on one base "
+                                         "runs data parallel: configs/accelerate/gpus_ddp.yaml)", self.lora)
         check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         self.validate_estimator()
         check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)

@@ -33,8 +33,7 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.distributed import gather_objects, on_main_process, rank, world_size
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
-from ppo_rlhf.sharding import (fsdp_launched, is_sharded, load_whole, load_whole_optimizer_state, whole_optimizer_state,
-                               whole_tensors)
+from ppo_rlhf.sharding import fsdp_launched, load_whole, load_whole_optimizer_state, whole_optimizer_state, whole_tensors
 from ppo_rlhf.trainers.guard import require_finite
 
 TRAINED, TRAINER_STATE, RUN_CONFIG = "trained.safetensors", "trainer_state.pt", "run_config.json"
@@ -180,7 +179,7 @@ class Checkpoints:
         # A sharded model: whole tensors, gathered by every process and kept by the main one.
         tensors = whole_tensors(trained_parameters(model))
         require_finite(tensors, f"the weights after {done} steps")
-        optimizer_state = whole_optimizer_state(model, optimizer) if is_sharded(model) else optimizer.state_dict()
+        optimizer_state = whole_optimizer_state(optimizer)
         require_finite({f"{index}.{key}": value for index, moments in optimizer_state.get("state", {}).items()
                         for key, value in moments.items()}, f"the optimizer state after {done} steps")
         device = accelerator.device if accelerator is not None else torch.device("cpu")
@@ -208,10 +207,7 @@ class Checkpoints:
 
         saved = self.saved
         load_trained_parameters(model, load_file(str(last_checkpoint(self.out) / TRAINED)))
-        if is_sharded(model):
-            load_whole_optimizer_state(model, optimizer, saved["optimizer"])
-        else:
-            optimizer.load_state_dict(saved["optimizer"])
+        load_whole_optimizer_state(optimizer, saved["optimizer"])
         scaler = getattr(accelerator, "scaler", None)
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
