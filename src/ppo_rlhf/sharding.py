@@ -145,18 +145,13 @@ def shard_if_launched(model: nn.Module) -> nn.Module:
     return shard(model, settings) if settings is not None else model
 
 
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 @contextmanager
 def gathered(model: nn.Module | None):
     """The whole of every sharded unit inside ``model``, in every process, for the duration
     (evaluation, generation, saving): gathered once, so that processes may run different numbers
-    of forward passes, and the modules hold plain whole tensors that ``state_dict`` and
-    ``save_pretrained`` read as they are.  Writes to them are not kept (load with
+    of forward passes, and the parameters are plain whole tensors (read them through
+    ``named_parameters`` or ``models.loading.unique_state_dict``: a sharded module's
+    ``state_dict()`` still gives its shards).  Writes to them are not kept (load with
     :func:`load_whole_state`).  Nothing for a model without sharded units."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -242,6 +237,18 @@ def whole_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
         if is_main_process():
             whole[index] = entry
     return {**state, "state": whole}
+
+
+def local_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """``optimizer.state_dict()`` with every sharded moment as this process's own shard (no
+    communication): enough to check it, where gathering it whole would cost a model's worth of
+    memory in the main process."""
+    from torch.distributed.tensor import DTensor
+
+    state = optimizer.state_dict()
+    return {**state, "state": {index: {key: (value.to_local() if isinstance(value, DTensor) else value)
+                                       for key, value in moments.items()}
+                               for index, moments in state["state"].items()}}
 
 
 def load_whole_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:

@@ -24,13 +24,13 @@ from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
-from ppo_rlhf.sharding import gathered, load_whole_state, whole_optimizer_state
+from ppo_rlhf.sharding import gathered, load_whole_state, local_optimizer_state
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
 from ppo_rlhf.stages.roles import load_roles
-from ppo_rlhf.trainers.guard import require_finite
+from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.resume import RUN_CONFIG, check_resume_settings, drop_metrics_after, run_settings
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -83,7 +83,6 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
     }])
 
     def write() -> None:
-        require_trained_finite(trainer, trainer_state["optimizer"])
         with atomic_directory(out / "checkpoints" / "last") as staging:
             save_actor(trainer.actor, None, staging / "actor")
             if trainer.critic is not None:
@@ -94,18 +93,21 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
             atomic_write_json(staging / RUN_CONFIG, run_settings(config))
 
     with gathered(trainer.actor), gathered(trainer.critic):  # sharded: whole weights in every process meanwhile
+        require_trained_finite(trainer)
         on_main_process(write)
 
 
-def require_trained_finite(trainer: PPOTrainer, optimizer_state: dict) -> None:
-    """DivergenceError naming the tensor if what PPO trains holds a NaN or an infinity.  Sharded
-    models: call it with them gathered, and the optimizer state gathered whole."""
+def require_trained_finite(trainer: PPOTrainer) -> None:
+    """DivergenceError naming the tensor if what PPO trains holds a NaN or an infinity, in every
+    process together.  Sharded models: call it with them gathered; the optimizer's moments are
+    checked shard by shard where they are."""
     trained = {name: p for name, p in trainer.actor.named_parameters() if p.requires_grad}
     if trainer.critic is not None:
         trained.update({f"critic.{name}": p for name, p in trainer.critic.named_parameters()})
     require_finite(trained, "the PPO actor/critic")
-    for index, state in optimizer_state["state"].items():
-        require_finite({f"optimizer state {index}.{key}": v for key, v in state.items()}, "the PPO optimizer")
+    moments = local_optimizer_state(trainer.optimizer)["state"]
+    require_finite_in_every_process({f"optimizer state {index}.{key}": value for index, state in moments.items()
+                                     for key, value in state.items()}, "the PPO optimizer")
 
 
 def is_peft_model(model) -> bool:
@@ -281,11 +283,8 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
 
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()
-    optimizer_state = whole_optimizer_state(trainer.optimizer)
-
     def save_models() -> dict:
         """Saved in the dtype each model came in (bf16 in, bf16 out); trained in float32."""
-        require_trained_finite(trainer, optimizer_state)
         actor_dir = save_actor(actor, tokenizer, out / "checkpoints" / "actor", dtype=actor_dtype)
         saved = {"actor": str(actor_dir)}
         if trainer.critic is not None:  # a critic-free estimator has none to save
@@ -293,6 +292,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         return saved
 
     with gathered(actor), gathered(trainer.critic):  # sharded: whole weights in every process meanwhile
+        require_trained_finite(trainer)
         checkpoints = on_main_process(save_models)  # the processes hold the same weights: written once
     final_metrics, samples_after = final_eval or ({}, [])
     after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}

@@ -17,7 +17,7 @@ from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pret
 from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.distributed import on_main_process
-from ppo_rlhf.sharding import is_sharded, whole_weights
+from ppo_rlhf.sharding import whole_weights
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import load_task, open_resumable_stage, seed_everything, set_threads
@@ -80,7 +80,7 @@ def run_reward(config: RewardConfig) -> dict:
         checkpoint = on_main_process(save_adapter, model, model.active_adapter, out / "checkpoints" / "reward", tokenizer)
     else:
         checkpoint = on_main_process(save_pretrained_atomic, model, tokenizer, out / "checkpoints" / "reward",
-                                     weights if is_sharded(model) else None, stored_dtype)
+                                     weights, stored_dtype)
     run_log.plot(["loss", "train_accuracy"])
     summary = {
         "stage": "reward",

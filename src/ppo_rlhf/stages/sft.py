@@ -18,7 +18,7 @@ from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, sav
 from ppo_rlhf.models.loading import check_fits, check_tokenizer
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import on_main_process
-from ppo_rlhf.sharding import is_sharded, whole_weights
+from ppo_rlhf.sharding import whole_weights
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import load_task, open_resumable_stage, seed_everything, set_threads
@@ -74,7 +74,7 @@ def run_sft(config: SFTConfig) -> dict:
     weights = whole_weights(model)  # sharded: gathered, whole on the main process
     on_main_process(require_finite, weights, "the SFT model")
     checkpoint = on_main_process(save_pretrained_atomic, model, tokenizer, out / "checkpoints" / "sft",
-                                 weights if is_sharded(model) else None, stored_dtype)
+                                 weights, stored_dtype)
     run_log.plot(["loss", "eval/loss", "eval/token_accuracy", "eval/exact_match", "eval/value_correct",
                   "eval/style_correct", "lr"])
     summary = {

@@ -95,3 +95,18 @@ def require_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
     if bad is not None:
         raise DivergenceError(f"{what}: {bad} holds non-finite values; not saved (the previous checkpoint, if "
                               f"any, is left as it was).  Lower the learning rate")
+
+
+def require_finite_in_every_process(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """:func:`require_finite` where each process holds different tensors (its shards of a sharded
+    optimizer's moments): a non-finite value in any process stops all of them, together."""
+    from ppo_rlhf.distributed import sum_across_processes
+
+    try:
+        require_finite(tensors, what)
+        mine = None
+    except DivergenceError as error:
+        mine = error
+    if sum_across_processes(torch.tensor(float(mine is not None))).item():
+        raise mine or DivergenceError(f"{what}: another process's part holds non-finite values; not saved.  "
+                                      f"Lower the learning rate")

@@ -33,8 +33,9 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.distributed import gather_objects, on_main_process, rank, world_size
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
-from ppo_rlhf.sharding import fsdp_launched, load_whole, load_whole_optimizer_state, whole_optimizer_state, whole_tensors
-from ppo_rlhf.trainers.guard import require_finite
+from ppo_rlhf.sharding import (fsdp_launched, load_whole, load_whole_optimizer_state, local_optimizer_state,
+                               whole_optimizer_state, whole_tensors)
+from ppo_rlhf.trainers.guard import require_finite_in_every_process
 
 TRAINED, TRAINER_STATE, RUN_CONFIG = "trained.safetensors", "trainer_state.pt", "run_config.json"
 
@@ -177,11 +178,13 @@ class Checkpoints:
         from safetensors.torch import save_file
 
         # A sharded model: whole tensors, gathered by every process and kept by the main one.
+        # Checked in every process together: sharded, each holds other parts.
         tensors = whole_tensors(trained_parameters(model))
-        require_finite(tensors, f"the weights after {done} steps")
+        require_finite_in_every_process(tensors, f"the weights after {done} steps")
+        require_finite_in_every_process({f"{index}.{key}": value for index, moments in
+                                         local_optimizer_state(optimizer)["state"].items()
+                                         for key, value in moments.items()}, f"the optimizer state after {done} steps")
         optimizer_state = whole_optimizer_state(optimizer)
-        require_finite({f"{index}.{key}": value for index, moments in optimizer_state.get("state", {}).items()
-                        for key, value in moments.items()}, f"the optimizer state after {done} steps")
         device = accelerator.device if accelerator is not None else torch.device("cpu")
         scaler = getattr(accelerator, "scaler", None)
         # Several processes: the same weights in each, written once by the main process; the random
