@@ -44,11 +44,12 @@ def sft_model(tmp_path_factory):
 
 
 def ppo_args(model, out, *extra):
-    # Greedy rollouts: a response must not depend on which process drew it.
+    # Greedy rollouts: a response must not depend on which process drew it.  The task's rule
+    # reward unless the extra arguments name a reward model.
+    reward = [] if "--reward-model" in extra else ["--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"]
     return ["ppo", "--task", "doubling", "--model", model, "--out", out, "--batch-size", 8, "--mini-batch-size", 4,
             "--ppo-epochs", 2, "--max-new-tokens", 7, "--max-length", 19, "--no-do-sample", "--eval-every", 0,
-            "--eval-size", 16, "--lr", 1e-4, "--iterations", 10, "--num-threads", 1,
-            "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward", *extra]
+            "--eval-size", 16, "--lr", 1e-4, "--iterations", 10, "--num-threads", 1, *reward, *extra]
 
 
 def weights(folder) -> dict:
@@ -204,14 +205,27 @@ def test_a_pairwise_reward_model_sharded_over_two_processes_trains_like_one(sft_
     assert two["eval_accuracy"] == pytest.approx(one["eval_accuracy"])
 
 
+@pytest.fixture(scope="module")
+def style_reward_model(sft_model, tmp_path_factory):
+    """The built-in task's style classifier, trained briefly on the SFT model: a reward model to shard."""
+    out = tmp_path_factory.mktemp("style_rm") / "run"
+    assert main([str(a) for a in rm_args(sft_model, out)]) == 0
+    return out / "checkpoints" / "reward"
+
+
 @pytest.mark.parametrize("critic", ["shared", "separate"])
-def test_ppo_sharded_over_two_processes_trains_like_one_and_resumes(sft_model, tmp_path, critic):
-    """Actor (and a separate critic) sharded; generation and evaluation on the actor gathered once;
-    half the iterations, then a resume from the sharded checkpoint, against one process."""
+def test_ppo_sharded_over_two_processes_trains_like_one_and_resumes(sft_model, style_reward_model, tmp_path, critic):
+    """Actor (and a separate critic) sharded, and the frozen reference (and reward model) too;
+    generation and evaluation on the actor gathered once; half the iterations, then a resume from
+    the sharded checkpoint, against one process."""
     args = ["--critic", critic, "--eval-every", 5]
+    if critic == "separate":  # a reward model (sharded as well), the critic starting from its trunk
+        args += ["--reward-model", style_reward_model]
     assert main([str(a) for a in ppo_args(sft_model, tmp_path / "one", *args, "--save-every", 0)]) == 0
     result = launch_fsdp(ppo_args(sft_model, tmp_path / "two", *args, "--iterations", 5, "--save-every", 5))
     assert result.returncode == 0, result.stderr[-3000:]
+    sharded = "actor, critic, reference and reward model" if critic == "separate" else "actor and reference"
+    assert f"sharded (FSDP): {sharded} split over the 2 processes" in result.stdout, result.stdout[-2000:]
     result = launch_fsdp(ppo_args(sft_model, tmp_path / "two", *args, "--save-every", 5, "--resume"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stdout
@@ -251,3 +265,17 @@ def test_a_bf16_llama_sharded_over_two_processes_trains_on_user_data_like_one(zo
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = (tmp_path / f"rm_{n}" / "checkpoints" / "reward" for n in ("one", "two"))
     assert largest_difference(one, two) <= 1e-2
+    # PPO on it: actor and separate critic sharded, the bf16 reference and reward model sharded for
+    # inference, held-out prompts scored by the (gathered) reward model.
+    ppo = ["ppo", "--model", tmp_path / "sft_two" / "checkpoints" / "sft", "--reward-model", two, "--prompts",
+           zoo["prompts"], "--eval-prompts", zoo["prompts"], "--critic", "separate", "--no-do-sample",
+           "--batch-size", 4, "--mini-batch-size", 2, "--max-new-tokens", 6, "--iterations", 2, "--eval-every", 2,
+           "--lr", 1e-4, "--num-threads", 1]
+    assert main([str(a) for a in [*ppo, "--out", tmp_path / "ppo_one"]]) == 0
+    result = launch_fsdp([*ppo, "--out", tmp_path / "ppo_two"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "actor, critic, reference and reward model split over the 2 processes" in result.stdout
+    one, two = (tmp_path / f"ppo_{n}" / "checkpoints" / "actor" for n in ("one", "two"))
+    assert largest_difference(one, two) <= 1e-2
+    summaries = [json.loads((tmp_path / f"ppo_{n}" / "summary.json").read_text()) for n in ("one", "two")]
+    assert summaries[1]["after"]["eval/score"] == pytest.approx(summaries[0]["after"]["eval/score"], abs=1e-2)

@@ -28,7 +28,7 @@ from ppo_rlhf.sharding import gathered, load_whole_state, local_optimizer_state
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
-from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning
+from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
 from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
 from ppo_rlhf.trainers.ppo import PPOTrainer
@@ -218,10 +218,14 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                               max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
                               chat_template=config.chat_template)
 
+    # Sharded: the actor, and a reward model that scores the held-out answers, gathered once for an
+    # evaluation, so that each process may run as many passes as its share of the prompts needs.
+    scoring_model = getattr(evaluator.reward, "model", None) if evaluator else None
+
     def evaluate() -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
         with like) and the greedy (prompt, response) pairs."""
-        with accelerator.autocast(), gathered(actor):  # sharded: the actor gathered once for the evaluation
+        with accelerator.autocast(), gathered(actor), gathered(scoring_model):
             metrics, samples = evaluator(actor)
             if config.eval_sampled:
                 metrics.update(evaluator(actor, do_sample=True, seed=config.seed, prefix="eval_sampled/")[0])
@@ -236,12 +240,15 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
             n = world_size()
             print(f"  processes: {n}, data parallel: each rolls out {config.batch_size // n} of the batch and "
                   f"computes {config.mini_batch_size // n} rows of each minibatch; gradients summed")
+            if trainer.sharding is not None:
+                print(f"  sharded (FSDP): {sharded_roles(trainer)} split over the {n} processes, one unit per "
+                      f"decoder layer; the frozen ones gathered a layer at a time for each pass")
         for warning in plan_warnings(config):
             print(f"warning: {warning}")
     if "before" in carried:
         before, samples_before = carried["before"], carried["samples_before"]
     else:
-        with accelerator.autocast(), gathered(actor):
+        with accelerator.autocast(), gathered(actor), gathered(scoring_model):
             before, samples_before = (evaluator(actor) if evaluator else ({}, []))
         if before:
             run_log.log(0, before)

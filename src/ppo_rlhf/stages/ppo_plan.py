@@ -55,6 +55,16 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     ]
 
 
+def sharded_roles(trainer) -> str:
+    """The roles an FSDP launch split over the processes, as a phrase for the run's plan."""
+    from torch.distributed.fsdp import FSDPModule
+
+    roles = {"actor": trainer.actor, "critic": getattr(trainer.critic, "backbone", None), "reference": trainer.ref,
+             "reward model": getattr(trainer.reward, "model", None)}
+    names = [name for name, model in roles.items() if isinstance(model, FSDPModule)]
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+
+
 def plan_warnings(config: PPOConfig) -> list[str]:
     """Settings that cannot learn, known before the first rollout."""
     warnings = []

@@ -166,11 +166,17 @@ class PPOTrainer:
             disable_dropout(actor, keep_lora_dropout)
             if critic is not None:
                 disable_dropout(critic, keep_lora_dropout)
-        sharding = sharding_from_launch()
-        if sharding is not None:  # an FSDP launch: what trains is split over the processes, before the optimizer sees it
-            shard(actor, sharding)
+        # An FSDP launch: what trains is split over the processes, before the optimizer sees it, and
+        # so are the frozen roles, for inference only: each of their forward passes gathers one
+        # layer at a time and frees it again (docs/design.md, "Scale").
+        self.sharding = sharding_from_launch()
+        if self.sharding is not None:
+            shard(actor, self.sharding)
             if critic is not None:
-                critic.shard(sharding)
+                critic.shard(self.sharding)
+            for frozen in (ref, getattr(reward, "model", None)):
+                if isinstance(frozen, torch.nn.Module):
+                    shard(frozen, dataclasses.replace(self.sharding, reshard_after_forward=True))
         critic_params = [] if critic is None else [p for p in critic.parameters() if p.requires_grad]
         # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
         critic_ids = {id(p) for p in critic_params}
