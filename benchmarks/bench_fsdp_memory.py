@@ -159,8 +159,10 @@ def main() -> None:
              f"`ppo`: one iteration, full models (actor, separate critic, reference, reward model), {BATCH} chat "
              f"prompts, {NEW_TOKENS} new tokens, 2 minibatches. Peak: each process's resident high-water mark over the "
              f"whole command (loading, training, writing the checkpoint). Trained state: weights, gradients and AdamW "
-             f"moments of what trains, float32, by arithmetic; PPO's reference and reward model are whole in every "
-             f"mode. Weight difference: the checkpoint (SFT model, PPO actor) against the data-parallel run's.", "",
+             f"moments of what trains, float32, by arithmetic; PPO's frozen reference and reward model (another "
+             f"{2 * copy_mib:,.0f} MiB whole) are whole in every process in the first two modes and sharded for "
+             f"inference under FSDP. Weight difference: the checkpoint (SFT model, PPO actor) against the "
+             f"data-parallel run's.", "",
              "The allocator column: glibc's defaults keep memory freed by gloo's threads and by the gathered-then-freed "
              "layers in the process, so the peak says more about the allocator than about the tensors; "
              "`MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=65536` has it hand large freed blocks back at once.", "",

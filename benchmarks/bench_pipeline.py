@@ -1,12 +1,13 @@
 """Benchmark of the built-in pipeline (issue targets), written to benchmarks/results/pipeline.{json,md}.
 
-    python benchmarks/bench_pipeline.py            # full run, about 5 minutes on 2 CPU cores
+    python benchmarks/bench_pipeline.py                # seeds 0-4, about 15 minutes on 2 idle CPU cores
+    python benchmarks/bench_pipeline.py --seeds 0      # one seed, about 4 minutes
 
-Runs the whole demo (SFT -> reward model -> PPO with the learned reward model), then PPO again
-from the same SFT model with the rule-based reward, and reads every figure from the run folders:
-accuracy before/after (greedy and sampled, 2,000 held-out prompts), wall time of each stage, PPO
-seconds to 99% greedy and to 99% sampled exact-match, the per-iteration time split and tokens/s,
-and how often the logged KL estimate was negative.
+Runs the whole demo (SFT -> reward model -> PPO with the learned reward model) once per seed,
+then PPO again from the first seed's SFT model with the rule-based reward, and reads every
+figure from the run folders: accuracy before/after (greedy and sampled, 2,000 held-out prompts),
+wall time of each stage, PPO seconds to 99% greedy and to 99% sampled exact-match, the
+per-iteration time split and tokens/s, and how often the logged KL estimate was negative.
 """
 
 from __future__ import annotations
@@ -66,28 +67,38 @@ def ppo_figures(out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/bench", help="where the benchmark runs go")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                        help="one whole demo per seed (every stage and the held-out split take it)")
     args = parser.parse_args()
     out = Path(args.out)
 
-    start = time.perf_counter()
-    demo_config = build_config(DemoConfig, {"out": str(out / "demo"), "seed": args.seed, "overwrite": True})
-    demo = run_demo(demo_config)
-    demo_seconds = time.perf_counter() - start
+    seeds = {}
+    for seed in args.seeds:
+        start = time.perf_counter()
+        demo_config = build_config(DemoConfig, {"out": str(out / f"demo_seed{seed}"), "seed": seed, "overwrite": True})
+        demo = run_demo(demo_config)
+        seeds[seed] = {"demo_seconds": round(time.perf_counter() - start, 1), "sft_seconds": demo["sft_seconds"],
+                       "rm_seconds": demo["rm_seconds"], "rm_eval_accuracy": demo["rm_eval_accuracy"],
+                       "ppo": ppo_figures(out / f"demo_seed{seed}")}
+        if seed == args.seeds[0]:
+            first_config = demo_config
 
-    _, _, ppo_config = stage_configs(demo_config)
+    _, _, ppo_config = stage_configs(first_config)
     rule_values = {**ppo_config.__dict__, "reward_model": None, "out": str(out / "ppo_rule")}
     run_ppo(build_config(type(ppo_config), rule_values))
 
+    first = seeds[args.seeds[0]]
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
                    f"torch {torch.__version__}",
-        "command": "python benchmarks/bench_pipeline.py",
-        "demo_seconds": round(demo_seconds, 1),
-        "sft_seconds": demo["sft_seconds"], "rm_seconds": demo["rm_seconds"],
-        "rm_eval_accuracy": demo["rm_eval_accuracy"],
-        "ppo_learned_reward": ppo_figures(out / "demo"),
+        "command": "python benchmarks/bench_pipeline.py" + ("" if args.seeds == [0, 1, 2, 3, 4] else
+                                                            " --seeds " + " ".join(map(str, args.seeds))),
+        "first_seed": args.seeds[0],
+        "demo_seconds": first["demo_seconds"], "sft_seconds": first["sft_seconds"], "rm_seconds": first["rm_seconds"],
+        "rm_eval_accuracy": first["rm_eval_accuracy"],
+        "ppo_learned_reward": first["ppo"],
         "ppo_rule_reward": ppo_figures(out / "ppo_rule"),
+        "seeds": seeds,
         "references": REFERENCES,
     }
     (HERE / "results").mkdir(exist_ok=True)
@@ -106,12 +117,27 @@ def seconds(value) -> str:
 
 def report(r: dict) -> str:
     lines = ["# Built-in pipeline benchmark", "", f"Command: `{r['command']}`  ", f"Machine: {r['machine']}", "",
-             f"Whole demo (SFT + reward model + PPO + evaluations): **{r['demo_seconds']:.1f} s** "
-             f"(SFT {r['sft_seconds']:.1f} s, reward model {r['rm_seconds']:.1f} s, "
-             f"RM held-out accuracy {100 * r['rm_eval_accuracy']:.2f}%)", ""]
+             "## The whole demo, one run per seed", "",
+             "`ppo-rlhf demo --seed S` as a user runs it (learned reward model); every stage and the held-out split "
+             "take the seed. PPO seconds exclude evaluation (every 10 iterations, so a crossing is seen at most 10 "
+             "iterations late).", "",
+             "| seed | demo s | SFT s | RM s | PPO s | greedy exact-match | sampled (T=1) exact-match | "
+             "PPO s to 99% greedy (iteration) | PPO s to 99% sampled (iteration) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for seed, run in r["seeds"].items():
+        p = run["ppo"]
+        lines.append(f"| {seed} | {run['demo_seconds']:.1f} | {run['sft_seconds']:.1f} | {run['rm_seconds']:.1f} | "
+                     f"{p['ppo_seconds']:.1f} | {pct(p['after'], 'eval/exact_match')} | "
+                     f"{pct(p['after_sampled'], 'eval_sampled/exact_match')} | {seconds(p['s_to_99_greedy'])} "
+                     f"({p['iteration_to_99_greedy']}) | {seconds(p['s_to_99_sampled'])} ({p['iteration_to_99_sampled']}) |")
+    lines += ["", f"## Seed {r['first_seed']} in detail", "",
+              f"Whole demo (SFT + reward model + PPO + evaluations): **{r['demo_seconds']:.1f} s** "
+              f"(SFT {r['sft_seconds']:.1f} s, reward model {r['rm_seconds']:.1f} s, "
+              f"RM held-out accuracy {100 * r['rm_eval_accuracy']:.2f}%); the rule-based reward's PPO starts from "
+              f"the same SFT model.", ""]
     for name, key in (("learned reward model", "ppo_learned_reward"), ("rule-based reward", "ppo_rule_reward")):
         p = r[key]
-        lines += [f"## PPO with the {name}", "",
+        lines += [f"### PPO with the {name}", "",
                   "| | exact-match | value-correct | style-correct |", "|---|---|---|---|",
                   f"| SFT, greedy | {pct(p['before'], 'eval/exact_match')} | {pct(p['before'], 'eval/value_correct')} | {pct(p['before'], 'eval/style_correct')} |",
                   f"| after PPO, greedy | {pct(p['after'], 'eval/exact_match')} | {pct(p['after'], 'eval/value_correct')} | {pct(p['after'], 'eval/style_correct')} |",

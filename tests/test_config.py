@@ -25,6 +25,7 @@ from ppo_rlhf.trainers.sft import SFTConfig
         ({"gamma": 1.5}, "'gamma'"),
         ({"lr": "fast"}, "'lr' must be float"),
         ({"max_length": 64, "max_new_tokens": 128}, "'max_length'"),
+        ({"entropy_warmup": -5}, "'entropy_warmup'.*>= 0"),
     ],
 )
 def test_invalid_values_name_the_key(values, message):

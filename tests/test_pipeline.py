@@ -144,3 +144,23 @@ def test_logged_kl_coef_is_the_one_the_iteration_used(trained, tmp_path):
                  "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"))
     coefs = [r["kl_coef"] for r in read_metrics(out / "metrics.jsonl") if "kl_coef" in r]
     assert coefs[0] == 0.2 and coefs[1] != 0.2  # the controller moves only after iteration 1
+
+
+def test_the_entropy_coefficient_ramps_in_over_its_warmup():
+    """--entropy-warmup 4: a quarter of --entropy-coef in the first iteration, all of it from the fourth."""
+    from types import SimpleNamespace
+
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.trainers.ppo import PPOTrainer
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    trainer = SimpleNamespace(config=build_config(PPOConfig, {"task": "doubling", "entropy_coef": -1.0,
+                                                              "entropy_warmup": 4}), iteration=0)
+    coefficients = []
+    for iteration in range(6):
+        trainer.iteration = iteration
+        coefficients.append(PPOTrainer.entropy_coef(trainer))
+    assert coefficients == [-0.25, -0.5, -0.75, -1.0, -1.0, -1.0]
+    trainer.config.entropy_warmup = 0  # no warm-up: the whole coefficient from the start
+    trainer.iteration = 0
+    assert PPOTrainer.entropy_coef(trainer) == -1.0

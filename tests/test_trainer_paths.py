@@ -1,7 +1,7 @@
-"""Faster paths of the PPO update give the weights and metrics of the plain ones, bit for bit.
+"""Faster paths of the PPO update give the weights and metrics of the plain ones.
 
-Each speed-up of trainers/ppo.py that claims to change nothing is run here against the plain
-path for a few iterations on the built-in task's tiny model: same weights, same metrics.
+Each speed-up of trainers/ppo.py that claims to change nothing but round-off is run here against
+the plain path for a few iterations on the built-in task's tiny model.
 """
 
 from __future__ import annotations
@@ -61,21 +61,28 @@ def run_iterations(estimator: str) -> tuple[dict[str, torch.Tensor], list[dict],
 def plain_adamw(monkeypatch) -> None:
     """torch.optim.AdamW as torch builds it on a CPU by default: the per-parameter loop."""
     original = torch.optim.AdamW
-    monkeypatch.setattr(torch.optim, "AdamW", lambda *args, **kwargs: original(*args, **{**kwargs, "foreach": False}))
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *args, **kwargs: original(*args, **{**kwargs, "fused": None,
+                                                                                       "foreach": False}))
 
 
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
-def test_foreach_adamw_gives_the_weights_and_metrics_of_the_plain_loop(estimator, monkeypatch):
+def test_fused_adamw_gives_the_weights_and_metrics_of_the_plain_loop(estimator, monkeypatch):
+    """Fused AdamW (trainers/optimizer.py) rounds differently from the loop: after 3 iterations of
+    sampled rollouts the two runs still draw the same responses and every weight agrees to 1e-5."""
     fast_weights, fast_metrics, fast = run_iterations(estimator)
-    assert all(group["foreach"] for group in fast.optimizer.param_groups)  # the fast path is the one taken
+    assert all(group["fused"] for group in fast.optimizer.param_groups)  # the fast path is the one taken
     with monkeypatch.context() as patch:
         plain_adamw(patch)
         plain_weights, plain_metrics, plain = run_iterations(estimator)
-    assert not any(group["foreach"] for group in plain.optimizer.param_groups)
-    assert fast_metrics == plain_metrics
+    assert not any(group["fused"] or group["foreach"] for group in plain.optimizer.param_groups)
+    for fast_row, plain_row in zip(fast_metrics, plain_metrics):
+        assert fast_row.keys() == plain_row.keys()
+        assert fast_row["response_length"] == plain_row["response_length"]  # the same rollouts
+        for key, value in fast_row.items():
+            assert value == pytest.approx(plain_row[key], rel=1e-3, abs=1e-5), key
     assert fast_weights.keys() == plain_weights.keys()
-    for name, tensor in fast_weights.items():
-        assert torch.equal(tensor, plain_weights[name]), name
-    moved = any(not torch.equal(fast_weights[n], p) for n, p in build_causal_lm(
+    largest = max((tensor - plain_weights[name]).abs().max().item() for name, tensor in fast_weights.items())
+    assert largest <= 1e-5, largest
+    moved = max((fast_weights[n] - p).abs().max().item() for n, p in build_causal_lm(
         fast.tokenizer, n_layer=2, n_head=2, n_embd=32, seed=0).named_parameters())
-    assert moved  # the iterations did train
+    assert moved > 100 * max(largest, 1e-7)  # the iterations did train, far beyond the difference

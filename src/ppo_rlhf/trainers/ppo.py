@@ -59,6 +59,7 @@ from ppo_rlhf.trainers.estimators import (
     uses_critic,
 )
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
+from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
 
 
@@ -184,15 +185,9 @@ class PPOTrainer:
         self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
         if config.lr is None:  # a full model's default follows its width; recorded in the config
             config.lr = default_lr(getattr(actor.config.get_text_config(), "hidden_size", None), config.lora)
-        # foreach: AdamW's multi-tensor update, bit-identical to its per-parameter loop (tests/test_trainer_paths.py)
-        # and about 30% faster on a CPU, where torch would otherwise take the loop; elsewhere torch's default.
-        # fused=True is faster still (4% of a demo iteration) but rounds differently, and the
-        # fixed-seed outcomes (tests/test_learning.py, the README's figures) then change: ReMax's
-        # learning test fell from >= 0.8 to 0.70 exact-match.  A change of path means re-measuring those.
-        self.optimizer = self.accelerator.prepare(torch.optim.AdamW(
+        self.optimizer = self.accelerator.prepare(adamw(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
-            weight_decay=config.weight_decay, eps=config.adam_eps, foreach=True if self.device.type == "cpu" else None,
-        ))
+            lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps))
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
             if config.target_kl is not None else FixedKLController(config.kl_coef)
@@ -393,6 +388,11 @@ class PPOTrainer:
         stats["skipped_steps"] = self.guard.skipped
         return stats
 
+    def entropy_coef(self) -> float:
+        """This iteration's entropy coefficient: --entropy-coef, ramped in over --entropy-warmup iterations."""
+        warmup = self.config.entropy_warmup
+        return self.config.entropy_coef * (min(1.0, (self.iteration + 1) / warmup) if warmup else 1.0)
+
     def moved_too_far(self, approx_kl: torch.Tensor, warming_up: bool) -> bool:
         """--max-approx-kl: the update stops once a minibatch's approx_kl passes it."""
         return self.config.max_approx_kl is not None and not warming_up and approx_kl > self.config.max_approx_kl
@@ -432,9 +432,10 @@ class PPOTrainer:
                     return None
             # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
             # several (B, T, V) tensors for the backward pass).
-            with torch.set_grad_enabled(config.entropy_coef != 0 and not warming_up):
+            entropy_coef = self.entropy_coef()
+            with torch.set_grad_enabled(entropy_coef != 0 and not warming_up):
                 entropy = masked_mean(entropy_from_logits(out.logits), mb.mask)
-            actor_loss = None if warming_up else policy_share * pg_loss - config.entropy_coef * token_share * entropy
+            actor_loss = None if warming_up else policy_share * pg_loss - entropy_coef * token_share * entropy
             if config.kl_in == "loss" and not warming_up:
                 kl_loss = self.kl_loss(out.logits, logprobs, mb)
                 pg_stats["kl_loss"] = kl_loss.detach()

@@ -148,6 +148,9 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     vf_coef: float | None = option(None, f"weight of the value loss (gae only); empty: {VF_COEF:g}")
     entropy_coef: float = option(0.0, "weight of the entropy bonus (loss -= entropy_coef * entropy); negative: an "
                                       "entropy penalty that sharpens the policy (the built-in task's preset uses -0.3)")
+    entropy_warmup: int = option(0, "iterations over which entropy_coef ramps linearly from 0 to its value (0: at its "
+                                    "value from the first iteration); a penalty then sharpens only a policy that has "
+                                    "had time to explore")
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
@@ -192,6 +195,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.adam_eps > 0, "adam_eps", "> 0", self.adam_eps)
         check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
         check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)
+        check(self.entropy_warmup >= 0, "entropy_warmup", ">= 0", self.entropy_warmup)
         check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)
         check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "> 0 or empty", self.max_approx_kl)
         check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "> 0 or empty", self.cliprange_value)

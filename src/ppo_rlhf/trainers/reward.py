@@ -29,6 +29,7 @@ from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_token_scores
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
 from ppo_rlhf.trainers.guard import DivergenceGuard
+from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.resume import Checkpoints
 from ppo_rlhf.trainers.sft import lr_at
 
@@ -189,7 +190,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     eval_index, train_index = torch.tensor(order[:n_eval], dtype=torch.long), torch.tensor(order[n_eval:])
     examples = _Examples(tokenizer, rows, config)
     parameters = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter and the head
-    optimizer = accelerator.prepare(torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay))
+    optimizer = accelerator.prepare(adamw(parameters, lr=config.lr, weight_decay=config.weight_decay))
     generator = torch.Generator().manual_seed(config.seed)
     guard = DivergenceGuard(config.max_bad_steps)
     first_step, seconds_before = (checkpoints.step if checkpoints is not None else 0), 0.0

@@ -25,6 +25,7 @@ from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
 from ppo_rlhf.trainers.guard import DivergenceGuard
+from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.resume import Checkpoints
 
 
@@ -223,7 +224,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     # (N, L) each, kept on the CPU; a batch moves to the device when it is used
     input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     optimizer = accelerator.prepare(optimizer)  # with fp16 autocast: loss scaling
     generator = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=generator)
