@@ -34,13 +34,16 @@ def test_ppo_raises_exact_match_well_above_sft(sft_model, tmp_path):
     assert summary["after"]["eval/exact_match"] >= 0.8
 
 
-# The critic-free estimators on one rollout budget: 16 prompts x 4 samples per iteration, 60
+# The critic-free estimators on one rollout budget: 16 prompts x 4 samples per iteration, 80
 # iterations, k1 KL in the reward at 0.05, the task's rule reward.  No entropy penalty: the
-# preset's -0.3 makes the K samples of a prompt identical before the style is learned, and
-# identical samples have no group advantage.  ReMax samples once per prompt, as in its paper
-# (its baseline is the greedy response); with 4 samples it reaches only 0.63 in 60 iterations.
+# preset's makes the K samples of a prompt identical before the style is learned, and
+# identical samples have no group advantage.  Measured on the preset's SFT model (greedy
+# exact-match 36.2% on these 500 prompts) at 60 / 80 iterations: grpo 0.736 / 0.998, dr-grpo
+# 1.0 / 0.998, rloo 0.982 / 0.982, reinforce++ 0.988 / 1.0, remax 0.854 / 0.976; 60 left GRPO
+# below 0.8.  ReMax samples once per prompt, as in its paper
+# (its baseline is the greedy response); with 4 samples it reached only 0.63 in 60 iterations.
 ESTIMATOR_PRESET = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
-                    "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 60,
+                    "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 80,
                     "save_every": 0}
 
 
