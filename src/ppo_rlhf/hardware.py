@@ -110,6 +110,13 @@ def check_launch(distributed_type: str, shards: bool = False) -> None:
         distributed_type = "FSDP"
     if distributed_type == "FSDP" and shards:
         return
+    if distributed_type == "DEEPSPEED":
+        # Not followed: ZeRO's sharding is FSDP's, which the trainers do themselves (sharding.py).
+        raise ConfigError("accelerate launch: distributed_type DEEPSPEED shards the models with DeepSpeed ZeRO, which "
+                          "ppo-rlhf does not take; the same sharding is FSDP's: configs/accelerate/fsdp.yaml for sft, "
+                          "rm and ppo (fsdp_reshard_after_forward: true is ZeRO-3-like, false ZeRO-2-like).  Allowed "
+                          "here: FSDP (sft, rm, ppo), MULTI_GPU (configs/accelerate/gpus_ddp.yaml, which also runs on "
+                          "CPUs), torchrun, or one process")
     if distributed_type in SHARDED_LAUNCHES:
         raise ConfigError(f"accelerate launch: distributed_type {distributed_type} shards the models; ppo-rlhf's sft, "
                           f"rm and ppo shard under FSDP (configs/accelerate/fsdp.yaml), its other commands do not: "

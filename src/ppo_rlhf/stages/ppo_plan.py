@@ -50,9 +50,17 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"up to {config.max_new_tokens} new tokens",
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
-        + f"; advantages: {config.estimator}, loss {config.loss_aggregation}",
+        + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
         f"KL:        {kl}",
     ]
+
+
+def _entropy_term(config: PPOConfig) -> str:
+    if config.entropy_coef == 0:
+        return ""
+    kind = "bonus" if config.entropy_coef > 0 else "penalty"
+    ramp = f", ramped in over {config.entropy_warmup} iterations" if config.entropy_warmup else ""
+    return f"; entropy {kind} {config.entropy_coef:g}{ramp}"
 
 
 def sharded_roles(trainer) -> str:

@@ -479,6 +479,7 @@ class PPOTrainer:
     def step(self, rows: list[dict]) -> dict[str, float]:
         """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics."""
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
+        entropy_coef = self.entropy_coef()
         experience, timings = self.make_experience(rows)
         start = time.perf_counter()
         # A reward that gave a non-finite score: this batch teaches nothing, skip its update.
@@ -510,6 +511,8 @@ class PPOTrainer:
             "tokens_per_s": n_tokens / total_time,
             "generated_tokens_per_s": n_response_tokens / timings["time/generate"],
         }
+        if self.config.entropy_coef != 0:
+            metrics["entropy_coef"] = entropy_coef
         if experience.values is not None:
             metrics["explained_variance"] = explained_variance(experience.values, experience.returns,
                                                                experience.mask).item()
