@@ -190,8 +190,9 @@ def main() -> None:
 def report(r: dict) -> str:
     m = r["model"]
     lines = ["# The arithmetic floor of one PPO iteration", "", "Command: `python benchmarks/bench_floor.py`  ",
-             f"Machine: {r['machine']}; 1-minute load average when measured {r['load_average'][0]:.1f} "
-             f"(other jobs share this machine: rates are lower than on an idle one)", "",
+             f"Machine: {r['machine']}; 1-minute load average when measured {r['load_average'][0]:.1f}"
+             + (" (other jobs shared this machine: rates are lower than on an idle one)"
+                if r["load_average"][0] > 0.75 else " (idle)"), "",
              f"Model: GPT-2 shape, {m['n_layer']} layers, width {m['n_embd']}, {m['n_head']} heads, vocabulary "
              f"{m['vocab_size']} (reward model the same shape). One iteration of the same-work settings: 64 prompts of "
              f"{r['prompt_length']} tokens, responses padded to {r['response_length']}, generation with the KV cache, "

@@ -523,10 +523,12 @@ def main() -> None:
                    f"{threads}; ppo-rlhf: torch {torch.__version__}, transformers "
                    f"{__import__('transformers').__version__}; TRL side: see the loading check",
         "machine_short": machine_short,
+        # The 1-minute average before a run still holds the previous run's own threads: only a load
+        # above those says that other jobs shared the machine.
         "load_note": (f"1-minute load average before each run {min(loads):.1f}–{max(loads):.1f} on "
-                      f"{os.cpu_count()} cores" + (" (other jobs were running: a busy, shared machine; compare rows "
-                                                   "with each other, not with figures taken elsewhere)"
-                                                   if max(loads) > 0.5 * (os.cpu_count() or 1) else " (idle)"))
+                      f"{os.cpu_count()} cores, the previous run's own {max(threads)} thread(s) included"
+                      + (" (other jobs were running: a busy, shared machine; compare rows with each other, not with "
+                         "figures taken elsewhere)" if max(loads) > max(threads) + 0.5 else " (no other jobs)"))
         if loads else "unknown",
         "seeds": args.seeds, "iterations": args.iterations, "eval_every": args.eval_every, "eval_size": args.eval_size,
         "wall_seconds": state.get("wall_seconds"),

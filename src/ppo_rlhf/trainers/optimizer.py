@@ -11,15 +11,15 @@ round-off (tests/test_trainer_paths.py bounds it).
 from __future__ import annotations
 
 import torch
-
-# Devices with torch's fused AdamW kernel; elsewhere torch picks its own path.
-FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 
 def adamw(param_groups, lr: float, weight_decay: float, eps: float = 1e-8) -> torch.optim.AdamW:
     """``torch.optim.AdamW`` over ``param_groups`` (tensors, or dicts of them with their own lr),
-    fused where every parameter's device has the kernel."""
+    fused where the installed torch has the kernel for every parameter's device (the CPU's since
+    torch 2.4); elsewhere torch's own default path."""
     groups = list(param_groups)
     tensors = [p for group in groups for p in (group["params"] if isinstance(group, dict) else [group])]
-    fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in tensors) or None
+    supported = _get_fused_kernels_supported_devices()
+    fused = all(p.device.type in supported and p.is_floating_point() for p in tensors) or None
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused)
