@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -98,7 +99,7 @@ def main() -> None:
               for mode in ("eager", "compiled, static shapes", "compiled, dynamic shapes")]
     optimizers = [measure_optimizer(path, args.repeats) for path in ("loop", "foreach", "fused")]
     report = {"machine": f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s)",
-              "load_average": list(__import__("os").getloadavg()), "losses": losses, "optimizers": optimizers}
+              "load_average": list(os.getloadavg()), "losses": losses, "optimizers": optimizers}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
     eager = losses[0]["forward_backward_ms"]
