@@ -71,7 +71,8 @@ ROWS = {
         "system": "ppo-rlhf", "name": "ppo-rlhf demo preset",
         "work": "64 sequences; up to 8 optimizer steps of 32 (stops at approx_kl 0.02); separate critic (a second "
                 "4-layer model from the reward model's trunk, its own forward and backward), critic lr 1e-3, "
-                "3 critic-only iterations; entropy penalty -0.3; lr 3e-4; fixed KL 0.3",
+                "3 critic-only iterations; entropy penalty ramped in linearly to -1.0 over 100 iterations; lr 3e-4; "
+                "fixed KL 0.3",
     },
 }
 ROW_ORDER = list(ROWS)

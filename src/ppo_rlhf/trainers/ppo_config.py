@@ -147,7 +147,8 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                                 "gae only)")
     vf_coef: float | None = option(None, f"weight of the value loss (gae only); empty: {VF_COEF:g}")
     entropy_coef: float = option(0.0, "weight of the entropy bonus (loss -= entropy_coef * entropy); negative: an "
-                                      "entropy penalty that sharpens the policy (the built-in task's preset uses -0.3)")
+                                      "entropy penalty that sharpens the policy (the built-in task's preset: -1.0, ramped in "
+                                      "over 100 iterations by entropy_warmup)")
     entropy_warmup: int = option(0, "iterations over which entropy_coef ramps linearly from 0 to its value (0: at its "
                                     "value from the first iteration); a penalty then sharpens only a policy that has "
                                     "had time to explore")
