@@ -6,7 +6,9 @@ Nothing here knows about models, tokenizers or files; every function takes and r
 from ppo_rlhf.core.advantages import (
     GROUP_METHODS,
     group_advantages,
+    informative_groups,
     last_token_index,
+    overlong_penalty,
     reward_to_go,
     shaped_rewards,
 )
@@ -23,6 +25,7 @@ from ppo_rlhf.core.kl import (
 from ppo_rlhf.core.logprobs import chunked_entropy, token_logprobs
 from ppo_rlhf.core.losses import (
     LOSS_AGGREGATIONS,
+    RATIO_LEVELS,
     aggregate_loss,
     approx_kl_per_token,
     entropy_from_logits,
@@ -39,6 +42,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "KL_PLACEMENTS",
     "LOSS_AGGREGATIONS",
+    "RATIO_LEVELS",
     "aggregate_loss",
     "check_kl_placement",
     "chunked_entropy",
@@ -48,6 +52,7 @@ __all__ = [
     "full_kl",
     "gae_advantages",
     "group_advantages",
+    "informative_groups",
     "keep_masked",
     "kl_penalty",
     "last_token_index",
@@ -55,6 +60,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "policy_loss",
     "reward_to_go",
     "shaped_rewards",

@@ -76,3 +76,26 @@ def group_advantages(scores: torch.Tensor, method: str, eps: float = 1e-6) -> to
     # step, and GRPO's division by (std + eps) would blow that up to a visible advantage.
     all_equal = (scores == scores[..., :1]).all(dim=-1, keepdim=True)  # (P, 1)
     return torch.where(all_equal, torch.zeros_like(advantages), advantages)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al., 2025, eq. 13): (B,) response lengths -> (B,)
+    penalties <= 0, added to the scores.
+
+    0 up to ``max_length - buffer`` tokens, then falling linearly to ``-penalty`` at
+    ``max_length``: ``-penalty * clamp((length - (max_length - buffer)) / buffer, 0, 1)``.  A
+    response cut at the limit has no answer to score; this tells the policy so before it gets
+    there, rather than with the cliff of one fixed penalty.
+    """
+    if not 0 < buffer <= max_length:
+        raise ValueError(f"the overlong buffer must be in 1..{max_length} (the longest response), got {buffer}")
+    excess = (lengths.to(torch.float32) - (max_length - buffer)) / buffer
+    return -penalty * excess.clamp(0.0, 1.0)
+
+
+def informative_groups(scores: torch.Tensor) -> torch.Tensor:
+    """(P, K) scores of K responses to each of P prompts -> (P,) bool: the group's scores are not
+    all equal.  A group of equal scores (all right, or all wrong) has zero advantage under every
+    group baseline, so it teaches the policy nothing but dilutes the batch (DAPO's dynamic
+    sampling keeps only the others)."""
+    return (scores != scores[:, :1]).any(dim=-1)

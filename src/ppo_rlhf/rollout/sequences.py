@@ -87,6 +87,28 @@ class Sequences:
     def select(self, index: torch.Tensor) -> "Sequences":
         return Sequences(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index], self.response_mask[index])
 
+    @staticmethod
+    def concat(parts: list["Sequences"], pad_token_id: int) -> "Sequences":
+        """The rows of ``parts`` in order, padded to the widest (prompts on the left, responses on
+        the right), as one batch of them all would be."""
+        prompt_width = max(p.prompt_ids.shape[1] for p in parts)
+        response_width = max(p.response_ids.shape[1] for p in parts)
+        return Sequences(
+            torch.cat([pad_columns(p.prompt_ids, prompt_width, pad_token_id, left=True) for p in parts]),
+            torch.cat([pad_columns(p.prompt_mask, prompt_width, 0, left=True) for p in parts]),
+            torch.cat([pad_columns(p.response_ids, response_width, pad_token_id) for p in parts]),
+            torch.cat([pad_columns(p.response_mask, response_width, 0) for p in parts]),
+        )
+
+
+def pad_columns(tensor: torch.Tensor, width: int, value: float, left: bool = False) -> torch.Tensor:
+    """(B, W, ...) -> (B, width, ...), the new columns filled with ``value`` on the left or right."""
+    missing = width - tensor.shape[1]
+    if missing <= 0:
+        return tensor
+    pad = tensor.new_full((tensor.shape[0], missing, *tensor.shape[2:]), value)
+    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
+
 
 def finished_flags(response_ids: torch.Tensor, response_mask: torch.Tensor, stop_ids: StopIds) -> torch.Tensor:
     """(B,) bool: a stop id sits inside the response mask."""

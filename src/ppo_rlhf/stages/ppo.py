@@ -260,7 +260,10 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     for iteration in progress:
         start = time.perf_counter()
         # Every process draws the same batch and rolls out its own part of it.
-        metrics = trainer.step(shard(draw_batch(train_rows, config, rng)))
+        def draw() -> list[dict]:
+            return shard(draw_batch(train_rows, config, rng))
+
+        metrics = trainer.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
         train_seconds += time.perf_counter() - start
         metrics["time/elapsed"] = train_seconds  # PPO time so far, evaluation excluded
         done = iteration + 1

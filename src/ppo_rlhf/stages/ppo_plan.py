@@ -52,7 +52,28 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
         f"KL:        {kl}",
+        *variant_lines(config),
     ]
+
+
+def variant_lines(config: PPOConfig) -> list[str]:
+    """A line for each policy-loss variant in force (docs/design.md, "Policy-loss variants")."""
+    lines = []
+    if config.clip_low != config.clip_high or config.ratio_level == "sequence" or config.dual_clip is not None:
+        level = "per response (GSPO: exp of the mean token log-ratio)" if config.ratio_level == "sequence" else "per token"
+        clip = f"ratio {level} clipped to [1 - {config.clip_low:g}, 1 + {config.clip_high:g}]"
+        if config.dual_clip is not None:
+            clip += f"; dual clip: a negative advantage's loss at most {config.dual_clip:g} x |A|"
+        lines.append(f"clip:      {clip}")
+    if config.dynamic_sampling:
+        lines.append(f"sampling:  dynamic (DAPO): groups whose {config.samples_per_prompt} scores are all equal are "
+                     f"dropped and more prompts rolled out, up to {config.max_resample_rounds} extra rounds; a batch "
+                     f"still short is completed with dropped groups")
+    if config.overlong_buffer is not None:
+        start = config.max_new_tokens - config.overlong_buffer
+        lines.append(f"overlong:  responses past {start} tokens lose up to {config.overlong_penalty:g} of their score, "
+                     f"linearly to {config.max_new_tokens}")
+    return lines
 
 
 def _entropy_term(config: PPOConfig) -> str:

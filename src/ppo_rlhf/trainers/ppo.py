@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,11 +32,13 @@ from ppo_rlhf.core import (
     aggregate_loss,
     explained_variance,
     full_kl,
+    informative_groups,
     keep_masked,
     kl_penalty,
     masked_gae,
     masked_mean,
     masked_whiten,
+    overlong_penalty,
     policy_loss,
     reward_to_go,
     shaped_rewards,
@@ -86,6 +89,33 @@ class Experience:
     def select(self, index: torch.Tensor) -> "Experience":
         tensors = [getattr(self, field.name) for field in dataclasses.fields(self)[1:]]
         return Experience(self.sequences.select(index), *(None if t is None else t[index] for t in tensors))
+
+
+@dataclass
+class Rollout:
+    """Stages 1-2 on this process's rows: the responses and their scores, before any batch-level
+    arithmetic; (b,) and (b, T) row for row with ``rows``."""
+
+    rows: list[dict]
+    prompts: list
+    sequences: Sequences
+    texts: list[str]  # decoded responses
+    finished: torch.Tensor  # (b,) bool: ended with a stop id
+    raw_scores: torch.Tensor  # (b,) as the reward gave them
+    scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong)
+
+    def select(self, index: list[int]) -> "Rollout":
+        tensor_index = torch.tensor(index, dtype=torch.long, device=self.scores.device)
+        return Rollout([self.rows[i] for i in index], [self.prompts[i] for i in index],
+                       self.sequences.select(tensor_index), [self.texts[i] for i in index],
+                       self.finished[tensor_index], self.raw_scores[tensor_index], self.scores[tensor_index])
+
+    @staticmethod
+    def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
+        return Rollout([r for p in parts for r in p.rows], [x for p in parts for x in p.prompts],
+                       Sequences.concat([p.sequences for p in parts], pad_token_id),
+                       [t for p in parts for t in p.texts], torch.cat([p.finished for p in parts]),
+                       torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]))
 
 
 SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
@@ -218,57 +248,39 @@ class PPOTrainer:
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
     @under_autocast
-    def make_experience(self, rows: list[dict]) -> tuple[Experience, dict[str, float]]:
-        """Stages 1-6 on this process's ``rows``.  With several processes, the per-row work (rollout,
+    def make_experience(self, rows: list[dict], draw_more: Callable[[], list[dict]] | None = None
+                        ) -> tuple[Experience, dict[str, float]]:
+        """Stages 1-6 on this process's ``rows``; returns the experience and the stages' metrics
+        (timings, and dynamic sampling's counts).  With several processes, the per-row work (rollout,
         scoring, the forward passes) is done on each process's own rows; the batch-level arithmetic
         (score normalisation, whitening, the statistics) then runs on the gathered whole batch, in
-        every process alike, so N processes compute what one process would (docs/design.md, "Scale")."""
+        every process alike, so N processes compute what one process would (docs/design.md, "Scale").
+
+        ``draw_more``: another batch of this process's prompt rows, which --dynamic-sampling draws
+        when the groups it keeps do not fill the batch."""
         config = self.config
-        timings = {}
-
-        # 1. rollout
-        start = time.perf_counter()
-        prompts = [row[config.prompt_field] for row in rows]
-        check_prompt_groups(prompts, config.samples_per_prompt)
-        with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
-            rollout = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
-                                         config.max_prompt_length, config.chat_template)
-        sequences = rollout.sequences
-        timings["time/generate"] = time.perf_counter() - start
-
-        # 2. score (post-processed below, over the whole batch)
-        start = time.perf_counter()
-        raw_scores = self.reward(ScoringBatch(rows, prompts, rollout.texts, rollout.finished, sequences))
-        raw_scores = raw_scores.to(self.device).float()  # a reward function's scores come on the CPU
-        finished = torch.tensor(rollout.finished, device=self.device)
-        timings["time/score"] = time.perf_counter() - start
+        metrics = {"time/generate": 0.0, "time/score": 0.0}
+        rollout = self.roll_out(rows, metrics)  # 1-2
         # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
-        self.last_samples = [{"prompt": p, "response": r, "score": float(x)}
-                             for p, r, x in zip(prompts[:SAMPLES_KEPT], rollout.texts, raw_scores[:SAMPLES_KEPT].tolist())]
-        greedy = self.greedy_baseline(rows, prompts, timings) if self.greedy_generator is not None else None
+        self.last_samples = [{"prompt": p, "response": r, "score": float(x)} for p, r, x in
+                             zip(rollout.prompts[:SAMPLES_KEPT], rollout.texts, rollout.raw_scores[:SAMPLES_KEPT].tolist())]
+        if config.dynamic_sampling:
+            rollout = self.keep_informative_groups(rollout, draw_more, metrics)
+        greedy = self.greedy_baseline(rollout, metrics) if self.greedy_generator is not None else None
 
         # 3-4. old log-probs and values (eval mode: no dropout, so they match the generation), the
-        # reference's log-probs and the per-token KL, --rollout-micro-batch-size rows at a time:
-        # only that many rows' (rows, T, V) logits are ever held.
+        # reference's log-probs and the per-token KL.
         start = time.perf_counter()
-        self.actor.eval()
-        if self.critic is not None:
-            self.critic.eval()
-        parts = [self.old_and_reference(sequences.select(index))
-                 for index in micro_batches(len(prompts), config.rollout_micro_batch_size, self.device)]
-        logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts]) for i in range(3))
-        values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])
+        logprobs, ref_logprobs, kl, values = self.old_and_reference_passes(rollout.sequences)
 
         # The whole batch, in every process (one process: these are the tensors themselves).
-        sequences = self.gather_sequences(sequences)
+        sequences = self.gather_sequences(rollout.sequences)
         mask = sequences.response_mask
         logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
-        raw_scores, finished = gather_rows(raw_scores), gather_rows(finished)
-        scores = self.postprocess_scores(raw_scores, finished)
+        raw_scores, scores = gather_rows(rollout.raw_scores), self.normalise_scores(gather_rows(rollout.scores))
         greedy_scores = None
-        if greedy is not None:  # ReMax: post-processed as the sampled scores, without moving their statistics
-            greedy_raw, greedy_finished = gather_rows(greedy[0]), gather_rows(greedy[1])
-            greedy_scores = self.postprocess_scores(greedy_raw, greedy_finished, update_moments=False)
+        if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
+            greedy_scores = self.normalise_scores(gather_rows(greedy), update_moments=False)
             greedy_scores = greedy_scores.repeat_interleave(config.samples_per_prompt)
 
         # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
@@ -286,11 +298,97 @@ class PPOTrainer:
             returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
-        timings["time/forward"] = time.perf_counter() - start
+        metrics["time/forward"] = time.perf_counter() - start
 
         experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
                                 scores, raw_scores, greedy_scores)
-        return experience, timings
+        return experience, metrics
+
+    def roll_out(self, rows: list[dict], metrics: dict[str, float]) -> Rollout:
+        """Stages 1-2 on this process's ``rows``: responses sampled from the actor, then scored,
+        each score shaped on its own (missing EOS, overlong) -- what needs the whole batch waits
+        for the gathered batch."""
+        config = self.config
+        start = time.perf_counter()
+        prompts = [row[config.prompt_field] for row in rows]
+        check_prompt_groups(prompts, config.samples_per_prompt)
+        with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
+            responses = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
+                                           config.max_prompt_length, config.chat_template)
+        metrics["time/generate"] += time.perf_counter() - start
+        start = time.perf_counter()
+        raw_scores, finished = self.score(rows, prompts, responses)
+        metrics["time/score"] += time.perf_counter() - start
+        scores = self.shape_scores(raw_scores, finished, responses.sequences.response_mask.sum(dim=1))
+        return Rollout(rows, prompts, responses.sequences, responses.texts, finished, raw_scores, scores)
+
+    def score(self, rows: list[dict], prompts: list, responses) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b,) scores as the reward gave them, on the trainer's device, and (b,) finished flags."""
+        raw = self.reward(ScoringBatch(rows, prompts, responses.texts, responses.finished, responses.sequences))
+        # A reward function's scores come on the CPU.
+        return raw.to(self.device).float(), torch.tensor(responses.finished, device=self.device)
+
+    def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
+                                metrics: dict[str, float]) -> Rollout:
+        """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
+        K scores all differ from nothing -- all right or all wrong -- are dropped, and more prompts
+        are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
+        rounds; a batch still short then is completed with dropped groups (advantage 0), so every
+        update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
+        each process then keeps its own rows of the chosen groups."""
+        config, k = self.config, self.config.samples_per_prompt
+        wanted = config.batch_size // k  # groups in the whole batch
+        first = gather_rows(rollout.raw_scores)
+        metrics["score"], metrics["score_std"] = first.mean().item(), first.std(unbiased=False).item()
+        rounds: list[tuple[Rollout, torch.Tensor]] = []  # (this process's rollout, informative flag of every group)
+        found, generated_tokens = 0, 0.0
+        while True:
+            informative = informative_groups(gather_rows(rollout.scores).reshape(-1, k))  # (groups,)
+            generated_tokens += sum_across_processes(rollout.sequences.response_mask.sum().float()).item()
+            rounds.append((rollout, informative))
+            found += int(informative.sum())
+            if found >= wanted or len(rounds) > config.max_resample_rounds:
+                break
+            if draw_more is None:
+                raise ValueError("dynamic sampling needs draw_more, a source of more prompt rows")
+            rollout = self.roll_out(draw_more(), metrics)
+        # The first `wanted` informative groups, in order of rounds and of processes; then, if short,
+        # the first dropped groups to fill the batch.
+        informative_left, fill_left = wanted, max(wanted - found, 0)
+        parts = []
+        for part, informative in rounds:
+            take = informative & (informative.cumsum(0) <= informative_left)
+            fill = ~informative & ((~informative).cumsum(0) <= fill_left)
+            informative_left -= int(take.sum())
+            fill_left -= int(fill.sum())
+            mine = (take | fill).reshape(self.processes, -1)[self.rank]  # this process's groups of the round
+            parts.append(part.select(mine.repeat_interleave(k).nonzero().squeeze(1).tolist()))
+        kept = min(found, wanted)
+        metrics.update({
+            "dynamic_sampling/rounds": len(rounds),
+            "dynamic_sampling/dropped_groups": sum(int((~informative).sum()) for _, informative in rounds),
+            "dynamic_sampling/filled_groups": wanted - kept,
+            # The price of the filter: response tokens generated per sequence that carries a signal.
+            "dynamic_sampling/generated_tokens": generated_tokens,
+            "dynamic_sampling/generated_tokens_per_kept_sample": generated_tokens / (kept * k) if kept else float("nan"),
+        })
+        return Rollout.concat(parts, self.tokenizer.pad_token_id)
+
+    def old_and_reference_passes(self, sequences: Sequences) -> tuple:
+        """Stages 3-4 on this process's rows, --rollout-micro-batch-size rows at a time (only that
+        many rows' (rows, T, V) logits are ever held): (logprobs, ref_logprobs, kl, values or None), (b, T)."""
+        self.actor.eval()
+        if self.critic is not None:
+            self.critic.eval()
+        rows = sequences.response_ids.shape[0]
+        if rows == 0:  # dynamic sampling kept none of this process's groups
+            empty = torch.zeros_like(sequences.response_ids, dtype=torch.float32)
+            return empty, empty, empty, None if self.critic is None else empty
+        parts = [self.old_and_reference(sequences.select(index))
+                 for index in micro_batches(rows, self.config.rollout_micro_batch_size, self.device)]
+        logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts]) for i in range(3))
+        values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])
+        return logprobs, ref_logprobs, kl, values
 
     def old_and_reference(self, sequences: Sequences) -> tuple:
         """(logprobs, ref_logprobs, kl, values or None), each (b, T), of a micro-batch of rows."""
@@ -308,23 +406,32 @@ class PPOTrainer:
         return Sequences(gather_rows(sequences.prompt_ids, pad, left=True), gather_rows(sequences.prompt_mask, left=True),
                          gather_rows(sequences.response_ids, pad), gather_rows(sequences.response_mask))
 
-    def greedy_baseline(self, rows: list[dict], prompts: list, timings: dict[str, float]) -> tuple:
-        """ReMax: the raw score (one per prompt) of each prompt's greedy response, and whether it finished."""
+    def greedy_baseline(self, rollout: Rollout, metrics: dict[str, float]) -> torch.Tensor:
+        """ReMax: the shaped score (one per prompt) of each prompt's greedy response."""
         k = self.config.samples_per_prompt
         start = time.perf_counter()
         with gathered(self.actor):
-            greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, prompts[::k],
+            greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, rollout.prompts[::k],
                                         self.config.max_prompt_length, self.config.chat_template)
-        timings["time/generate"] += time.perf_counter() - start
+        metrics["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
-        raw = self.reward(ScoringBatch(rows[::k], prompts[::k], greedy.texts, greedy.finished, greedy.sequences))
-        timings["time/score"] += time.perf_counter() - start
-        return raw.to(self.device).float(), torch.tensor(greedy.finished, device=self.device)
+        raw, finished = self.score(rollout.rows[::k], rollout.prompts[::k], greedy)
+        metrics["time/score"] += time.perf_counter() - start
+        return self.shape_scores(raw, finished, greedy.sequences.response_mask.sum(dim=1))
 
-    def postprocess_scores(self, scores: torch.Tensor, finished: torch.Tensor, update_moments: bool = True) -> torch.Tensor:
+    def shape_scores(self, scores: torch.Tensor, finished: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Each response's score on its own: --missing-eos-penalty, --overlong-buffer."""
         config = self.config
         if config.missing_eos_penalty is not None:
             scores = torch.where(finished, scores, scores - config.missing_eos_penalty)
+        if config.overlong_buffer is not None:
+            scores = scores + overlong_penalty(lengths.to(scores.device), config.max_new_tokens, config.overlong_buffer,
+                                               config.overlong_penalty)
+        return scores
+
+    def normalise_scores(self, scores: torch.Tensor, update_moments: bool = True) -> torch.Tensor:
+        """The whole batch's scores: --score-norm (running moments), then --score-clip."""
+        config = self.config
         if config.score_norm:
             if update_moments:
                 self.score_moments.update(scores)
@@ -424,8 +531,10 @@ class PPOTrainer:
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
             logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
-            pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio,
-                                            config.loss_aggregation, config.max_new_tokens)
+            pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
+                                            config.loss_aggregation, config.max_new_tokens,
+                                            clip_ratio_high=config.clip_high, dual_clip=config.dual_clip,
+                                            ratio_level=config.ratio_level)
             if len(parts) == 1 and config.max_approx_kl is not None:
                 approx_kl = self.sum_shares({"approx_kl": pg_stats["approx_kl"] * token_share})["approx_kl"]
                 if self.moved_too_far(approx_kl, warming_up):
@@ -476,11 +585,13 @@ class PPOTrainer:
         return dict(zip(stats, total))
 
     # ------------------------------------------------------------ one iteration
-    def step(self, rows: list[dict]) -> dict[str, float]:
-        """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics."""
+    def step(self, rows: list[dict], draw_more: Callable[[], list[dict]] | None = None) -> dict[str, float]:
+        """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics.  ``draw_more``:
+        another batch of rows, for --dynamic-sampling (see make_experience)."""
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
-        experience, timings = self.make_experience(rows)
+        experience, stage_metrics = self.make_experience(rows, draw_more)
+        timings = {k: v for k, v in stage_metrics.items() if k.startswith("time/")}
         start = time.perf_counter()
         # A reward that gave a non-finite score: this batch teaches nothing, skip its update.
         # (Checked only when bad: a finite batch of scores must not reset the count of bad steps.)
@@ -509,7 +620,11 @@ class PPOTrainer:
             **timings,
             "time/iteration": total_time,
             "tokens_per_s": n_tokens / total_time,
-            "generated_tokens_per_s": n_response_tokens / timings["time/generate"],
+            "generated_tokens_per_s": stage_metrics.get("dynamic_sampling/generated_tokens", n_response_tokens)
+                                      / timings["time/generate"],
+            # Dynamic sampling: its counts, and the score of the batch as drawn (the kept groups are
+            # chosen for their spread, so their mean says less of how the policy does).
+            **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
         }
         if self.config.entropy_coef != 0:
             metrics["entropy_coef"] = entropy_coef
@@ -518,7 +633,8 @@ class PPOTrainer:
                                                                experience.mask).item()
         if experience.greedy_scores is not None:
             metrics["greedy_score"] = experience.greedy_scores.mean().item()
-        if self.config.score_norm or self.config.score_clip is not None or self.config.missing_eos_penalty is not None:
+        if (self.config.score_norm or self.config.score_clip is not None or self.config.missing_eos_penalty is not None
+                or self.config.overlong_buffer is not None):
             metrics["score_used"] = experience.scores.mean().item()
         return metrics
 

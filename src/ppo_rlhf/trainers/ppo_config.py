@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppo_rlhf.config import ConfigError, check, option
-from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, check_kl_placement
+from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -32,6 +32,9 @@ FULL_MODEL_LR = 1e-5
 REFERENCE_WIDTH = 768
 LORA_LR = 3e-4
 VF_COEF = 0.1
+# DAPO's values: the whole score (of a 0/1 reward) off at the limit; a few extra rounds before giving up.
+OVERLONG_PENALTY = 1.0
+MAX_RESAMPLE_ROUNDS = 4
 
 
 def default_lr(hidden_width: int | None, lora: bool) -> float:
@@ -90,6 +93,17 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                                      "as in TRL (>= 0; empty: no penalty)")
     score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)")
     score_norm: bool = option(False, "normalise scores by their running mean and std")
+    overlong_buffer: int | None = option(None, "DAPO's soft overlong punishment: over the last L tokens before "
+                                               "max_new_tokens the score loses up to overlong_penalty, linearly "
+                                               "(empty: off)")
+    overlong_penalty: float | None = option(None, f"the most --overlong-buffer takes off a score, at max_new_tokens "
+                                                  f"(empty: {OVERLONG_PENALTY:g} with a buffer)")
+    dynamic_sampling: bool = option(False, "DAPO's dynamic sampling: drop the prompt groups whose K scores are all "
+                                           "equal (no signal for a group baseline) and sample more prompts until the "
+                                           "batch is full (group estimators: grpo, dr-grpo, rloo)")
+    max_resample_rounds: int | None = option(None, f"dynamic sampling: extra rounds of sampling at most per "
+                                                   f"iteration; after them the batch is completed with dropped "
+                                                   f"groups (empty: {MAX_RESAMPLE_ROUNDS})")
     # --- advantage estimation
     estimator: str = option(
         "gae", "advantage estimator; only the advantage changes, rollout, reward, KL and clipped loss stay. "
@@ -140,7 +154,19 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     max_grad_norm: float = option(1.0, "clip the gradient norm to this")
     max_bad_steps: int = option(5, "skip a minibatch step with a non-finite loss or gradient norm (and an iteration "
                                    "with a non-finite score); stop after this many in a row")
-    clip_ratio: float = option(0.2, "PPO clip range of the probability ratio")
+    clip_ratio: float = option(0.2, "PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); sets both "
+                                    "bounds unless clip_ratio_low / clip_ratio_high are given")
+    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)")
+    clip_ratio_high: float | None = option(None, "upper clip range, ratio <= 1 + x (empty: clip_ratio); DAPO's "
+                                                 "clip-higher uses 0.28 with 0.2 below, so unlikely tokens with a "
+                                                 "positive advantage can gain probability and the entropy does not "
+                                                 "collapse")
+    dual_clip: float | None = option(None, "dual-clip PPO: for a negative advantage the loss is at most -C x A "
+                                           "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)")
+    ratio_level: str = option("token", "token: PPO's per-token ratio; sequence: GSPO's, one ratio per response "
+                                       "(exp of its mean token log-ratio), clipped per response and applied to every "
+                                       "token of it (the GSPO paper clips at 3e-4 / 4e-4: set clip_ratio_low / "
+                                       "_high; critic-free estimators only)", choices=RATIO_LEVELS)
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never")
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
@@ -197,7 +223,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
         check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)
         check(self.entropy_warmup >= 0, "entropy_warmup", ">= 0", self.entropy_warmup)
-        check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)
+        self.validate_loss_variants()
         check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "> 0 or empty", self.max_approx_kl)
         check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "> 0 or empty", self.cliprange_value)
         check(self.kl_coef >= 0, "kl_coef", ">= 0", self.kl_coef)
@@ -252,6 +278,56 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
             self.loss_aggregation = PAPER_LOSS_AGGREGATION[self.estimator]
         if self.whiten_advantages is None:
             self.whiten_advantages = PAPER_WHITENING[self.estimator]
+
+    def validate_loss_variants(self) -> None:
+        """Clip bounds, dual clip, sequence ratio, dynamic sampling and overlong shaping
+        (docs/design.md, "Policy-loss variants"): ranges, and the combinations that make no sense."""
+        check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)
+        check(self.clip_ratio_low is None or 0 < self.clip_ratio_low < 1, "clip_ratio_low",
+              "0 < x < 1 (the ratio's lower bound 1 - x must stay above 0) or empty", self.clip_ratio_low)
+        check(self.clip_ratio_high is None or self.clip_ratio_high > 0, "clip_ratio_high", "> 0 or empty",
+              self.clip_ratio_high)
+        check(self.clip_high >= self.clip_low, "clip_ratio_high",
+              f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
+              f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
+        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip",
+              "> 1 or empty (the bound -C x A must lie beyond the clipped branch, which reaches -(1 - low) x A)",
+              self.dual_clip)
+        check(self.ratio_level == "token" or not uses_critic(self.estimator), "ratio_level",
+              "token with estimator gae: the critic gives each token its own advantage, and one ratio per "
+              "response would weigh every token by the response's mean advantage instead; use a critic-free "
+              "estimator (grpo, dr-grpo, rloo, reinforce++, remax) for GSPO", self.ratio_level)
+        check(self.overlong_buffer is None or 0 < self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
+              f"1..max_new_tokens ({self.max_new_tokens}) or empty: the penalty grows over the last L tokens "
+              f"before the limit", self.overlong_buffer)
+        check(self.overlong_penalty is None or self.overlong_buffer is not None, "overlong_penalty",
+              "left out without --overlong-buffer (it is the most that buffer takes off a score)", self.overlong_penalty)
+        check(self.overlong_penalty is None or self.overlong_penalty > 0, "overlong_penalty", "> 0 or empty",
+              self.overlong_penalty)
+        if self.overlong_buffer is not None and self.overlong_penalty is None:  # resolved: config.yaml records it
+            self.overlong_penalty = OVERLONG_PENALTY
+        if self.dynamic_sampling:
+            check(self.estimator in GROUP_ESTIMATORS, "dynamic_sampling",
+                  f"off with estimator {self.estimator}: a group of equal scores carries no signal only under a "
+                  f"group baseline ({', '.join(GROUP_ESTIMATORS)}); with a critic, a greedy baseline or none, its "
+                  f"advantages are not 0", self.dynamic_sampling)
+            check(self.max_resample_rounds is None or self.max_resample_rounds >= 0, "max_resample_rounds",
+                  ">= 0 or empty", self.max_resample_rounds)
+            if self.max_resample_rounds is None:
+                self.max_resample_rounds = MAX_RESAMPLE_ROUNDS
+        else:
+            check(self.max_resample_rounds is None, "max_resample_rounds", "left out without --dynamic-sampling",
+                  self.max_resample_rounds)
+
+    @property
+    def clip_low(self) -> float:
+        """The lower clip range in force: ratio >= 1 - clip_low."""
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range in force: ratio <= 1 + clip_high."""
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
     @property
     def kl_estimator_used(self) -> str:

@@ -1,0 +1,260 @@
+"""The policy-loss variants of 2025, as options of the one update (docs/design.md, "Policy-loss
+variants"): clip-higher, dual-clip, GSPO's sequence-level ratio, DAPO's dynamic sampling and
+overlong shaping.  Each formula by hand (values and gradients), the trainer's dynamic sampling on
+rewards built to tie, the refusals of what makes no sense, the plan, and resume equal to a
+straight run with every variant on at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.core import informative_groups, overlong_penalty, policy_loss
+from ppo_rlhf.models import load_causal_lm, load_tokenizer
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.trainers.ppo import PPOTrainer
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+from zoo import PROMPTS, REWARDS_MODULE, THREADS, run, run_failing
+
+
+def loss_and_gradient(log_ratios, advantages, mask=None, **options):
+    """(loss, d loss / d logprobs, stats) of policy_loss with old log-probs 0."""
+    logprobs = torch.tensor(log_ratios, dtype=torch.float64, requires_grad=True)
+    old = torch.zeros_like(logprobs)
+    mask = None if mask is None else torch.tensor(mask)
+    loss, stats = policy_loss(logprobs, old, torch.tensor(advantages, dtype=torch.float64), mask, **options)
+    loss.backward()
+    return loss.item(), logprobs.grad, stats
+
+
+# ---------------------------------------------------------------- the formulas by hand
+def test_clip_higher_by_hand():
+    # Ratios 1.25, 1.30, 0.75 with advantages +1, +1, -1, lower bound 0.8:
+    # - upper bound 1.28: 1.25 is inside (loss -1.25, gradient -A * r = -1.25); 1.30 clips to
+    #   1.28 (loss -1.28, gradient 0); 0.75 clips to 0.8 (loss 0.8, gradient 0);
+    # - symmetric 0.2: 1.25 clips to 1.2 as well (gradient 0).
+    log_ratios = [[math.log(1.25), math.log(1.30), math.log(0.75)]]
+    advantages = [[1.0, 1.0, -1.0]]
+    loss, grad, stats = loss_and_gradient(log_ratios, advantages, clip_ratio=0.2, clip_ratio_high=0.28)
+    assert loss == pytest.approx((-1.25 - 1.28 + 0.8) / 3)
+    assert torch.allclose(grad, torch.tensor([[-1.25 / 3, 0.0, 0.0]], dtype=torch.float64))
+    assert stats["clipfrac"].item() == pytest.approx(2 / 3)
+    assert (stats["clipfrac_high"].item(), stats["clipfrac_low"].item()) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+    loss, grad, stats = loss_and_gradient(log_ratios, advantages, clip_ratio=0.2)
+    assert loss == pytest.approx((-1.2 - 1.2 + 0.8) / 3)
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert "clipfrac_high" not in stats
+
+
+def test_dual_clip_by_hand():
+    # Advantages -1, -1, +1, -2 and ratios 4, 2, 4, 0.5, clip 0.2, C = 3:
+    # - A = -1, r = 4: max(4, 1.2) = 4, bounded by -C * A = 3 (gradient 0);
+    # - A = -1, r = 2: 2 < 3, unbounded (gradient -A * r = 2);
+    # - A = +1, r = 4: the ordinary clip, -1.2 (gradient 0), a positive advantage is never bounded;
+    # - A = -2, r = 0.5: max(1.0, 1.6) = 1.6 < 6 (gradient 0).
+    log_ratios = [[math.log(4.0), math.log(2.0), math.log(4.0), math.log(0.5)]]
+    advantages = [[-1.0, -1.0, 1.0, -2.0]]
+    loss, grad, stats = loss_and_gradient(log_ratios, advantages, clip_ratio=0.2, dual_clip=3.0)
+    assert loss == pytest.approx((3.0 + 2.0 - 1.2 + 1.6) / 4)
+    assert torch.allclose(grad, torch.tensor([[0.0, 2 / 4, 0.0, 0.0]], dtype=torch.float64))
+    assert stats["dual_clipfrac"].item() == pytest.approx(1 / 4)
+    loss, grad, _ = loss_and_gradient(log_ratios, advantages, clip_ratio=0.2)  # without it: 4 and its gradient
+    assert loss == pytest.approx((4.0 + 2.0 - 1.2 + 1.6) / 4)
+    assert torch.allclose(grad, torch.tensor([[4 / 4, 2 / 4, 0.0, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        loss_and_gradient(log_ratios, advantages, clip_ratio=0.2, dual_clip=1.0)
+
+
+def test_sequence_level_ratio_by_hand():
+    # Response 1: 2 tokens, log-ratios 0.0 and 0.4, mean 0.2, s1 = e^0.2 = 1.221403, advantage +1;
+    # response 2: 3 tokens, -0.1, -0.2, -0.3, mean -0.2, s2 = e^-0.2 = 0.818731, advantage -1.
+    # The padding (inf) must not count.  Sequence-mean: loss (-s1 + s2) / 2; d/d logp of each token
+    # of response i: (1/2) * (-A_i) * s_i / |y_i|: -s1 / 4 and s2 / 6.
+    s1, s2 = math.exp(0.2), math.exp(-0.2)
+    log_ratios = [[0.0, 0.4, math.inf], [-0.1, -0.2, -0.3]]
+    advantages = [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]
+    mask = [[1, 1, 0], [1, 1, 1]]
+    options = {"clip_ratio": 0.2, "aggregation": "sequence-mean", "ratio_level": "sequence"}
+    loss, grad, stats = loss_and_gradient(log_ratios, advantages, mask, clip_ratio_high=0.28,
+                                          **{k: v for k, v in options.items() if k != "clip_ratio"}, clip_ratio=0.2)
+    assert loss == pytest.approx((-s1 + s2) / 2)
+    expected = torch.tensor([[-s1 / 4, -s1 / 4, 0.0], [s2 / 6, s2 / 6, s2 / 6]], dtype=torch.float64)
+    assert torch.allclose(grad, expected)
+    assert stats["ppo_ratio"].item() == pytest.approx((2 * s1 + 3 * s2) / 5)
+    # Clipped per response: at 1.2 response 1 is clipped as a whole, both its tokens lose their
+    # gradient, though its first token's own ratio (1.0) is well inside the range.
+    loss, grad, stats = loss_and_gradient(log_ratios, advantages, mask, **options)
+    assert loss == pytest.approx((-1.2 + s2) / 2)
+    assert torch.allclose(grad, torch.tensor([[0.0, 0.0, 0.0], [s2 / 6, s2 / 6, s2 / 6]], dtype=torch.float64))
+    assert stats["clipfrac"].item() == pytest.approx(2 / 5)
+    # Per token, the same numbers give each token its own ratio: token 1 (ratio 1) keeps its gradient.
+    _, grad, _ = loss_and_gradient(log_ratios, advantages, mask, clip_ratio=0.2, aggregation="sequence-mean")
+    assert grad[0, 0].item() == pytest.approx(-1.0 / 4) and grad[0, 1].item() == 0.0
+
+
+def test_overlong_penalty_by_hand():
+    # At most 10 tokens, a buffer of 4: free up to 6, then -penalty * (length - 6) / 4.
+    lengths = torch.tensor([5, 6, 7, 8, 10])
+    assert torch.allclose(overlong_penalty(lengths, 10, 4, 1.0), torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0]))
+    assert torch.allclose(overlong_penalty(lengths, 10, 4, 0.5), torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5]))
+    assert torch.allclose(overlong_penalty(lengths, 10, 10, 1.0), -lengths / 10)  # the whole length
+    with pytest.raises(ValueError, match="1..10"):
+        overlong_penalty(lengths, 10, 11, 1.0)
+
+
+def test_informative_groups_by_hand():
+    scores = torch.tensor([[1.0, 1.0], [0.0, 1.0], [2.0, 2.0], [0.5, 0.25]])
+    assert informative_groups(scores).tolist() == [False, True, False, True]
+
+
+# ---------------------------------------------------------------- dynamic sampling in the trainer
+class TieReward:
+    """Rows marked ``tie`` score 7 for every response; the others 0, 1, 2, ... within each group of
+    K (the batch's row index modulo K), so their groups always have a spread."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __call__(self, batch) -> torch.Tensor:
+        return torch.tensor([7.0 if row["tie"] else float(i % self.k) for i, row in enumerate(batch.rows)])
+
+
+def tiny_grpo_trainer(zoo, **overrides) -> PPOTrainer:
+    config = build_config(PPOConfig, {
+        "model": str(zoo["gpt2"]), "reward_fn": f"{REWARDS_MODULE}:length_score", "estimator": "grpo",
+        "samples_per_prompt": 2, "batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1, "max_new_tokens": 6,
+        "max_length": 32, "lr": 1e-3, "dynamic_sampling": True, **overrides})
+    tokenizer = load_tokenizer(config.model)
+    generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens, do_sample=True,
+                               seed=0)
+    trainer = PPOTrainer(load_causal_lm(config.model), load_causal_lm(config.model), TieReward(2), tokenizer, config,
+                         generator)
+    return trainer
+
+
+def groups(prompts: list[str], tie: bool) -> list[dict]:
+    return [{"prompt": p, "tie": tie} for p in prompts for _ in range(2)]
+
+
+def test_dynamic_sampling_drops_tied_groups_and_draws_more(zoo):
+    trainer = tiny_grpo_trainer(zoo)
+    first = groups(PROMPTS[:2], True) + groups(PROMPTS[2:4], False)  # 2 tied groups, 2 with a spread
+    draws = iter([groups(PROMPTS[:3], True) + groups(PROMPTS[3:4], False),  # 1 more with a spread
+                  groups(PROMPTS[:4], False)])  # 4 more: 2 of them fill the batch
+    experience, metrics = trainer.make_experience(first, lambda: next(draws))
+    assert metrics["dynamic_sampling/rounds"] == 3
+    assert metrics["dynamic_sampling/dropped_groups"] == 2 + 3
+    assert metrics["dynamic_sampling/filled_groups"] == 0
+    assert experience.raw_scores.tolist() == [0.0, 1.0] * 4  # no tied group left
+    assert metrics["score"] == pytest.approx((4 * 7 + 2 * 1) / 8)  # the first batch as drawn
+    assert experience.advantages.abs().sum() > 0 and experience.sequences.response_ids.shape[0] == 8
+    stats = trainer.update(experience)
+    assert stats["update_steps"] == 2
+
+
+def test_dynamic_sampling_completes_a_short_batch_with_dropped_groups(zoo):
+    trainer = tiny_grpo_trainer(zoo, max_resample_rounds=1)
+    draws = iter([groups(PROMPTS[:4], True)])
+    experience, metrics = trainer.make_experience(groups(PROMPTS[:3], True) + groups(PROMPTS[3:4], False),
+                                                  lambda: next(draws))
+    assert (metrics["dynamic_sampling/rounds"], metrics["dynamic_sampling/filled_groups"]) == (2, 3)
+    # The one group with a spread and the first three dropped groups, in the order they were drawn.
+    assert experience.raw_scores.tolist() == [7.0] * 6 + [0.0, 1.0]
+    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().sum() == 0  # nothing to learn
+    tokens = experience.mask.sum().item()
+    assert metrics["dynamic_sampling/generated_tokens_per_kept_sample"] > tokens / 8
+
+
+def test_dynamic_sampling_keeps_the_first_groups_of_a_full_round(zoo):
+    trainer = tiny_grpo_trainer(zoo)
+    experience, metrics = trainer.make_experience(groups(PROMPTS[:4], False), None)  # nothing to draw: not needed
+    assert metrics["dynamic_sampling/rounds"] == 1 and metrics["dynamic_sampling/dropped_groups"] == 0
+    assert metrics["dynamic_sampling/generated_tokens_per_kept_sample"] == pytest.approx(
+        experience.mask.sum().item() / 8)
+
+
+def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
+    trainer = tiny_grpo_trainer(zoo, dynamic_sampling=False, overlong_buffer=4, overlong_penalty=0.5)
+    scores = trainer.shape_scores(torch.ones(4), torch.ones(4, dtype=torch.bool), torch.tensor([1, 2, 4, 6]))
+    assert scores.tolist() == [1.0, 1.0, 0.75, 0.5]
+
+
+# ---------------------------------------------------------------- refusals
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"clip_ratio_low": 0.2, "clip_ratio_high": 0.1}, "'clip_ratio_high'.*>= the lower clip range \\(0.2\\)"),
+        ({"clip_ratio": 0.3, "clip_ratio_high": 0.25}, "'clip_ratio_high'.*>= the lower clip range \\(0.3\\)"),
+        ({"clip_ratio_low": 1.0}, "'clip_ratio_low'.*0 < x < 1"),
+        ({"clip_ratio_high": 0.0}, "'clip_ratio_high'.*> 0"),
+        ({"dual_clip": 1.0}, "'dual_clip'.*> 1"),
+        ({"dual_clip": 0.5}, "'dual_clip'.*> 1"),
+        ({"ratio_level": "sequence"}, "'ratio_level'.*token with estimator gae"),
+        ({"ratio_level": "word"}, "'ratio_level'.*token, sequence"),
+        ({"dynamic_sampling": True}, "'dynamic_sampling'.*off with estimator gae"),
+        ({"dynamic_sampling": True, "estimator": "remax", "samples_per_prompt": 2}, "'dynamic_sampling'.*remax"),
+        ({"dynamic_sampling": True, "estimator": "reinforce++", "samples_per_prompt": 2}, "'dynamic_sampling'"),
+        ({"dynamic_sampling": True, "estimator": "grpo", "samples_per_prompt": 1}, "'samples_per_prompt'.*>= 2"),
+        ({"dynamic_sampling": True, "estimator": "grpo", "samples_per_prompt": 2, "max_resample_rounds": -1},
+         "'max_resample_rounds'.*>= 0"),
+        ({"max_resample_rounds": 2}, "'max_resample_rounds'.*without --dynamic-sampling"),
+        ({"overlong_buffer": 200, "max_new_tokens": 128}, "'overlong_buffer'.*1..max_new_tokens \\(128\\)"),
+        ({"overlong_buffer": 0}, "'overlong_buffer'.*1..max_new_tokens"),
+        ({"overlong_penalty": 1.0}, "'overlong_penalty'.*without --overlong-buffer"),
+        ({"overlong_buffer": 4, "overlong_penalty": -1.0}, "'overlong_penalty'.*> 0"),
+    ],
+)
+def test_variant_settings_that_make_no_sense_are_refused(values, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(PPOConfig, {"task": "doubling", **values})
+
+
+def test_variant_defaults_resolve_where_they_apply():
+    config = build_config(PPOConfig, {"task": "doubling", "overlong_buffer": 4, "estimator": "rloo",
+                                      "samples_per_prompt": 2, "dynamic_sampling": True, "clip_ratio_high": 0.28})
+    assert (config.overlong_penalty, config.max_resample_rounds) == (1.0, 4)
+    assert (config.clip_low, config.clip_high) == (0.2, 0.28)
+
+
+def test_a_bad_variant_exits_2_naming_the_flag(tmp_path, capsys):
+    err = run_failing(["ppo", "--task", "doubling", "--model", tmp_path, "--dual-clip", "0.9", "--out",
+                       tmp_path / "run"], capsys)
+    assert "'dual_clip'" in err and "> 1" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- runs: plan, metrics, resume
+def variants_command(zoo, out, *extra):
+    return ["ppo", "--model", zoo["gpt2"], "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:long_answer",
+            "--estimator", "grpo", "--samples-per-prompt", 4, "--batch-size", 8, "--mini-batch-size", 4,
+            "--ppo-epochs", 1, "--max-new-tokens", 8, "--max-length", 64, "--lr", 1e-3, "--clip-ratio-low", 0.2,
+            "--clip-ratio-high", 0.28, "--dual-clip", 3, "--ratio-level", "sequence", "--dynamic-sampling",
+            "--max-resample-rounds", 2, "--overlong-buffer", 3, "--save-every", 1, "--out", out, *THREADS, *extra]
+
+
+def test_every_variant_at_once_plans_logs_and_resumes_to_a_straight_run(zoo, tmp_path, capsys):
+    run(variants_command(zoo, tmp_path / "straight", "--iterations", 3))
+    plan = capsys.readouterr().out
+    assert "ratio per response (GSPO" in plan and "clipped to [1 - 0.2, 1 + 0.28]" in plan
+    assert "dual clip: a negative advantage's loss at most 3 x |A|" in plan
+    assert "sampling:  dynamic (DAPO)" in plan and "up to 2 extra rounds" in plan
+    assert "overlong:  responses past 5 tokens lose up to 1 of their score" in plan
+    records = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    for key in ("dynamic_sampling/rounds", "dynamic_sampling/dropped_groups", "dual_clipfrac", "clipfrac_high",
+                "score_used"):
+        assert all(key in r for r in records[1:]), key
+    run(variants_command(zoo, tmp_path / "resumed", "--iterations", 2))
+    run(variants_command(zoo, tmp_path / "resumed", "--iterations", 3, "--resume"))
+    straight = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "checkpoints" / "actor").state_dict()
+    resumed = AutoModelForCausalLM.from_pretrained(tmp_path / "resumed" / "checkpoints" / "actor").state_dict()
+    start = AutoModelForCausalLM.from_pretrained(zoo["gpt2"]).state_dict()
+    assert any(not torch.equal(straight[k], v) for k, v in start.items()), "the actor did not move"
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], atol=1e-6, rtol=1e-5, msg=key)
+    resumed_records = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["dynamic_sampling/rounds"] for r in resumed_records[1:]] == [r["dynamic_sampling/rounds"] for r in records[1:]]
