@@ -1,7 +1,7 @@
 """Evaluation on held-out prompts: generate, decode, apply the task's metric.
 
-A metric is ``metric(prompts, responses, finished) -> dict[str, float]`` (the built-in task's
-``evaluate``).  Without one, the evaluator reports the mean reward and response length only.
+A metric is ``metric(prompts, responses, finished, rows) -> dict[str, float]`` (a task's
+``metric``; ``rows`` are the held-out prompt rows, where a task keeps what its checker needs).  Without one, the evaluator reports the mean reward and response length only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import stop_token_ids
 
-Metric = Callable[[list, list, list], dict]
+Metric = Callable[[list, list, list, list], dict]
 
 
 class Evaluator:
@@ -62,7 +62,7 @@ class Evaluator:
         texts, finished, lengths, scores = (gather_objects(part) for part in (texts, finished, lengths, scores))
         metrics = {}
         if self.metric is not None:
-            metrics.update(self.metric(self.prompts, texts, finished))
+            metrics.update(self.metric(self.prompts, texts, finished, self.rows))
         if scores:
             metrics["score"] = sum(scores) / len(scores)
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)

@@ -14,13 +14,13 @@ from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
-from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
+from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
+from ppo_rlhf.tasks import TaskOptions, make_task
 
 
 @dataclass
-class EvalConfig(RunFolderOptions, HardwareOptions):
+class EvalConfig(RunFolderOptions, HardwareOptions, TaskOptions):
     model: str | None = option(None, "causal LM folder to evaluate")
-    task: str | None = option(None, "built-in task supplying held-out prompts and metric", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
     reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
@@ -39,6 +39,7 @@ class EvalConfig(RunFolderOptions, HardwareOptions):
 
     def validate(self) -> None:
         self.validate_hardware()
+        self.validate_task()
         check(self.size > 0, "size", "> 0", self.size)
         check(self.temperature > 0, "temperature", "> 0", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
@@ -53,7 +54,7 @@ def run_eval(config: EvalConfig) -> dict:
         raise ConfigError("give --model DIR, the model to evaluate")
     if config.out:
         check_run_folder(config.out, config.overwrite)
-    task = load_task(config.task, config.seed)
+    task = make_task(config, config.seed)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
     accelerator = config.accelerator()
@@ -70,7 +71,8 @@ def run_eval(config: EvalConfig) -> dict:
         reward = build_reward(config, tokenizer, None)
         if isinstance(getattr(reward, "model", None), torch.nn.Module):
             reward.model.to(accelerator.device)
-    max_new_tokens = min(config.max_new_tokens, task.max_new_tokens) if task and not config.prompts else config.max_new_tokens
+    task_limit = getattr(task, "max_new_tokens", None) if not config.prompts else None  # the built-in task's answers are short
+    max_new_tokens = min(config.max_new_tokens, task_limit) if task_limit else config.max_new_tokens
     rows = rows[: config.size]
     max_prompt_length = config.max_length - config.max_new_tokens
     check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,

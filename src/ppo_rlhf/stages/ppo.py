@@ -27,7 +27,8 @@ from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.sharding import gathered, load_whole_state, local_optimizer_state
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import open_run_log
-from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set_threads
+from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
+from ppo_rlhf.tasks import make_task
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
 from ppo_rlhf.stages.roles import load_roles
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
@@ -189,7 +190,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                     resumable=out / "checkpoints" / "last" / "trainer_state.pt")
     if config.resume:
         check_resume_settings(config, out)
-    task = load_task(config.task, config.seed)
+    task = make_task(config, config.seed)
     main = is_main_process()
     roles = load_roles(config, task)
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward

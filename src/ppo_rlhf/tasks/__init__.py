@@ -1,10 +1,56 @@
-"""Built-in tasks.  A task supplies data, a reward and a metric; the trainers never special-case it."""
+"""Tasks.  A task supplies data, a reward and a metric; the trainers never special-case it.
+
+    doubling            the built-in "double it, in the style asked" (tasks/doubling.py)
+    reasoning-gym:NAME  a reasoning-gym dataset, scored by its own checker (tasks/reasoning_gym.py)
+"""
 
 from __future__ import annotations
 
-from ppo_rlhf.config import ConfigError
+from dataclasses import dataclass
 
-TASKS = ("doubling",)
+from ppo_rlhf.config import ConfigError, check, option
+
+TASKS = ("doubling", "reasoning-gym:NAME")
+REASONING_GYM = "reasoning-gym:"
+
+
+def check_task_name(name: str | None) -> None:
+    """ConfigError unless ``name`` is empty, doubling, or reasoning-gym:NAME (NAME is checked
+    against the package when the task is made)."""
+    valid = name is None or name == "doubling" or (name.startswith(REASONING_GYM) and name != REASONING_GYM)
+    check(valid, "task", "doubling or reasoning-gym:NAME (e.g. reasoning-gym:chain_sum)", name)
+
+
+@dataclass
+class TaskOptions:
+    """The task fields of the stages that take prompts from a task (ppo, eval)."""
+
+    task: str | None = option(None, "task supplying prompts, reward and metric when --prompts is empty: doubling "
+                                    "(built in), or reasoning-gym:NAME (pip install -e '.[tasks]'), whose prompts go "
+                                    "through the model's chat template and whose answers its own checker scores")
+    task_size: int = option(10000, "reasoning-gym: training problems generated")
+    task_eval_size: int = option(200, "reasoning-gym: held-out problems, none of them a training one")
+    task_seed: int | None = option(None, "reasoning-gym: seed of the problem generator (empty: --seed)")
+    task_config: str = option("", "reasoning-gym: the generator's settings, 'key=value,...' (values read as YAML)")
+    format_reward: float = option(0.0, "reasoning-gym: added to the score of a response that puts its answer in "
+                                       "<answer>...</answer>")
+
+    def validate_task(self) -> None:
+        check_task_name(self.task)
+        check(self.task_size > 0, "task_size", "> 0", self.task_size)
+        check(self.task_eval_size > 0, "task_eval_size", "> 0", self.task_eval_size)
+        check(self.format_reward >= 0, "format_reward", ">= 0", self.format_reward)
+        if self.task is not None and self.task.startswith(REASONING_GYM):
+            from ppo_rlhf.tasks.reasoning_gym import parse_task_config
+
+            parse_task_config(self.task_config)  # a malformed one fails here, at start
+            self.chat_template = True  # its prompts are chat messages (system instruction + problem)
+        else:
+            for key in ("task_seed", "format_reward"):  # the reasoning-gym fields mean nothing here
+                default = None if key == "task_seed" else 0.0
+                check(getattr(self, key) == default, key, "left out without --task reasoning-gym:NAME",
+                      getattr(self, key))
+            check(not self.task_config, "task_config", "left out without --task reasoning-gym:NAME", self.task_config)
 
 
 def get_task(name: str):
@@ -13,3 +59,17 @@ def get_task(name: str):
 
         return doubling
     raise ConfigError(f"unknown task {name!r}; allowed: {', '.join(TASKS)}")
+
+
+def make_task(options: TaskOptions, seed: int):
+    """The task ``options.task`` names, or None."""
+    name = options.task
+    if name is None:
+        return None
+    if name.startswith(REASONING_GYM):
+        from ppo_rlhf.tasks.reasoning_gym import make_task as make_reasoning_gym, parse_task_config
+
+        return make_reasoning_gym(name[len(REASONING_GYM):], options.task_size, options.task_eval_size,
+                                  seed if options.task_seed is None else options.task_seed,
+                                  parse_task_config(options.task_config), options.format_reward)
+    return get_task(name).make_task(seed=seed)

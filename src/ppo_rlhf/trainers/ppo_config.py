@@ -10,6 +10,7 @@ from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.sharding import sharding_from_launch
+from ppo_rlhf.tasks import TaskOptions
 from ppo_rlhf.trainers.estimators import (
     ESTIMATORS,
     GROUP_ESTIMATORS,
@@ -47,7 +48,7 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 
 @dataclass
-class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
+class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions, TaskOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -60,7 +61,6 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                    "adapter on the actor's base (needs --lora)", choices=("shared", "separate", "lora"))
     critic_model: str | None = option(None, "separate critic initialisation (default: the reward model when it shares "
                                             "the actor's tokenizer, else the actor)")
-    task: str | None = option(None, "built-in task supplying prompts and metric when --prompts is empty", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk)")
     eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)")
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
@@ -199,6 +199,7 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     def validate(self) -> None:
         self.validate_lora()
         self.validate_hardware()
+        self.validate_task()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
         if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows

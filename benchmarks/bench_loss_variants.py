@@ -1,0 +1,177 @@
+"""The policy-loss variants side by side: GRPO, DAPO, GSPO and PPO on one rollout budget.
+
+    python benchmarks/bench_loss_variants.py                  # 4 variants x 3 seeds, ~15 min on 2 idle cores
+    python benchmarks/bench_loss_variants.py --quick          # a few iterations of each, to try the script
+
+The built-in task with its rule reward (1 for the exact answer, 0.4 each for the right value and
+the right style), from one SFT model (the demo's SFT stage, seed 0; ``--from-demo DIR`` reuses a
+``ppo-rlhf demo`` run's).  Every run rolls out 64 sequences per iteration (16 prompts x 4 samples;
+PPO: 64 prompts x 1, with the demo's separate critic), minibatch 32, 4 epochs, lr 3e-4, k1 KL in the
+reward at 0.05, no entropy term, 100 iterations.  Only the variant changes:
+
+    grpo   estimator grpo (group mean and std), its paper's sequence-mean loss
+    dapo   grpo + clip-higher (0.2 / 0.28) + dynamic sampling + overlong shaping (a buffer of 1
+           token: the task's answers end by token 6 of 7) + DAPO's token-mean loss
+    gspo   grpo + one ratio per response, clipped at 3e-4 / 4e-4 as the GSPO paper
+    ppo    estimator gae with a critic (the demo's: a separate model from the SFT trunk)
+
+Held-out greedy and sampled exact-match (1,000 prompts) every 10 iterations, against iterations and
+PPO seconds; the policy's entropy over training (clip-higher is meant to keep it from collapsing);
+response tokens generated per sequence that reached the update.  Each run is its own process
+(bench_estimators.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench_estimators import GAE_CRITIC, run_in_child, spread, train_sft_and_rm
+
+HERE = Path(__file__).parent
+COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
+          "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 100,
+          "eval_every": 10, "eval_size": 1000, "save_every": 0, "sample_every": 0}
+GROUP = {"estimator": "grpo", "samples_per_prompt": 4}
+VARIANTS = {
+    "grpo": GROUP,
+    "dapo": {**GROUP, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dynamic_sampling": True,
+             "overlong_buffer": 1, "loss_aggregation": "token-mean"},
+    "gspo": {**GROUP, "ratio_level": "sequence", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
+    "ppo": {"estimator": "gae", "samples_per_prompt": 1, **GAE_CRITIC},
+}
+
+
+def variant_figures(out: Path, figures: dict) -> dict:
+    """bench_estimators' figures, plus what the variants change: entropy, and tokens generated
+    per sequence that reached the update."""
+    from ppo_rlhf.runlog import read_metrics
+
+    iterations = [r for r in read_metrics(out / "metrics.jsonl") if "time/iteration" in r]
+    per_kept = [r.get("dynamic_sampling/generated_tokens_per_kept_sample", r["response_length"]) for r in iterations]
+    return {**figures,
+            "entropy": [(r["step"], r["entropy"]) for r in iterations if "entropy" in r],
+            "greedy_by_iteration": [(r["step"], r["eval/exact_match"]) for r in read_metrics(out / "metrics.jsonl")
+                                    if "eval/exact_match" in r],
+            "tokens_per_kept_sample": statistics.mean(v for v in per_kept if v == v),  # NaN: nothing kept
+            "dropped_groups": sum(r.get("dynamic_sampling/dropped_groups", 0) for r in iterations),
+            "filled_groups": sum(r.get("dynamic_sampling/filled_groups", 0) for r in iterations)}
+
+
+def mean_points(runs: list[dict], key: str) -> list[tuple[float, float]]:
+    """The seeds' (x, y) lists averaged point by point."""
+    curves = [r[key] for r in runs]
+    length = min(len(c) for c in curves)
+    return [(statistics.mean(c[i][0] for c in curves), statistics.mean(c[i][1] for c in curves)) for i in range(length)]
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("greedy_by_iteration", "held-out greedy exact-match", "iteration"),
+              ("curve:eval/exact_match", "held-out greedy exact-match", "PPO seconds (evaluation excluded)"),
+              ("entropy", "policy entropy (nats per token)", "iteration")]
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for axis, (key, title, xlabel) in zip(axes[0], panels):
+        for variant, runs in results["runs"].items():
+            points = mean_points(runs, key)
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 20 else None,
+                      markersize=3, label=variant)
+        axis.set_title(f"{title}, mean of {len(results['seeds'])} seeds", fontsize=10)
+        axis.set_xlabel(xlabel)
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def report(results: dict) -> str:
+    lines = ["# Policy-loss variants side by side", "", f"Command: `{results['command']}`  ",
+             f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", "",
+             f"Built-in task, rule reward. SFT model: {results['source']}; greedy exact-match before PPO "
+             f"{results['sft_exact_match']:.2%}. Every run: 64 sequences per iteration, minibatch 32, 4 epochs, "
+             f"lr 3e-4, k1 KL in the reward at 0.05, {results['iterations']} iterations; held-out "
+             f"{results['eval_size']} prompts every 10 iterations. Seeds {results['seeds']}; mean (min-max) over "
+             f"seeds. Variants: " + "; ".join(f"**{name}** `{json.dumps(values)}`"
+                                              for name, values in VARIANTS.items()) + ".", "",
+             "| variant | greedy exact-match | sampled exact-match | greedy at iteration 30 / 60 | s to 95% greedy "
+             "| s to 99% greedy | s/iteration | entropy, first -> last 10 iterations | generated tokens per "
+             "sequence trained on |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for variant, runs in results["runs"].items():
+        def at(iteration: int) -> list[float | None]:
+            return [dict(r["greedy_by_iteration"]).get(iteration) for r in runs]
+
+        first_entropy = [r["entropy"][0][1] for r in runs]
+        last_entropy = [statistics.mean(e for _, e in r["entropy"][-10:]) for r in runs]
+        dropped = sum(r["dropped_groups"] for r in runs)
+        lines.append(
+            f"| {variant} | {spread([r['after']['eval/exact_match'] for r in runs], 100, 1, '%')} "
+            f"| {spread([r['after_sampled']['eval_sampled/exact_match'] for r in runs], 100, 1, '%')} "
+            f"| {spread(at(30), 100, 1, '%')} / {spread(at(60), 100, 1, '%')} "
+            f"| {spread([r['s_to_95%_greedy'] for r in runs])} | {spread([r['s_to_99%_greedy'] for r in runs])} "
+            f"| {spread([r['s_per_iteration'] for r in runs], digits=3)} "
+            f"| {spread(first_entropy, digits=3)} -> {spread(last_entropy, digits=3)} "
+            f"| {spread([r['tokens_per_kept_sample'] for r in runs], digits=2)}"
+            + (f" ({dropped} groups dropped over the seeds, {sum(r['filled_groups'] for r in runs)} refilled)"
+               if dropped else "") + " |")
+    lines += ["", "![loss variants](loss_variants.png)", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/bench_loss_variants")
+    parser.add_argument("--from-demo", help="reuse the SFT model of this `ppo-rlhf demo` run folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--quick", action="store_true", help="3 iterations each, 100 held-out prompts")
+    parser.add_argument("--note", default="idle machine", help="what else ran on the machine")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads per run (0: torch's default); 1 when other work shares the cores")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.log"
+    iterations, eval_size = (3, 100) if args.quick else (COMMON["iterations"], COMMON["eval_size"])
+    if args.from_demo:
+        sft = str(Path(args.from_demo) / "sft" / "checkpoints" / "sft")
+        source = f"that of the `ppo-rlhf demo` run in {args.from_demo}"
+    else:
+        sft, _, figures = train_sft_and_rm(out / "demo", 0)
+        source = f"trained here (the demo's SFT stage, seed 0, {figures['sft_seconds']:.0f} s)"
+    runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+    for seed in args.seeds:  # seeds outermost: a slow drift of the machine touches every variant alike
+        for variant in args.variants:
+            print(f"{variant}, seed {seed}", flush=True)
+            run_out = out / f"{variant}-{seed}"
+            values = {**COMMON, **VARIANTS[variant], "seed": seed, "model": sft, "out": str(run_out),
+                      "iterations": iterations, "eval_size": eval_size, "overwrite": True}
+            runs[variant].append(variant_figures(run_out, run_in_child(values, log, args.num_threads)))
+    results = {"command": "python benchmarks/bench_loss_variants.py " + " ".join(sys.argv[1:]),
+               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+                          f"{torch.get_num_threads()} threads",
+               "date": time.strftime("%Y-%m-%d"),
+               "note": args.note + (f"; {args.num_threads} torch thread(s) per run" if args.num_threads else ""),
+               "source": source, "seeds": args.seeds, "iterations": iterations, "eval_size": eval_size,
+               "sft_exact_match": runs[args.variants[0]][0]["before"]["eval/exact_match"], "runs": runs}
+    results_dir = HERE / "results"
+    results_dir.mkdir(exist_ok=True)
+    (results_dir / "loss_variants.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, results_dir / "loss_variants.png")
+    (results_dir / "loss_variants.md").write_text(report(results))
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Real reasoning tasks with their own checkers: ``--task reasoning-gym:NAME``.
+
+The ``reasoning-gym`` package (``pip install -e ".[tasks]"``) generates each task's problems
+offline from a seed and scores an answer with its own ``score_answer``: the problems and the
+judge are someone else's, so a rising accuracy here is not a reward this project wrote for itself.
+
+    prompt   chat messages: a system instruction asking for the final answer in <answer>...</answer>,
+             then the problem; they go through the model's chat template (docs/design.md, "Tasks")
+    reward   the task's own score of the extracted answer (0..1), plus --format-reward W for a
+             response whose answer is in the tags
+    metric   accuracy (score 1), the mean score, the fraction of answers in the tags
+
+Problems ``0 .. task_size - 1`` of one generated set train; the next ``task_eval_size`` are held out,
+less any whose question is also a training one, so training and held-out problems never overlap.
+Each prompt row carries the problem's ``answer`` (a reward written for the data sees it) and its
+``task_index``, which the task's reward and metric use to find the problem for its checker.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import yaml
+
+from ppo_rlhf.config import ConfigError
+
+PREFIX = "reasoning-gym:"
+SYSTEM_PROMPT = ("Solve the problem. You may reason briefly first; then give only the final answer inside "
+                 "<answer></answer> tags, for example <answer>42</answer>.")
+ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+INSTALL = 'pip install -e ".[tasks]" (or pip install reasoning-gym)'
+
+
+def import_reasoning_gym():
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ConfigError(f"--task {PREFIX}NAME needs the reasoning-gym package, which is not installed: "
+                          f"{INSTALL}") from None
+    return reasoning_gym
+
+
+def task_names() -> list[str]:
+    return sorted(import_reasoning_gym().factory.DATASETS)
+
+
+def parse_task_config(text: str) -> dict:
+    """``key=value,key=value`` -> a dict, each value read as YAML (3, 0.5, true, [1, 2], text).
+    A comma inside brackets belongs to its value."""
+    settings, depth, start = {}, 0, 0
+    parts = []
+    for i, char in enumerate(text + ","):
+        if char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"invalid value for 'task_config': {text!r}; allowed: key=value pairs separated by "
+                              f"commas, e.g. min_terms=2,max_terms=4")
+        try:
+            settings[key.strip()] = yaml.safe_load(value.strip())
+        except yaml.YAMLError:
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def extract_answer(response: str) -> str | None:
+    """The content of the last <answer>...</answer> of a response, stripped; None without one."""
+    found = ANSWER_TAGS.findall(response)
+    return found[-1].strip() if found else None
+
+
+class ReasoningGymTask:
+    """One reasoning-gym dataset as the stages see a task: prompt rows, reward and metric."""
+
+    def __init__(self, name: str, size: int, eval_size: int, seed: int, settings: dict | None = None,
+                 format_reward: float = 0.0):
+        reasoning_gym = import_reasoning_gym()
+        if name not in reasoning_gym.factory.DATASETS:
+            raise ConfigError(f"unknown reasoning-gym task {name!r}; allowed: {', '.join(task_names())}")
+        try:
+            dataset = reasoning_gym.create_dataset(name, size=size + eval_size, seed=seed, **(settings or {}))
+        except (TypeError, ValueError, AssertionError) as error:  # a setting its config does not have or refuses
+            raise ConfigError(f"--task-config for reasoning-gym task {name!r}: {type(error).__name__}: {error}") from None
+        self.name = PREFIX + name
+        self.dataset = dataset
+        self.entries = [dataset[i] for i in range(size + eval_size)]  # generated once: the checker reads them
+        self.format_reward = format_reward
+        training_questions = {entry["question"] for entry in self.entries[:size]}
+        self.train_indices = list(range(size))
+        self.eval_indices = [i for i in range(size, size + eval_size)
+                             if self.entries[i]["question"] not in training_questions]
+        self.dropped_from_eval = eval_size - len(self.eval_indices)
+
+    def row(self, index: int) -> dict:
+        entry = self.entries[index]
+        return {"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": entry["question"]}],
+                "answer": str(entry["answer"]), "task_index": index}
+
+    def prompt_rows(self) -> list[dict]:
+        return [self.row(i) for i in self.train_indices]
+
+    def eval_rows(self) -> list[dict]:
+        return [self.row(i) for i in self.eval_indices]
+
+    def score(self, response: str, index: int) -> float:
+        """The task's own score (0..1) of the response's answer: the tags' content, else nothing."""
+        score = self.dataset.score_answer(extract_answer(response), self.entries[index])
+        return float(score) if score is not None and math.isfinite(score) else 0.0
+
+    def rule_reward(self, prompts: list, responses: list[str], task_index: list[int], **columns) -> list[float]:
+        """The task's score of each response, plus --format-reward for an answer in the tags."""
+        return [self.score(response, index) + self.format_reward * (extract_answer(response) is not None)
+                for response, index in zip(responses, task_index)]
+
+    def metric(self, prompts: list, responses: list[str], finished: list[bool], rows: list[dict]) -> dict[str, float]:
+        scores = [self.score(response, row["task_index"]) for response, row in zip(responses, rows)]
+        n = max(len(scores), 1)
+        return {"accuracy": sum(s >= 1.0 for s in scores) / n, "task_score": sum(scores) / n,
+                "answer_format": sum(extract_answer(r) is not None for r in responses) / n}
+
+
+def make_task(name: str, size: int, eval_size: int, seed: int, settings: dict | None = None,
+              format_reward: float = 0.0) -> ReasoningGymTask:
+    return ReasoningGymTask(name, size, eval_size, seed, settings, format_reward)

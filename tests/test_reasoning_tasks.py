@@ -1,0 +1,87 @@
+"""reasoning-gym tasks (``--task reasoning-gym:NAME``): problems from the package's generator,
+answers scored by its own checker, training and held-out problems apart, and the bad settings
+named at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+reasoning_gym = pytest.importorskip("reasoning_gym", reason="the tasks extra is not installed: pip install -e '.[tasks]'")
+
+from ppo_rlhf.tasks.reasoning_gym import (  # noqa: E402 -- after the skip
+    SYSTEM_PROMPT,
+    ReasoningGymTask,
+    extract_answer,
+    parse_task_config,
+)
+
+
+def test_task_config_is_read_as_yaml_values():
+    assert parse_task_config("min_terms=2,max_terms=3") == {"min_terms": 2, "max_terms": 3}
+    assert parse_task_config("allow_negation=true, weights=[0.5, 0.5], name=abc") == {
+        "allow_negation": True, "weights": [0.5, 0.5], "name": "abc"}
+    assert parse_task_config("") == {}
+    with pytest.raises(ConfigError, match="key=value pairs"):
+        parse_task_config("min_terms")
+
+
+def test_extract_answer_takes_the_last_tagged_answer():
+    assert extract_answer("so <answer>3</answer> no wait <answer> 4 </answer>") == "4"
+    assert extract_answer("the answer is 4") is None
+    assert extract_answer("<answer>\n-12\n</answer>") == "-12"
+
+
+def test_rows_hold_the_problem_its_answer_and_never_a_training_question_held_out():
+    task = ReasoningGymTask("chain_sum", size=300, eval_size=100, seed=3, settings={"min_terms": 2, "max_terms": 2,
+                                                                                    "min_digits": 1, "max_digits": 1})
+    train, held_out = task.prompt_rows(), task.eval_rows()
+    assert len(train) == 300 and 0 < len(held_out) <= 100
+    # One-digit sums of two terms repeat: the held-out ones that are also training ones are dropped.
+    assert task.dropped_from_eval == 100 - len(held_out) and task.dropped_from_eval > 0
+    training_questions = {r["prompt"][1]["content"] for r in train}
+    assert not any(r["prompt"][1]["content"] in training_questions for r in held_out)
+    row = train[0]
+    assert row["prompt"][0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert row["answer"] == str(task.entries[row["task_index"]]["answer"])
+
+
+def test_the_tasks_own_checker_scores_the_tagged_answer():
+    task = ReasoningGymTask("chain_sum", size=4, eval_size=4, seed=0, format_reward=0.1)
+    rows = task.eval_rows()
+    right = [f"I add them. <answer>{row['answer']}</answer>" for row in rows]
+    untagged = [f"The answer is {row['answer']}" for row in rows]
+    wrong = ["<answer>not a number</answer>"] * len(rows)
+    indices = [row["task_index"] for row in rows]
+    assert task.rule_reward([], right, indices) == [pytest.approx(1.1)] * len(rows)
+    assert task.rule_reward([], untagged, indices) == [0.0] * len(rows)  # no tags: no answer to check
+    assert task.rule_reward([], wrong, indices) == [pytest.approx(0.1)] * len(rows)  # tags, wrong answer
+    metrics = task.metric([], right[:2] + wrong[2:], [True] * len(rows), rows)
+    assert metrics == {"accuracy": 0.5, "task_score": 0.5, "answer_format": 1.0}
+
+
+def test_unknown_task_names_the_valid_ones_and_bad_settings_name_the_setting():
+    with pytest.raises(ConfigError, match="unknown reasoning-gym task 'no_such'; allowed: .*basic_arithmetic.*chain_sum"):
+        ReasoningGymTask("no_such", 4, 4, 0)
+    with pytest.raises(ConfigError, match="--task-config for reasoning-gym task 'chain_sum'.*bogus"):
+        ReasoningGymTask("chain_sum", 4, 4, 0, {"bogus": 1})
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"task": "reasoning-gym:"}, "'task'.*doubling or reasoning-gym:NAME"),
+    ({"task": "sudoku"}, "'task'.*doubling or reasoning-gym:NAME"),
+    ({"task": "reasoning-gym:chain_sum", "task_size": 0}, "'task_size'.*> 0"),
+    ({"task": "reasoning-gym:chain_sum", "format_reward": -1}, "'format_reward'.*>= 0"),
+    ({"task": "reasoning-gym:chain_sum", "task_config": "x"}, "'task_config'.*key=value"),
+    ({"task": "doubling", "format_reward": 0.5}, "'format_reward'.*without --task reasoning-gym"),
+    ({"task": "doubling", "task_config": "a=1"}, "'task_config'.*without --task reasoning-gym"),
+])
+def test_bad_task_settings_fail_when_the_config_is_built(values, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(PPOConfig, {"model": "m", **values})
+
+
+def test_a_reasoning_gym_task_formats_its_prompts_with_the_chat_template():
+    assert build_config(PPOConfig, {"model": "m", "task": "reasoning-gym:chain_sum"}).chat_template is True
