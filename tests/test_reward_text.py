@@ -104,7 +104,8 @@ def test_pairwise_texts_end_with_one_eos():
 def postprocess(scores, finished, **options):
     trainer = SimpleNamespace(config=build_config(PPOConfig, {"task": "doubling", **options}),
                               score_moments=RunningMoments())
-    return PPOTrainer.postprocess_scores(trainer, torch.tensor(scores), torch.tensor(finished))
+    shaped = PPOTrainer.shape_scores(trainer, torch.tensor(scores), torch.tensor(finished), torch.ones(len(scores)))
+    return PPOTrainer.normalise_scores(trainer, shaped)
 
 
 def test_missing_eos_penalty_is_taken_off_the_score_of_unfinished_responses():

@@ -45,20 +45,50 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     Read from the attention mask, not from the pad id: with pad = EOS, the model's own pooling
     would skip the EOS that ends a response.  Works for left or right padding.
     """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
-    head = getattr(inner, "score", None)
-    trunk = inner.base_model
-    if head is None or trunk is inner:
+    trunk, head = trunk_and_head(model)
+    if head is None:
         # No last-token head to call separately (e.g. BERT-style pooling): use the model's own.
         return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
-    hidden = trunk(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-    ).last_hidden_state  # (B, L, H)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    last = (attention_mask * positions).argmax(dim=1)  # (B,) index of the last attended token
+    hidden = trunk_hidden(trunk, input_ids, attention_mask)  # (B, L, H)
+    last = last_attended(attention_mask)  # (B,)
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
     # The head's own dtype: a trained head is float32 on a trunk that may compute in bf16.
     return head(pooled.to(head.weight.dtype)).float()
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) outputs of a one-output reward model's head at every position (the per-token values
+    DeepSpeed-Chat's reward loss compares); ModelError for a model without a separate head."""
+    from ppo_rlhf.models.loading import ModelError
+
+    trunk, head = trunk_and_head(model)
+    if head is None or head.out_features != 1:
+        raise ModelError(f"a {type(model).__name__} has no one-output head to apply at every token (a pooling "
+                         f"classifier, or several classes); --rm-loss divergence needs a last-token reward model "
+                         f"such as ...ForSequenceClassification of a causal LM")
+    hidden = trunk_hidden(trunk, input_ids, attention_mask)  # (B, L, H)
+    return head(hidden.to(head.weight.dtype)).float().squeeze(-1)
+
+
+def trunk_and_head(model):
+    """(trunk, score head) of a sequence classifier, also through a peft wrapper; head None when
+    the model pools in its own way (no ``score`` module on top of a ``base_model``)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = getattr(inner, "score", None)
+    trunk = inner.base_model
+    return (trunk, None) if head is None or trunk is inner else (trunk, head)
+
+
+def trunk_hidden(trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L, H) last hidden states, positions counted from each row's first attended token."""
+    return trunk(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+
+
+def last_attended(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of each row's last attended position (left or right padding)."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (attention_mask * positions).argmax(dim=1)
 
 
 # Reward-model rows are padded on the right, in training and in scoring, whatever the

@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
+from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
@@ -26,12 +27,15 @@ from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
-from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_token_scores
+from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_attended, last_token_scores, token_scores
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
 from ppo_rlhf.trainers.guard import DivergenceGuard
 from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.resume import Checkpoints
 from ppo_rlhf.trainers.sft import lr_at
+
+
+RM_LOSSES = ("last-token", "divergence")
 
 
 @dataclass
@@ -44,6 +48,10 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     task: str = option("doubling", "built-in task that supplies data when --data is empty", choices=("doubling",))
     mode: str = option("classification", "pairwise {prompt, chosen, rejected} or classification {text, label}",
                        choices=("pairwise", "classification"))
+    rm_loss: str = option("last-token", "pairwise loss: last-token, -logsigmoid(r_chosen - r_rejected) of the scores "
+                                        "at each sequence's last token (Bradley-Terry); divergence, DeepSpeed-Chat's: "
+                                        "the same averaged over the tokens from the first one where the two sequences "
+                                        "differ to the end of the longer", choices=RM_LOSSES)
     num_labels: int = option(3, "classes for classification mode (pairwise always has one output)")
     out: str = option("runs/rm", "run folder")
     prompt_field: str = option("prompt", "pairwise: field holding the prompt")
@@ -91,6 +99,8 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         check(0.0 <= self.dropout < 1.0, "dropout", "0 <= dropout < 1", self.dropout)
         check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
         check(self.num_labels >= 1, "num_labels", ">= 1", self.num_labels)
+        check(self.rm_loss == "last-token" or self.mode == "pairwise", "rm_loss",
+              "last-token in classification mode (divergence compares a chosen with a rejected sequence)", self.rm_loss)
         check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
         check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
 
@@ -119,11 +129,47 @@ def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tenso
     return -torch.nn.functional.logsigmoid(chosen_scores - rejected_scores).mean()
 
 
+def divergence_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, chosen_ids: torch.Tensor,
+                    rejected_ids: torch.Tensor, chosen_mask: torch.Tensor, rejected_mask: torch.Tensor) -> torch.Tensor:
+    """DeepSpeed-Chat's pairwise reward loss: per pair, ``-log sigmoid(v_chosen[t] - v_rejected[t])``
+    averaged over the positions t from the first one where the two sequences differ to the end of
+    the longer one, then averaged over pairs.  (B, L) per-token scores, ids and masks, right-padded
+    to one width.
+
+    The shared prompt (and any shared start of the responses) carries no preference, so it is left
+    out; every token after the split is asked to prefer the chosen continuation, which gives the
+    model a denser signal than the last token alone.  Past its own end a sequence's value is held
+    at its last token's score (its reward), where DeepSpeed-Chat reads the value the head gives a
+    pad token: the padding's length and token are arbitrary, the final score is not.
+    """
+    width = chosen_ids.shape[1]
+    positions = torch.arange(width, device=chosen_ids.device)  # (L,)
+    differs = (chosen_ids != rejected_ids) | (chosen_mask != rejected_mask)  # (B, L)
+    first = torch.where(differs.any(dim=1), differs.float().argmax(dim=1), torch.full_like(differs[:, 0], width,
+                                                                                            dtype=torch.long))  # (B,)
+    chosen_length, rejected_length = chosen_mask.sum(dim=1), rejected_mask.sum(dim=1)
+    end = torch.maximum(chosen_length, rejected_length)  # (B,) one past the longer sequence's last token
+    compared = (positions >= first[:, None]) & (positions < end[:, None])  # (B, L)
+    chosen_held = held_past_end(chosen_scores, chosen_length)
+    rejected_held = held_past_end(rejected_scores, rejected_length)
+    per_token = -torch.nn.functional.logsigmoid(chosen_held - rejected_held)  # (B, L)
+    per_pair = masked_mean(per_token, compared, dim=1)  # a pair that never differs: 0 (dropped at loading)
+    return per_pair.mean()
+
+
+def held_past_end(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(B, L) scores with every position past a row's last token holding that token's score."""
+    positions = torch.arange(scores.shape[1], device=scores.device)
+    last = (lengths - 1).clamp(min=0)
+    final = scores.gather(1, last[:, None])  # (B, 1)
+    return torch.where(positions[None, :] < lengths[:, None], scores, final)
+
+
 class _Examples:
     """Tokenised rows of either mode, indexable by a batch of row indices."""
 
     def __init__(self, tokenizer, rows, config: RewardConfig):
-        self.mode = config.mode
+        self.mode, self.rm_loss = config.mode, config.rm_loss
         if config.mode == "pairwise":
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
             # Encoded together so both halves share one padded width (a batch stacks them).
@@ -153,10 +199,16 @@ class _Examples:
         if self.mode == "pairwise":
             both_ids = torch.cat([self.chosen[0][index], self.rejected[0][index]])
             both_mask = torch.cat([self.chosen[1][index], self.rejected[1][index]])
-            ids, mask = drop_padding_columns(both_ids, both_mask)
-            scores = last_token_scores(model, ids.to(device), mask.to(device))[:, 0]
+            ids, mask = (t.to(device) for t in drop_padding_columns(both_ids, both_mask))
+            if self.rm_loss == "divergence":
+                per_token = token_scores(model, ids, mask)  # (2B, L)
+                scores = per_token.gather(1, last_attended(mask)[:, None]).squeeze(1)  # each sequence's reward
+                loss = divergence_loss(*per_token.chunk(2), *ids.chunk(2), *mask.chunk(2))
+            else:
+                scores = last_token_scores(model, ids, mask)[:, 0]
+                loss = bradley_terry_loss(*scores.chunk(2))
             chosen_scores, rejected_scores = scores.chunk(2)
-            return bradley_terry_loss(chosen_scores, rejected_scores), chosen_scores > rejected_scores
+            return loss, chosen_scores > rejected_scores
         ids, mask = drop_padding_columns(self.texts[0][index], self.texts[1][index])
         logits = last_token_scores(model, ids.to(device), mask.to(device))
         labels = self.labels[index].to(device)
