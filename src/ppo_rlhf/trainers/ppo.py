@@ -126,7 +126,8 @@ class PPOTrainer:
         actor: the causal LM being tuned (initialised from the SFT model), or a peft model whose
             active adapter is the policy (LoRA on one base, see models/lora.py).
         ref: a frozen copy of the SFT model; None with LoRA: the base with adapters disabled.
-        reward: ``reward(ScoringBatch) -> (B,)`` scores (a ModelReward or FunctionReward).
+        reward: ``reward(ScoringBatch) -> (B,)`` scores (a CombinedReward, or one ModelReward or
+            FunctionReward); a CombinedReward's ``last_components`` give the ``reward/<name>`` metrics.
         tokenizer: the actor's tokenizer.
         config: PPOConfig.
         generator: the rollout engine (TorchGenerator unless another is plugged in).
@@ -240,6 +241,9 @@ class PPOTrainer:
         start = time.perf_counter()
         raw_scores = self.reward(ScoringBatch(rows, prompts, rollout.texts, rollout.finished, sequences))
         raw_scores = raw_scores.to(self.device).float()  # a reward function's scores come on the CPU
+        # Each reward's own scores (several are summed with weights), read before ReMax scores again.
+        components = {name: part.to(self.device).float()
+                      for name, part in getattr(self.reward, "last_components", {}).items()}
         finished = torch.tensor(rollout.finished, device=self.device)
         timings["time/score"] = time.perf_counter() - start
         # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
@@ -264,6 +268,7 @@ class PPOTrainer:
         mask = sequences.response_mask
         logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
         raw_scores, finished = gather_rows(raw_scores), gather_rows(finished)
+        self.reward_components = {name: gather_rows(part) for name, part in components.items()}  # step's metrics
         scores = self.postprocess_scores(raw_scores, finished)
         greedy_scores = None
         if greedy is not None:  # ReMax: post-processed as the sampled scores, without moving their statistics
@@ -511,6 +516,9 @@ class PPOTrainer:
             "tokens_per_s": n_tokens / total_time,
             "generated_tokens_per_s": n_response_tokens / timings["time/generate"],
         }
+        for name, part in self.reward_components.items():  # each reward as it came, before its weight
+            metrics[f"reward/{name}"] = part.mean().item()
+            metrics[f"reward/{name}_std"] = part.std(unbiased=False).item()
         if self.config.entropy_coef != 0:
             metrics["entropy_coef"] = entropy_coef
         if experience.values is not None:
