@@ -295,6 +295,9 @@ class FunctionReward:
       tokenizer (TRL's name).
     - ``trainer_state`` (TRL) is not passed: a function that requires it is refused at start.
 
+    A function carrying a ``check_requirements()`` attribute has it called here, at start (a
+    missing optional package is then a ConfigError before any model loads).
+
     The function gets the keywords it names, or all of them if it takes ``**kwargs``.  A column it
     names without a default and the data lacks stops the run at start (:meth:`check_columns`).
     An ``async def`` function is awaited; several waiting rewards of one batch run concurrently
@@ -307,6 +310,10 @@ class FunctionReward:
         self.short_name = getattr(self.function, "__name__", self.name)  # its metrics' name, reward/<short_name>
         self.description = description or f"function {self.name}"  # for the run's plan
         self.prompt_field = prompt_field
+        # A function that needs an optional package says so at start (ppo_rlhf.rewards:math_equal).
+        check_requirements = getattr(self.function, "check_requirements", None)
+        if callable(check_requirements):
+            check_requirements()
         self.waits = inspect.iscoroutinefunction(self.function)
         signature = inspect.signature(self.function)
         parameters = signature.parameters
