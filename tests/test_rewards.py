@@ -308,6 +308,9 @@ def own_answers(prompts, responses, answer, n, finished):
         assert first == second, prompts  # --samples-per-prompt 2: each prompt twice, adjacent
     return [1.0] * len(responses)
 
+def answer_given(prompts, responses, answer):
+    return [float(expected == "A:" + prompt) for prompt, expected in zip(prompts, answer)]
+
 async def waits(prompts, responses, **columns):
     await asyncio.sleep(0.01)
     return [len(r) / 10 for r in responses]
@@ -337,9 +340,12 @@ def test_every_response_gets_its_own_rows_columns_and_each_reward_is_logged(zoo,
     for record in records:
         assert record["reward/own_answers"] == 1.0 and record["reward/own_answers_std"] == 0.0
         assert record["score"] == pytest.approx(2.0 + 0.5 * record["reward/waits"], rel=1e-5)
-    # eval scores through the same rewards, columns included
+    # eval scores through the same rewards, columns included, each by name
     run(["eval", "--model", zoo["llama"], "--prompts", tmp_path / "rows.jsonl", "--reward-fn",
-         f"{tmp_path}/checks.py:waits", "--max-new-tokens", 4, "--max-length", 32, "--num-threads", 1])
+         f"{tmp_path}/checks.py:waits,{tmp_path}/checks.py:answer_given", "--max-new-tokens", 4, "--max-length", 32,
+         "--num-threads", 1, "--out", tmp_path / "eval"])
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["reward/answer_given"] == 1.0 and summary["score"] == pytest.approx(1.0 + summary["reward/waits"])
 
 
 def test_a_missing_column_stops_the_run_before_any_model_loads(zoo, tmp_path, capsys):
