@@ -164,6 +164,28 @@ def test_reward_lists_from_yaml_and_flags():
     assert read_setting(PPOConfig, "reward_fn", None) == []
 
 
+def test_a_run_saved_with_one_reward_function_as_a_string_resumes(tmp_path):
+    from ppo_rlhf.trainers.resume import RUN_CONFIG, check_resume_settings, last_checkpoint, run_settings
+
+    config = build_config(PPOConfig, {"model": "m", "reward_fn": "mod:f", "out": str(tmp_path)})
+    saved = {**run_settings(config), "reward_fn": "mod:f"}  # as run_config.json held it before lists
+    saved.pop("reward_weights")
+    last_checkpoint(tmp_path).mkdir(parents=True)
+    (last_checkpoint(tmp_path) / RUN_CONFIG).write_text(json.dumps(saved))
+    check_resume_settings(config, tmp_path)
+    other = build_config(PPOConfig, {"model": "m", "reward_fn": "mod:g", "out": str(tmp_path)})
+    with pytest.raises(ConfigError, match="reward_fn: \\['mod:f'\\] -> \\['mod:g'\\]"):
+        check_resume_settings(other, tmp_path)
+
+
+def test_an_object_with_an_async_call_is_awaited():
+    class Judge:
+        async def __call__(self, prompts, responses):
+            return [0.5] * len(responses)
+
+    assert FunctionReward(Judge(), name="judge")(batch()).tolist() == [0.5, 0.5]
+
+
 # ---------------------------------------------------------------- the HTTP reward
 class Judge(BaseHTTPRequestHandler):
     """Answers by path: /good scores len(response); /slow sleeps past the timeout; /flaky fails

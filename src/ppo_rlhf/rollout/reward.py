@@ -314,7 +314,9 @@ class FunctionReward:
         check_requirements = getattr(self.function, "check_requirements", None)
         if callable(check_requirements):
             check_requirements()
-        self.waits = inspect.iscoroutinefunction(self.function)
+        # An async function, or an object whose __call__ is one.
+        self.waits = (inspect.iscoroutinefunction(self.function)
+                      or inspect.iscoroutinefunction(getattr(self.function, "__call__", None)))
         signature = inspect.signature(self.function)
         parameters = signature.parameters
         self.trl_style = TRL_RESPONSES in parameters
