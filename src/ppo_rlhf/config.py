@@ -58,7 +58,7 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
 def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
     """Convert a YAML or flag value to the field's type, or raise ConfigError naming the key."""
     kind, optional = _base_type(field.type)
-    if kind is list and value is None:  # an empty list (a run_config.json from when the field was optional)
+    if kind is list and value is None and not optional:  # an empty list (a run_config.json from when the field was optional)
         return []
     # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say.
     if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null", "")):

@@ -223,7 +223,7 @@ def load_function(dotted_path: str):
 def _not_numbers(scores) -> str:
     """What a reward returned instead of a list of numbers, for the message."""
     if isinstance(scores, (list, tuple)):
-        bad = next((s for s in scores if isinstance(s, bool) or not isinstance(s, (int, float))), None)
+        bad = next((s for s in scores if not isinstance(s, (int, float))), None)
         return f"a {type(scores).__name__} holding {bad!r}"
     return type(scores).__name__
 

@@ -19,7 +19,7 @@ from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set
 
 
 @dataclass
-class EvalConfig(RunFolderOptions, HardwareOptions, RewardOptions):
+class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions):
     model: str | None = option(None, "causal LM folder to evaluate")
     task: str | None = option(None, "built-in task supplying held-out prompts and metric", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")

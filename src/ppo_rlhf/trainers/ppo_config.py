@@ -45,7 +45,7 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 
 @dataclass
-class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions, RewardOptions):
+class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
