@@ -37,6 +37,15 @@ def words(prompts, responses):
     return ["good"] * len(responses)
 
 not_callable = 3
+
+def needs_label(prompts, responses, label):
+    return [0.0] * len(responses)
+
+async def async_nan(prompts, responses, **columns):
+    return [float("nan")] * len(responses)
+
+def trl_with_state(completions, trainer_state, **kwargs):
+    return [0.0] * len(completions)
 '''
 
 
@@ -290,8 +299,9 @@ CASES = [
         ("{gpt2}", "not a reward model"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-reward-model-missing", ppo("--reward-fn", "", "--reward-model", "{tmp}/nowhere"),
         ("reward model not found", "nowhere"), {"data.jsonl": rows(PROMPT)}),
-    Bad("ppo-reward-model-and-function", ppo("--reward-model", "{gpt2}"), ("reward_model", "exactly one"),
+    Bad("ppo-reward-model-and-function-a-causal-lm", ppo("--reward-model", "{gpt2}"), ("{gpt2}", "not a reward model"),
         {"data.jsonl": rows(PROMPT)}),
+    Bad("ppo-no-reward", ppo("--reward-fn", ""), ("no reward", "--reward-fn", "--reward-url"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-critic-other-vocabulary", ppo("--critic", "separate", "--critic-model", "{gpt2}"),
         ("{gpt2}", "different vocabulary"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-critic-lora-without-lora", ppo("--critic", "lora"), ("'critic'", "needs --lora"), {"data.jsonl": rows(PROMPT)}),
@@ -323,6 +333,21 @@ CASES = [
         ("wrong_length", "returned 1 scores for 2 responses"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-reward-function-nan", ppo("--reward-fn", f"{REWARDS_MODULE}:not_a_number"),
         ("not_a_number", "non-finite"), {"data.jsonl": rows(PROMPT)}),
+    Bad("ppo-reward-column-missing", ppo("--reward-fn", "{tmp}/bad_rewards.py:needs_label"),
+        ("needs_label", "'label'", "data.jsonl:1"), {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE},
+        existing_run=True),
+    Bad("ppo-reward-async-nan", ppo("--reward-fn", "{tmp}/bad_rewards.py:async_nan"), ("async_nan", "non-finite"),
+        {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
+    Bad("ppo-reward-wants-trainer-state", ppo("--reward-fn", "{tmp}/bad_rewards.py:trl_with_state"),
+        ("trl_with_state", "trainer_state"), {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
+    Bad("ppo-reward-weights-count", ppo("--reward-weights", "1,2"), ("'reward_weights'", "2 weights", "1 reward"),
+        {"data.jsonl": rows(PROMPT)}),
+    Bad("ppo-reward-weights-not-numbers", ppo("--reward-weights", "heavy"), ("'reward_weights'", "numbers"),
+        {"data.jsonl": rows(PROMPT)}),
+    Bad("ppo-reward-url-not-http", ppo("--reward-url", "ftp://judge"), ("'reward_url'", "ftp://judge", "http://"),
+        {"data.jsonl": rows(PROMPT)}),
+    Bad("ppo-reward-url-unreachable", ppo("--reward-url", "http://127.0.0.1:9/score", "--reward-retries", 0),
+        ("http://127.0.0.1:9/score", "failed 1 times"), {"data.jsonl": rows(PROMPT)}),
     # ------------------------------------------------------------ ppo: numbers and run folders
     Bad("ppo-mini-batch-not-a-divisor", ppo("--mini-batch-size", 3), ("'mini_batch_size'", "divisor"),
         {"data.jsonl": rows(PROMPT)}),
@@ -357,6 +382,10 @@ CASES = [
         {"data.jsonl": rows(PROMPT)}),
     Bad("eval-reward-function-raises", evaluate("--reward-fn", "{tmp}/bad_rewards.py:raises"),
         ("bad_rewards.py:raises", "ZeroDivisionError"), {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
+    Bad("eval-reward-column-missing", evaluate("--reward-fn", "{tmp}/bad_rewards.py:needs_label"),
+        ("needs_label", "'label'", "data.jsonl:1"), {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
+    Bad("eval-reward-weights-count", evaluate("--reward-fn", REWARD, "--reward-weights", "1,2"),
+        ("'reward_weights'", "2 weights", "1 reward"), {"data.jsonl": rows(PROMPT)}),
     Bad("eval-size-zero", evaluate("--size", 0), ("'size'", "> 0"), {"data.jsonl": rows(PROMPT)}),
     Bad("eval-out-holds-a-run", evaluate("--out", "{out}"), ("already holds a run",),
         {"data.jsonl": rows(PROMPT), "out/summary.json": "{}"}),

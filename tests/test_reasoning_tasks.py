@@ -4,17 +4,20 @@ named at start."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo_config import PPOConfig
+from zoo import THREADS, run, run_failing
 
 reasoning_gym = pytest.importorskip("reasoning_gym", reason="the tasks extra is not installed: pip install -e '.[tasks]'")
 
 from ppo_rlhf.tasks.reasoning_gym import (  # noqa: E402 -- after the skip
     SYSTEM_PROMPT,
     ReasoningGymTask,
-    extract_answer,
     parse_task_config,
 )
 
@@ -26,12 +29,6 @@ def test_task_config_is_read_as_yaml_values():
     assert parse_task_config("") == {}
     with pytest.raises(ConfigError, match="key=value pairs"):
         parse_task_config("min_terms")
-
-
-def test_extract_answer_takes_the_last_tagged_answer():
-    assert extract_answer("so <answer>3</answer> no wait <answer> 4 </answer>") == "4"
-    assert extract_answer("the answer is 4") is None
-    assert extract_answer("<answer>\n-12\n</answer>") == "-12"
 
 
 def test_rows_hold_the_problem_its_answer_and_never_a_training_question_held_out():
@@ -51,13 +48,14 @@ def test_rows_hold_the_problem_its_answer_and_never_a_training_question_held_out
 def test_the_tasks_own_checker_scores_the_tagged_answer():
     task = ReasoningGymTask("chain_sum", size=4, eval_size=4, seed=0, format_reward=0.1)
     rows = task.eval_rows()
-    right = [f"I add them. <answer>{row['answer']}</answer>" for row in rows]
-    untagged = [f"The answer is {row['answer']}" for row in rows]
-    wrong = ["<answer>not a number</answer>"] * len(rows)
+    right = [f"I add them: 1 + 2. <answer>{row['answer']}</answer>" for row in rows]
+    untagged = [f"Adding up gives 3, then {row['answer']}" for row in rows]  # the last number counts
+    wrong = ["<answer>not a number</answer> but " + row["answer"] for row in rows]  # the tags count, not the rest
     indices = [row["task_index"] for row in rows]
     assert task.rule_reward([], right, indices) == [pytest.approx(1.1)] * len(rows)
-    assert task.rule_reward([], untagged, indices) == [0.0] * len(rows)  # no tags: no answer to check
-    assert task.rule_reward([], wrong, indices) == [pytest.approx(0.1)] * len(rows)  # tags, wrong answer
+    assert task.rule_reward([], untagged, indices) == [1.0] * len(rows)  # right, without the format bonus
+    assert task.rule_reward([], wrong, indices) == [pytest.approx(0.1)] * len(rows)
+    assert task.rule_reward([], ["no number here"] * len(rows), indices) == [0.0] * len(rows)
     metrics = task.metric([], right[:2] + wrong[2:], [True] * len(rows), rows)
     assert metrics == {"accuracy": 0.5, "task_score": 0.5, "answer_format": 1.0}
 
@@ -85,3 +83,32 @@ def test_bad_task_settings_fail_when_the_config_is_built(values, message):
 
 def test_a_reasoning_gym_task_formats_its_prompts_with_the_chat_template():
     assert build_config(PPOConfig, {"model": "m", "task": "reasoning-gym:chain_sum"}).chat_template is True
+
+
+def test_a_tiny_model_trains_and_evaluates_on_a_reasoning_gym_task(zoo, tmp_path, capsys):
+    out = tmp_path / "ppo"
+    task = ["--task", "reasoning-gym:chain_sum", "--task-size", 12, "--task-eval-size", 4, "--task-config",
+            "min_terms=2,max_terms=2"]
+    run(["ppo", "--model", zoo["qwen2"], *task, "--format-reward", 0.5, "--estimator", "grpo",
+         "--samples-per-prompt", 4, "--batch-size", 8, "--mini-batch-size", 4, "--ppo-epochs", 1, "--iterations", 2,
+         "--max-new-tokens", 8, "--max-length", 120, "--eval-every", 1, "--lr", 1e-3, "--out", out, *THREADS])
+    assert "reward:    " in capsys.readouterr().out
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(key in records[0] for key in ("eval/accuracy", "eval/task_score", "eval/answer_format"))
+    assert all("eval_sampled/accuracy" in r and "reward/rule_reward" in r
+               for r in records[1:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert "eval/accuracy" in summary["before"] and "eval/accuracy" in summary["after"]
+    assert "eval_sampled/accuracy" in summary["after_sampled"]
+    run(["eval", "--model", out / "checkpoints" / "actor", *task, "--max-new-tokens", 8, "--max-length", 120,
+         "--out", tmp_path / "eval", *THREADS])
+    evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert evaluated["prompts"] == 4 and "accuracy" in evaluated and evaluated["samples"][0]["prompt"][0]["role"] == "system"
+
+
+def test_an_unknown_reasoning_gym_task_exits_2_naming_the_valid_ones(zoo, tmp_path, capsys):
+    err = run_failing(["ppo", "--model", zoo["qwen2"], "--task", "reasoning-gym:no_such", "--out", tmp_path / "x",
+                       *THREADS], capsys)
+    assert "unknown reasoning-gym task 'no_such'; allowed:" in err and "chain_sum" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()

@@ -58,6 +58,8 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
 def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
     """Convert a YAML or flag value to the field's type, or raise ConfigError naming the key."""
     kind, optional = _base_type(field.type)
+    if kind is list and value is None and not optional:  # an empty list (a run_config.json from when the field was optional)
+        return []
     # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say.
     if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
         if optional:
@@ -79,12 +81,41 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         if kind is float:
             return float(value)
         if kind is list:
-            return list(value) if not isinstance(value, str) else [v for v in value.split(",") if v]
+            return _coerce_list(value)
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(
             f"'{field.name}' must be {getattr(kind, '__name__', kind)}, got {value!r}"
         ) from None
+
+
+def _coerce_list(value: Any) -> list:
+    """A list field from YAML (a list, or one comma-separated string) or from flags (each
+    repeated flag's value, comma-separated): one flat list.  An empty value empties the list so
+    far, so that ``--reward-fn ""`` still unsets what came before it.  The items are converted by
+    the config's ``validate``, which can say what each must be."""
+    flat = []
+    for item in [value] if isinstance(value, str) else list(value):
+        if isinstance(item, str) and not item.strip():
+            flat = []
+        elif isinstance(item, str):
+            flat += [part for part in item.split(",") if part]
+        else:
+            flat.append(item)
+    return flat
+
+
+def read_setting(cls: type, name: str, value: Any) -> Any:
+    """A saved setting as ``cls`` reads it now: a value saved before a field changed type (one
+    reward function as a string, now a list of them) compares equal to the same value given now.
+    Unknown names and values that no longer convert are returned as saved."""
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    if field is None:
+        return value
+    try:
+        return _coerce(cls, field, value)
+    except ConfigError:
+        return value
 
 
 def build_config(cls: type[C], values: dict[str, Any], source: str = "config") -> C:
@@ -141,6 +172,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             group.add_argument(
                 flag_name(field), dest=field.name, action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS, help=help_text,
+            )
+        elif kind is list:  # repeated or comma-separated: --reward-fn a:f --reward-fn b:g, or a:f,b:g
+            group.add_argument(
+                flag_name(field), dest=field.name, action="append", default=argparse.SUPPRESS, help=help_text,
+                metavar=field.name.upper(),
             )
         else:
             group.add_argument(

@@ -48,6 +48,9 @@ class Evaluator:
                                    self.max_new_tokens, do_sample=do_sample, temperature=temperature,
                                    seed=seed + rank())
         texts, finished, lengths, scores = [], [], [], []
+        # Several rewards: each one's scores too, by name (the same names in every process).
+        names = getattr(self.reward, "names", [])
+        components = {name: [] for name in names} if len(names) > 1 else {}
         mine = split_for_rank(list(range(len(self.prompts))))
         for begin in range(0, len(mine), self.batch_size):
             index = mine[begin:begin + self.batch_size]
@@ -59,12 +62,17 @@ class Evaluator:
             if self.reward is not None:
                 rows = [self.rows[i] for i in index]
                 scores += self.reward(ScoringBatch(rows, prompts, out.texts, out.finished, out.sequences)).tolist()
+                for name in components:
+                    components[name] += self.reward.last_components[name].tolist()
         texts, finished, lengths, scores = (gather_objects(part) for part in (texts, finished, lengths, scores))
+        components = {name: gather_objects(values) for name, values in components.items()}
         metrics = {}
         if self.metric is not None:
             metrics.update(self.metric(self.prompts, texts, finished, self.rows))
         if scores:
             metrics["score"] = sum(scores) / len(scores)
+        for name, values in components.items():
+            metrics[f"reward/{name}"] = sum(values) / len(values)
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
         metrics["seconds"] = time.perf_counter() - start
         return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, texts))

@@ -83,6 +83,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "show_samples", "save_every",
     "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every", "max_bad_steps",
     "rollout_micro_batch_size", "train_micro_batch_size",  # how the same sums are split into passes
+    "reward_timeout", "reward_retries", "reward_backoff",  # how patiently the same scores are fetched
 })
 
 

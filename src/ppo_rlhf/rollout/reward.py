@@ -1,12 +1,18 @@
-"""Rewards: one score per finished response, from a reward model or a Python function.
+"""Rewards: one score per finished response, from a reward model, Python functions or an HTTP
+endpoint (rollout/reward_http.py), several of them summed with weights (docs/design.md, "Rewards").
 
 Every reward is called as ``reward(batch) -> (B,) tensor`` with a :class:`ScoringBatch`: the
 prompt rows as given in the data, the decoded responses, which of them ended with EOS, and
-the token sequences (for a reward model that shares the policy's tokenizer).
+the token sequences (for a reward model that shares the policy's tokenizer).  Each also has a
+``short_name`` (its metrics' name), a ``description`` (the run's plan) and ``waits`` (True: it
+also has ``score_async(batch)``, awaited with the other waiting rewards of the batch).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import copy
 import importlib
 import importlib.util
 import inspect
@@ -19,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import ConfigError
+from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.models.loading import max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -116,9 +122,12 @@ class ModelReward:
     the reward model's positions cut from the left).
     """
 
+    short_name, waits = "model", False
+
     def __init__(self, model, tokenizer=None, policy_tokenizer=None, label_field: str = "label", batch_size: int = 256,
-                 chat_template: bool = False):
+                 chat_template: bool = False, description: str = "a reward model"):
         self.model = model.eval()
+        self.description = description  # for the run's plan: "model DIR"
         self.chat_template = chat_template  # prompts were formatted with the chat template (ppo --chat-template)
         self.label_field = label_field
         self.batch_size = batch_size
@@ -242,51 +251,278 @@ def load_function(dotted_path: str):
 
 
 def _not_numbers(scores) -> str:
-    """What a reward function returned instead of a list of numbers, for the message."""
+    """What a reward returned instead of a list of numbers, for the message."""
     if isinstance(scores, (list, tuple)):
         bad = next((s for s in scores if not isinstance(s, (int, float))), None)
         return f"a {type(scores).__name__} holding {bad!r}"
     return type(scores).__name__
 
 
-class FunctionReward:
-    """A plain Python function ``f(prompts, responses) -> list[float]`` as the reward.
+def validated_scores(scores, count: int, what: str) -> torch.Tensor:
+    """``scores`` as a (count,) float32 tensor, or RewardError naming ``what`` gave them (e.g.
+    "reward function mod:f"): one finite real number per response, whichever reward it came from."""
+    try:
+        if isinstance(scores, (str, bytes, dict)):
+            raise TypeError
+        scores = [float(s) for s in scores]
+    except (TypeError, ValueError):
+        raise RewardError(f"{what} must return a list of numbers, got {_not_numbers(scores)}") from None
+    if len(scores) != count:
+        raise RewardError(f"{what} returned {len(scores)} scores for {count} responses")
+    bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+    if bad:
+        raise RewardError(f"{what} returned a non-finite score ({scores[bad[0]]}) at index {bad[0]}")
+    return torch.tensor(scores, dtype=torch.float32)
 
-    If the function also takes ``finished`` (or ``**kwargs``), it receives the list of flags
-    saying which responses ended with EOS.
+
+def run_coroutine(coroutine):
+    """Run a coroutine to its end from synchronous code.  Called where an event loop already runs
+    (a notebook), it runs on a loop of its own in a helper thread: asyncio allows one loop per thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def row_columns(rows: list[dict], prompt_field: str) -> dict[str, list]:
+    """Each field of the prompt rows but the prompt (and the loader's ``_source``), as one list
+    with a value per row (None where a row lacks the field).  Rows repeated for K samples per
+    prompt are adjacent, so each response's value is its own prompt row's.  Deep copies: a
+    reward that changes what it is given cannot change the trainer's data."""
+    names = dict.fromkeys(key for row in rows for key in row if key not in (prompt_field, "_source"))
+    return {name: copy.deepcopy([row.get(name) for row in rows]) for name in names}
+
+
+def check_columns(rewards, rows: list[dict], source: str) -> None:
+    """ConfigError, before any model is loaded, if a reward needs a field the rows lack (or one it
+    cannot send); ``source`` names the data (a row's own ``_source`` is preferred)."""
+    for reward in rewards:
+        if hasattr(reward, "check_columns"):
+            reward.check_columns(rows, source)
+
+
+# Keywords a reward function may name besides its data columns; they win over a column of the same name.
+RESPONSES, TRL_RESPONSES = "responses", "completions"
+PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids")
+NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerState to give
+
+
+class FunctionReward:
+    """A Python function as the reward (docs/design.md, "Rewards").
+
+    Called as ``f(prompts, responses, **columns) -> list[float]``, one score per response:
+
+    - ``prompts``, ``responses``: the first two positional parameters, whatever their names.
+      A function with a parameter named ``completions`` is called the way TRL's GRPOTrainer calls
+      its reward functions instead, every argument by keyword: ``prompts=``, ``completions=``
+      (the responses, as text), so reward functions written for TRL run unchanged.
+    - ``columns``: every field of the prompt row other than the prompt (``answer``, ``label``,
+      ...), each as a list with one value per response: its own prompt row's value.
+    - ``finished``: list of bools, which responses ended with EOS.
+    - ``completion_ids``: list of lists of token ids, each response's tokens in the policy's
+      tokenizer (TRL's name).
+    - ``trainer_state`` (TRL) is not passed: a function that requires it is refused at start.
+
+    A function carrying a ``check_requirements()`` attribute has it called here, at start (a
+    missing optional package is then a ConfigError before any model loads).
+
+    The function gets the keywords it names, or all of them if it takes ``**kwargs``.  A column it
+    names without a default and the data lacks stops the run at start (:meth:`check_columns`).
+    An ``async def`` function is awaited; several waiting rewards of one batch run concurrently
+    (:class:`CombinedReward`).  Each call gets its own copies of the lists.
     """
 
-    def __init__(self, function, name: str | None = None):
+    def __init__(self, function, name: str | None = None, prompt_field: str = "prompt", description: str | None = None):
         self.function = load_function(function) if isinstance(function, str) else function
         self.name = name or (function if isinstance(function, str) else getattr(function, "__name__", "reward"))
+        self.short_name = getattr(self.function, "__name__", self.name)  # its metrics' name, reward/<short_name>
+        self.description = description or f"function {self.name}"  # for the run's plan
+        self.prompt_field = prompt_field
+        # A function that needs an optional package says so at start (ppo_rlhf.rewards:math_equal).
+        check_requirements = getattr(self.function, "check_requirements", None)
+        if callable(check_requirements):
+            check_requirements()
+        # An async function, or an object whose __call__ is one.
+        self.waits = (inspect.iscoroutinefunction(self.function)
+                      or inspect.iscoroutinefunction(getattr(self.function, "__call__", None)))
         signature = inspect.signature(self.function)
-        self.wants_finished = "finished" in signature.parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
-        )
+        parameters = signature.parameters
+        self.trl_style = TRL_RESPONSES in parameters
+        self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        by_name = [name for name, p in parameters.items()
+                   if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        # Positional call: the first two positional parameters take prompts and responses.
+        positional = [] if self.trl_style else [
+            name for name, p in parameters.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)][:2]
+        self.named = [name for name in by_name if name not in positional]
+        self.required_columns = [name for name in self.named if parameters[name].default is inspect.Parameter.empty
+                                 and name not in PASSED_BY_PPO_RLHF]
+        not_passed = [name for name in self.required_columns if name in NOT_PASSED]
+        if not_passed:
+            raise ConfigError(f"reward function {self.name} requires '{not_passed[0]}', which TRL passes and "
+                              f"ppo-rlhf does not; give it a default (e.g. {not_passed[0]}=None)")
         try:
-            signature.bind([], [], **({"finished": []} if self.wants_finished else {}))
+            args, kwargs = self._arguments([], [], {name: [] for name in self.required_columns}, [], [])
+            signature.bind(*args, **kwargs)
         except TypeError:
             raise ConfigError(f"reward function {self.name} must take (prompts, responses), and optionally "
-                              f"finished; its signature is {signature}") from None
+                              f"finished and data columns by name (or **kwargs); its signature is {signature}") from None
+
+    def check_columns(self, rows: list[dict], source: str) -> None:
+        """ConfigError naming the function, the column and the data if a column it requires is missing."""
+        for column in self.required_columns:
+            lacking = next((row for row in rows if column not in row or column == self.prompt_field), None)
+            if lacking is None:
+                continue
+            if column == self.prompt_field:
+                raise ConfigError(f"reward function {self.name} takes '{column}', the prompt field of {source}: "
+                                  f"prompts come as the first argument, not as a column")
+            fields = sorted(k for k in lacking if k not in ("_source", self.prompt_field))
+            raise ConfigError(f"reward function {self.name} takes a column '{column}', but {lacking.get('_source', source)} "
+                              f"has no field '{column}' (its columns: {', '.join(fields) or 'none'}); add the field "
+                              f"to the prompt rows or give the parameter a default")
+
+    def _arguments(self, prompts: list, responses: list, columns: dict, finished: list,
+                   completion_ids) -> tuple[list, dict]:
+        """(positional, keyword) arguments of one call: the keywords the function names, or all."""
+        offered = {**columns, "finished": finished, "completion_ids": completion_ids}
+        if self.trl_style:
+            offered.update(prompts=prompts, completions=responses)
+            args = []
+        else:
+            args = [prompts, responses]
+        kwargs = offered if self.takes_all else {k: v for k, v in offered.items() if k in self.named}
+        return args, kwargs
+
+    def _call(self, batch: ScoringBatch):
+        """The function's result for ``batch`` (a coroutine for an async function)."""
+        wants_ids = self.takes_all or "completion_ids" in self.named
+        completion_ids = ([ids[mask.bool()].tolist() for ids, mask in
+                           zip(batch.sequences.response_ids, batch.sequences.response_mask)] if wants_ids else None)
+        args, kwargs = self._arguments(copy.deepcopy(batch.prompts), list(batch.responses),
+                                       row_columns(batch.rows, self.prompt_field), list(batch.finished), completion_ids)
+        return self.function(*args, **kwargs)
+
+    def _raised(self, error: Exception) -> RewardError:
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        return RewardError(f"reward function {self.name} raised {type(error).__name__}: {error} "
+                           f"({frame.filename}, line {frame.lineno}, in {frame.name})")
+
+    async def score_async(self, batch: ScoringBatch) -> torch.Tensor:
+        try:
+            scores = self._call(batch)
+            if inspect.isawaitable(scores):
+                scores = await scores
+        except Exception as error:  # noqa: BLE001 -- the user's function, named with where it raised
+            raise self._raised(error) from None
+        return validated_scores(scores, len(batch.prompts), f"reward function {self.name}")
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
-        kwargs = {"finished": batch.finished} if self.wants_finished else {}
+        if self.waits:
+            return run_coroutine(self.score_async(batch))
         try:
-            scores = self.function(batch.prompts, batch.responses, **kwargs)
+            scores = self._call(batch)
         except Exception as error:  # noqa: BLE001 -- the user's function, named with where it raised
-            frame = traceback.extract_tb(error.__traceback__)[-1]
-            raise RewardError(f"reward function {self.name} raised {type(error).__name__}: {error} "
-                              f"({frame.filename}, line {frame.lineno}, in {frame.name})") from None
-        try:
-            scores = [float(s) for s in scores]
+            raise self._raised(error) from None
+        return validated_scores(scores, len(batch.prompts), f"reward function {self.name}")
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """``names`` with repeats numbered (f, f -> f, f_2), so each reward has a metric of its own."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return unique
+
+
+class CombinedReward:
+    """Every reward of a run as one: the score is ``sum(weight * reward)`` (docs/design.md, "Rewards").
+
+    ``last_components`` holds each reward's own (B,) scores of the last call, by name, for the
+    trainer's ``reward/<name>`` metrics.  Rewards that wait (async functions, an HTTP endpoint)
+    are awaited together, concurrently; the others run one after another in the caller's thread,
+    where the trainer's no-grad and autocast settings hold (torch keeps them per thread), and
+    where a user's function needs no thread safety.
+    """
+
+    def __init__(self, parts: list, weights: list[float] | None = None):
+        if not parts:
+            raise ConfigError("no reward: give --reward-model DIR, --reward-fn module:function or --reward-url URL")
+        weights = [1.0] * len(parts) if not weights else [float(w) for w in weights]
+        if len(weights) != len(parts):
+            raise ConfigError(f"{len(weights)} reward weights for {len(parts)} rewards "
+                              f"({', '.join(p.description for p in parts)})")
+        self.parts, self.weights = parts, weights
+        self.names = unique_names([part.short_name for part in parts])
+        self.last_components: dict[str, torch.Tensor] = {}
+
+    @property
+    def model(self):
+        """The reward model's network, if a reward model is one of the rewards: the trainer moves,
+        freezes and shards it with the other frozen roles."""
+        return next((part.model for part in self.parts if isinstance(part, ModelReward)), None)
+
+    def check_columns(self, rows: list[dict], source: str) -> None:
+        check_columns(self.parts, rows, source)
+
+    def plan(self) -> str:
+        """The rewards and their weights, for the run's plan."""
+        if len(self.parts) == 1 and self.weights[0] == 1.0:
+            return self.parts[0].description
+        return " + ".join(f"{w:g} x {part.description}" for part, w in zip(self.parts, self.weights))
+
+    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
+        scores = {name: part(batch) for name, part in zip(self.names, self.parts) if not part.waits}
+        waiting = [(name, part) for name, part in zip(self.names, self.parts) if part.waits]
+        if waiting:
+            async def all_waiting():
+                return await asyncio.gather(*(part.score_async(batch) for _, part in waiting))
+            scores.update(zip([name for name, _ in waiting], run_coroutine(all_waiting())))
+        self.last_components = {name: scores[name] for name in self.names}
+        if len(self.parts) == 1 and self.weights[0] == 1.0:
+            return self.last_components[self.names[0]]  # one reward: its scores as they came
+        device = self.last_components[self.names[0]].device
+        return sum(w * self.last_components[name].to(device).float() for name, w in zip(self.names, self.weights))
+
+
+@dataclass
+class RewardOptions:
+    """The reward fields shared by ``ppo`` and ``eval`` besides ``reward_model``, which each
+    stage declares with its own help (docs/design.md, "Rewards")."""
+
+    reward_fn: list[str] = option([], "reward functions 'package.module:function' (or file.py:function), called as "
+                                      "f(prompts, responses, **columns) -> scores, each prompt row's other fields "
+                                      "as columns; several: repeat the flag or separate with commas")
+    reward_url: str | None = option(None, "score through an HTTP endpoint: POST {prompts, responses, columns} -> "
+                                          "{scores}; one more reward, named 'url'")
+    reward_weights: list[float] = option([], "weight of each reward in the score, in the order reward model, "
+                                             "functions, URL (empty: 1 each); the score is the weighted sum")
+    reward_timeout: float = option(60.0, "seconds to wait for the reward URL's answer to one request")
+    reward_retries: int = option(3, "retries of a reward URL request that timed out, could not connect, or got "
+                                    "HTTP 429 / 5xx (another 4xx fails at once)")
+    reward_backoff: float = option(1.0, "seconds before the first retry of a reward URL request, doubled at each")
+
+    def reward_count(self) -> int:
+        """How many rewards were asked for (a task's rule, used when none is, not counted)."""
+        return bool(getattr(self, "reward_model", None)) + len(self.reward_fn) + bool(self.reward_url)
+
+    def validate_rewards(self) -> None:
+        try:  # lists come from YAML as numbers, from the command line as strings ("1,0.5")
+            self.reward_weights = [float(weight) for weight in self.reward_weights]
         except (TypeError, ValueError):
-            raise RewardError(f"reward function {self.name} must return a list of numbers, got "
-                              f"{_not_numbers(scores)}") from None
-        if len(scores) != len(batch.prompts):
-            raise RewardError(
-                f"reward function {self.name} returned {len(scores)} scores for {len(batch.prompts)} responses"
-            )
-        bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
-        if bad:
-            raise RewardError(f"reward function {self.name} returned a non-finite score ({scores[bad[0]]}) at index {bad[0]}")
-        return torch.tensor(scores, dtype=torch.float32)
+            check(False, "reward_weights", "comma-separated numbers, e.g. 1,0.5", self.reward_weights)
+        check(all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "finite numbers",
+              self.reward_weights)
+        rewards = self.reward_count() or 1  # none given: the task's rule, if there is a task
+        if self.reward_weights and len(self.reward_weights) != rewards:
+            raise ConfigError(f"invalid value for 'reward_weights': {len(self.reward_weights)} weights "
+                              f"{self.reward_weights} for {rewards} reward(s); give one weight per reward, in the "
+                              f"order reward model, functions, URL")
+        check(self.reward_timeout > 0, "reward_timeout", "> 0", self.reward_timeout)
+        check(self.reward_retries >= 0, "reward_retries", ">= 0", self.reward_retries)
+        check(self.reward_backoff >= 0, "reward_backoff", ">= 0", self.reward_backoff)

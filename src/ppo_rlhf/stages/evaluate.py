@@ -12,6 +12,7 @@ from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
+from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
@@ -19,12 +20,11 @@ from ppo_rlhf.tasks import TaskOptions, make_task
 
 
 @dataclass
-class EvalConfig(RunFolderOptions, HardwareOptions, TaskOptions):
+class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
     model: str | None = option(None, "causal LM folder to evaluate")
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
     reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
-    reward_fn: str | None = option(None, "score responses with this function 'module:function'")
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
     size: int = option(2000, "prompts to evaluate")
@@ -40,13 +40,14 @@ class EvalConfig(RunFolderOptions, HardwareOptions, TaskOptions):
     def validate(self) -> None:
         self.validate_hardware()
         self.validate_task()
+        self.validate_rewards()
         check(self.size > 0, "size", "> 0", self.size)
         check(self.temperature > 0, "temperature", "> 0", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
 
 
 def run_eval(config: EvalConfig) -> dict:
-    from ppo_rlhf.stages.roles import build_reward  # the same reward loading as PPO
+    from ppo_rlhf.stages.roles import build_reward, reward_functions  # the same reward loading as PPO
 
     set_threads(config.num_threads)
     seed_everything(config.seed)
@@ -55,10 +56,6 @@ def run_eval(config: EvalConfig) -> dict:
     if config.out:
         check_run_folder(config.out, config.overwrite)
     task = make_task(config, config.seed)
-    # The model before its tokenizer: a folder of the wrong kind is then named as such.
-    model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
-    accelerator = config.accelerator()
-    model.to(accelerator.device)
     if config.prompts:
         rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)})
         rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
@@ -66,11 +63,17 @@ def run_eval(config: EvalConfig) -> dict:
         rows = task.eval_rows()
     else:
         raise ConfigError("give --prompts FILE or --task doubling")
-    reward = None
-    if config.reward_model or config.reward_fn:
-        reward = build_reward(config, tokenizer, None)
-        if isinstance(getattr(reward, "model", None), torch.nn.Module):
-            reward.model.to(accelerator.device)
+    # The rewards that need no model, checked against the rows' columns before any model loads.
+    scored = config.reward_count() > 0
+    functions = reward_functions(config, None) if scored else []
+    check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
+    # The model before its tokenizer: a folder of the wrong kind is then named as such.
+    model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
+    accelerator = config.accelerator()
+    model.to(accelerator.device)
+    reward = build_reward(config, tokenizer, None, functions) if scored else None
+    if isinstance(getattr(reward, "model", None), torch.nn.Module):
+        reward.model.to(accelerator.device)
     task_limit = getattr(task, "max_new_tokens", None) if not config.prompts else None  # the built-in task's answers are short
     max_new_tokens = min(config.max_new_tokens, task_limit) if task_limit else config.max_new_tokens
     rows = rows[: config.size]

@@ -23,6 +23,7 @@ from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.reward import check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.sharding import gathered, load_whole_state, local_optimizer_state
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
@@ -30,7 +31,7 @@ from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
 from ppo_rlhf.tasks import make_task
 from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
-from ppo_rlhf.stages.roles import load_roles
+from ppo_rlhf.stages.roles import load_roles, reward_functions
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.resume import RUN_CONFIG, check_resume_settings, drop_metrics_after, run_settings
@@ -38,6 +39,12 @@ from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
           "kl_coef"]
+
+
+def reward_curves(reward) -> list[str]:
+    """A panel for each reward of several (one reward's is the score's own curve)."""
+    names = getattr(reward, "names", [])
+    return [f"reward/{name}" for name in names] if len(names) > 1 else []
 
 
 def eval_line(metrics: dict) -> str:
@@ -192,11 +199,18 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         check_resume_settings(config, out)
     task = make_task(config, config.seed)
     main = is_main_process()
-    roles = load_roles(config, task)
+    # The data and the rewards that need no model first: a column a reward needs and the data
+    # lacks stops the run before any model is loaded.
+    train_rows, eval_rows = prompt_sets(config, task)
+    functions = reward_functions(config, task)
+    check_columns(functions, train_rows, config.prompts or f"the {config.task} task's prompts")
+    if task is None:  # held-out rows are scored by the reward only without a task (a task has its metric)
+        check_columns(functions, eval_rows, config.eval_prompts)
+    roles = load_roles(config, task, functions)
     actor, tokenizer, reward = roles.actor, roles.tokenizer, roles.reward
     # The trained models are saved in the dtype they came in (adapters and value heads: float32).
     actor_dtype = actor.dtype
-    train_rows, eval_rows = prompt_sets(config, task)
+    curves = CURVES + reward_curves(reward)
     check_policy(actor, tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
                  config.chat_template, config.max_prompt_length, config.max_new_tokens)
     generator = TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
@@ -277,7 +291,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
                 tqdm.write(f"iteration {done}: held-out " + eval_line(eval_metrics))
         run_log.log(done, metrics)
         if "eval/response_length" in metrics:
-            run_log.plot(CURVES, title="PPO")  # redrawn at each evaluation, so a long run can be watched
+            run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
         if main and config.sample_every and (done % config.sample_every == 0 or iteration == first_iteration):
             run_log.log_samples(done, trainer.last_samples)
             for sample in trainer.last_samples[:2]:
@@ -308,7 +322,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     final_metrics, samples_after = final_eval or ({}, [])
     after = {k: v for k, v in final_metrics.items() if k.startswith("eval/")}
     sampled = {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")}
-    run_log.plot(CURVES, title="PPO")
+    run_log.plot(curves, title="PPO")
     summary = {
         "stage": "ppo",
         "iterations": config.iterations,

@@ -33,8 +33,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
               else f"none (estimator {config.estimator})")
     k = config.samples_per_prompt
     prompts = f"{config.batch_size} prompts" if k == 1 else f"{config.batch_size // k} prompts x {k} samples"
-    reward = f"function {config.reward_fn}" if config.reward_fn else (
-        f"model {config.reward_model}" if config.reward_model else f"the {config.task} task's rule")
+    reward = roles.reward.plan()
     decoding = f"sampled at temperature {config.temperature:g}" if config.do_sample else "GREEDY"
     if config.estimator == "remax":
         decoding += ", plus one greedy response per prompt (the baseline)"

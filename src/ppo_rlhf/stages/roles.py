@@ -40,7 +40,8 @@ from ppo_rlhf.models.lora import (
     read_adapter,
     score_head_from,
 )
-from ppo_rlhf.rollout.reward import FunctionReward, ModelReward
+from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward
+from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.trainers.estimators import uses_critic
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
@@ -51,21 +52,23 @@ POLICY, CRITIC, REWARD = "policy", "critic", "reward"  # adapter names on the sh
 class Roles:
     actor: object  # causal LM, or a peft model with the policy adapter active
     ref: object | None  # None: the actor's base with adapters disabled
-    reward: object  # ModelReward or FunctionReward
+    reward: CombinedReward  # the reward model, functions and URL of the run, summed with their weights
     critic: Critic | None  # SharedHeadCritic, ModelCritic or AdapterCritic; None: a critic-free estimator
     tokenizer: object
 
 
-def load_roles(config: PPOConfig, task) -> Roles:
+def load_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
+    """``functions``: the rewards that need no model (:func:`reward_functions`), when the caller
+    built them already to check the data's columns before loading any model."""
     if config.model is None:
         raise ConfigError("no actor: give --model DIR (the SFT checkpoint)")
     if config.lora:
-        roles = load_single_base_roles(config, task)
+        roles = load_single_base_roles(config, task, functions)
     else:
         # The model before its tokenizer: a folder of the wrong kind is then named as such.
         actor, ref = load_causal_lm(config.model, config.load_dtype), load_causal_lm(config.model, config.load_dtype)
         tokenizer = load_tokenizer(config.model)
-        reward = build_reward(config, tokenizer, task)
+        reward = build_reward(config, tokenizer, task, functions)
         roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
     if config.gradient_checkpointing:
         # Only the trained models: the reference and the reward never run a backward pass.
@@ -75,7 +78,7 @@ def load_roles(config: PPOConfig, task) -> Roles:
     return roles
 
 
-def load_single_base_roles(config: PPOConfig, task) -> Roles:
+def load_single_base_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
     from peft import get_peft_model
 
     base = load_causal_lm(config.model, config.load_dtype)
@@ -87,10 +90,12 @@ def load_single_base_roles(config: PPOConfig, task) -> Roles:
         reward_adapter = adapter_config, lora_weights
         add_adapter_from(actor, REWARD, *reward_adapter)
         score_head = score_head_from(head_weights, config.reward_model)
-        reward = ModelReward(AdapterRewardModel(actor, REWARD, score_head), load_tokenizer(config.reward_model),
-                             tokenizer, label_field=config.label_field, chat_template=config.chat_template)
+        model_reward = ModelReward(AdapterRewardModel(actor, REWARD, score_head), load_tokenizer(config.reward_model),
+                                   tokenizer, label_field=config.label_field, chat_template=config.chat_template,
+                                   description=f"model {config.reward_model} (an adapter on the shared base)")
+        reward = build_reward(config, tokenizer, task, functions, model_reward)
     else:
-        reward = build_reward(config, tokenizer, task)
+        reward = build_reward(config, tokenizer, task, functions)
 
     critic = None
     if not uses_critic(config.estimator):
@@ -129,16 +134,30 @@ def is_adapter_of(adapter: str, model: str) -> bool:
     return is_adapter_only(adapter) and adapter_base_path(adapter).resolve() == Path(model).resolve()
 
 
-def build_reward(config: PPOConfig, tokenizer, task):
-    if config.reward_fn:
-        return FunctionReward(config.reward_fn)
-    if config.reward_model:
+def reward_functions(config, task) -> list:
+    """The rewards that need no model -- the functions, then the URL -- or, when no reward at all
+    is given, the task's rule.  Cheap to build, so a stage builds them before loading any model
+    and checks the data's columns against them (docs/design.md, "Rewards")."""
+    functions = [FunctionReward(path, prompt_field=config.prompt_field) for path in config.reward_fn]
+    if config.reward_url:
+        functions.append(UrlReward(config.reward_url, config.prompt_field, config.reward_timeout,
+                                   config.reward_retries, config.reward_backoff))
+    if not functions and not config.reward_model and task is not None:
+        functions.append(FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward",
+                                        description=f"the {task.name} task's rule"))
+    return functions
+
+
+def build_reward(config, tokenizer, task, functions: list | None = None,
+                 model_reward: ModelReward | None = None) -> CombinedReward:
+    """Every reward of the run as one (PPOConfig or EvalConfig): the reward model first, then
+    the functions and the URL, weighted by ``reward_weights`` in that order."""
+    functions = reward_functions(config, task) if functions is None else functions
+    if model_reward is None and config.reward_model:
         model = load_sequence_classifier(config.reward_model, config.load_dtype)
-        return ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,
-                           chat_template=config.chat_template)
-    if task is not None:
-        return FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward")
-    raise ConfigError("no reward: give --reward-model DIR or --reward-fn module:function")
+        model_reward = ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,
+                                   chat_template=config.chat_template, description=f"model {config.reward_model}")
+    return CombinedReward(([model_reward] if model_reward is not None else []) + functions, config.reward_weights)
 
 
 def shares_vocabulary(folder: str, tokenizer, actor) -> bool:

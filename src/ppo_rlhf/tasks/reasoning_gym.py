@@ -6,8 +6,9 @@ judge are someone else's, so a rising accuracy here is not a reward this project
 
     prompt   chat messages: a system instruction asking for the final answer in <answer>...</answer>,
              then the problem; they go through the model's chat template (docs/design.md, "Tasks")
-    reward   the task's own score of the extracted answer (0..1), plus --format-reward W for a
-             response whose answer is in the tags
+    reward   the task's own score of the extracted answer (0..1): the last <answer> tags' content,
+             or without tags the last number when the answer is a number; plus --format-reward W
+             for a response whose answer is in the tags
     metric   accuracy (score 1), the mean score, the fraction of answers in the tags
 
 Problems ``0 .. task_size - 1`` of one generated set train; the next ``task_eval_size`` are held out,
@@ -19,16 +20,15 @@ Each prompt row carries the problem's ``answer`` (a reward written for the data 
 from __future__ import annotations
 
 import math
-import re
 
 import yaml
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.rewards import as_number, extract_answer, last_number
 
 PREFIX = "reasoning-gym:"
 SYSTEM_PROMPT = ("Solve the problem. You may reason briefly first; then give only the final answer inside "
                  "<answer></answer> tags, for example <answer>42</answer>.")
-ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 INSTALL = 'pip install -e ".[tasks]" (or pip install reasoning-gym)'
 
 
@@ -72,12 +72,6 @@ def parse_task_config(text: str) -> dict:
     return settings
 
 
-def extract_answer(response: str) -> str | None:
-    """The content of the last <answer>...</answer> of a response, stripped; None without one."""
-    found = ANSWER_TAGS.findall(response)
-    return found[-1].strip() if found else None
-
-
 class ReasoningGymTask:
     """One reasoning-gym dataset as the stages see a task: prompt rows, reward and metric."""
 
@@ -111,9 +105,18 @@ class ReasoningGymTask:
     def eval_rows(self) -> list[dict]:
         return [self.row(i) for i in self.eval_indices]
 
+    def answer(self, response: str, index: int) -> str | None:
+        """What the response answers: the content of its last <answer> tags; without tags, the last
+        number it writes when the problem's answer is a number (a small model often states it
+        plainly, "... = 12"), else nothing."""
+        tagged = extract_answer(response)
+        if tagged is not None or as_number(self.entries[index]["answer"]) is None:
+            return tagged
+        return last_number(response)
+
     def score(self, response: str, index: int) -> float:
-        """The task's own score (0..1) of the response's answer: the tags' content, else nothing."""
-        score = self.dataset.score_answer(extract_answer(response), self.entries[index])
+        """The task's own score (0..1) of the response's answer."""
+        score = self.dataset.score_answer(self.answer(response, index), self.entries[index])
         return float(score) if score is not None and math.isfinite(score) else 0.0
 
     def rule_reward(self, prompts: list, responses: list[str], task_index: list[int], **columns) -> list[float]:

@@ -103,19 +103,22 @@ class Rollout:
     finished: torch.Tensor  # (b,) bool: ended with a stop id
     raw_scores: torch.Tensor  # (b,) as the reward gave them
     scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong)
+    components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
 
     def select(self, index: list[int]) -> "Rollout":
         tensor_index = torch.tensor(index, dtype=torch.long, device=self.scores.device)
         return Rollout([self.rows[i] for i in index], [self.prompts[i] for i in index],
                        self.sequences.select(tensor_index), [self.texts[i] for i in index],
-                       self.finished[tensor_index], self.raw_scores[tensor_index], self.scores[tensor_index])
+                       self.finished[tensor_index], self.raw_scores[tensor_index], self.scores[tensor_index],
+                       {name: part[tensor_index] for name, part in self.components.items()})
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
         return Rollout([r for p in parts for r in p.rows], [x for p in parts for x in p.prompts],
                        Sequences.concat([p.sequences for p in parts], pad_token_id),
                        [t for p in parts for t in p.texts], torch.cat([p.finished for p in parts]),
-                       torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]))
+                       torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
+                       {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components})
 
 
 SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
@@ -156,7 +159,8 @@ class PPOTrainer:
         actor: the causal LM being tuned (initialised from the SFT model), or a peft model whose
             active adapter is the policy (LoRA on one base, see models/lora.py).
         ref: a frozen copy of the SFT model; None with LoRA: the base with adapters disabled.
-        reward: ``reward(ScoringBatch) -> (B,)`` scores (a ModelReward or FunctionReward).
+        reward: ``reward(ScoringBatch) -> (B,)`` scores (a CombinedReward, or one ModelReward or
+            FunctionReward); a CombinedReward's ``last_components`` give the ``reward/<name>`` metrics.
         tokenizer: the actor's tokenizer.
         config: PPOConfig.
         generator: the rollout engine (TorchGenerator unless another is plugged in).
@@ -261,6 +265,8 @@ class PPOTrainer:
         config = self.config
         metrics = {"time/generate": 0.0, "time/score": 0.0}
         rollout = self.roll_out(rows, metrics)  # 1-2
+        # Each reward's own scores, of the batch as drawn (step's reward/<name> metrics).
+        self.reward_components = {name: gather_rows(part) for name, part in rollout.components.items()}
         # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
         self.last_samples = [{"prompt": p, "response": r, "score": float(x)} for p, r, x in
                              zip(rollout.prompts[:SAMPLES_KEPT], rollout.texts, rollout.raw_scores[:SAMPLES_KEPT].tolist())]
@@ -318,9 +324,12 @@ class PPOTrainer:
         metrics["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
         raw_scores, finished = self.score(rows, prompts, responses)
+        # Each reward's own scores (several are summed with weights).
+        components = {name: part.to(self.device).float()
+                      for name, part in getattr(self.reward, "last_components", {}).items()}
         metrics["time/score"] += time.perf_counter() - start
         scores = self.shape_scores(raw_scores, finished, responses.sequences.response_mask.sum(dim=1))
-        return Rollout(rows, prompts, responses.sequences, responses.texts, finished, raw_scores, scores)
+        return Rollout(rows, prompts, responses.sequences, responses.texts, finished, raw_scores, scores, components)
 
     def score(self, rows: list[dict], prompts: list, responses) -> tuple[torch.Tensor, torch.Tensor]:
         """(b,) scores as the reward gave them, on the trainer's device, and (b,) finished flags."""
@@ -626,6 +635,9 @@ class PPOTrainer:
             # chosen for their spread, so their mean says less of how the policy does).
             **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
         }
+        for name, part in self.reward_components.items():  # each reward as it came, before its weight
+            metrics[f"reward/{name}"] = part.mean().item()
+            metrics[f"reward/{name}_std"] = part.std(unbiased=False).item()
         if self.config.entropy_coef != 0:
             metrics["entropy_coef"] = entropy_coef
         if experience.values is not None:

@@ -8,6 +8,7 @@ from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.rollout.reward import RewardOptions
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.sharding import sharding_from_launch
 from ppo_rlhf.tasks import TaskOptions
@@ -48,15 +49,15 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 
 @dataclass
-class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions, TaskOptions):
+class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, TaskOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
 
     # --- models and data
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")
-    reward_model: str | None = option(None, "reward model folder (sequence classifier); or use --reward-fn")
-    reward_fn: str | None = option(None, "reward function 'package.module:function', f(prompts, responses) -> scores")
+    reward_model: str | None = option(None, "reward model folder (sequence classifier); or, or with it, --reward-fn "
+                                            "and --reward-url (the score is then the weighted sum, --reward-weights)")
     critic: str = option("shared", "shared: value head on the actor's trunk; separate: its own model; lora: its own "
                                    "adapter on the actor's base (needs --lora)", choices=("shared", "separate", "lora"))
     critic_model: str | None = option(None, "separate critic initialisation (default: the reward model when it shares "
@@ -253,8 +254,10 @@ class PPOConfig(RunFolderOptions, LoraOptions, HardwareOptions, TaskOptions):
               ">= 0 or empty (it is subtracted from the score)", self.missing_eos_penalty)
         check(self.score_clip is None or self.score_clip > 0, "score_clip", "> 0 or empty", self.score_clip)
         check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
-        check((self.reward_model is None) != (self.reward_fn is None) or self.task is not None,
-              "reward_model", "exactly one of reward_model and reward_fn", self.reward_model)
+        if not self.reward_count() and self.task is None:
+            raise ConfigError("no reward: give --reward-model DIR, --reward-fn module:function or --reward-url URL "
+                              "(several are summed), or --task doubling for its rule")
+        self.validate_rewards()
 
     def validate_estimator(self) -> None:
         """Samples per prompt, critic settings and paper defaults for the advantage estimator."""

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text, strict_json
-from ppo_rlhf.config import ConfigError, to_dict
+from ppo_rlhf.config import ConfigError, read_setting, to_dict
 from ppo_rlhf.distributed import gather_objects, on_main_process, rank, world_size
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
@@ -110,6 +110,7 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     if not saved_path.is_file():
         return
     saved = json.loads(saved_path.read_text())
+    saved = {key: read_setting(type(config), key, value) for key, value in saved.items()}
     # Each process holds its own sampling state and part of the batch: another count is another run.
     trained_by = saved.pop(PROCESSES, 1)
     if trained_by != world_size():
