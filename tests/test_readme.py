@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
 from zoo import PROMPTS, run, write_jsonl
 
@@ -61,3 +62,18 @@ def test_the_readme_commands_run_as_written(user_folder):
         run([*command, *BUDGETS[command[0]], "--num-threads", 1] if command[0] != "merge" else command)
     assert (user_folder / "runs" / "my_merged" / "config.json").is_file()
     assert (user_folder / "runs" / "my_ppo_lora" / "checkpoints" / "actor" / "adapter_config.json").is_file()
+
+
+def test_the_readme_python_example_runs_as_written(user_folder):
+    from test_default_learning import users_tiny_model
+
+    (user_folder / "DIR").unlink()
+    users_tiny_model(user_folder / "DIR")  # 512 positions: room for the default 128 new tokens
+    text = README.read_text()
+    section = text[text.index("### From Python"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    torch.set_num_threads(1)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 -- the README's own example
+    summary = namespace["summary"]
+    assert summary["iterations"] == 5 and (user_folder / "runs" / "from_python" / "checkpoints" / "actor").is_dir()
