@@ -127,9 +127,11 @@ def _read_parquet(path: Path) -> list[dict]:
     return [dict(r, _source=f"{path}[row {i}]") for i, r in enumerate(table.to_pylist())]
 
 
-def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck | None] = ()) -> list[dict]:
+def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck | None] = (),
+              convert: Callable[[list[dict]], list[dict]] | None = None) -> list[dict]:
     """All rows of a JSONL / Parquet file or a ``save_to_disk`` folder, checked for ``required``
-    fields: a tuple of names, or a dict of name -> checker of the value (None: any value)."""
+    fields: a tuple of names, or a dict of name -> checker of the value (None: any value).
+    ``convert``: turns the shapes people bring into the stage's own rows first (formats.py)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data not found: {path}")
@@ -143,6 +145,8 @@ def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck
         raise DataError(f"{path}: unsupported data format '{path.suffix}'; use .jsonl, .parquet or a save_to_disk folder")
     if not rows:
         raise DataError(f"{path} holds no rows")
+    if convert is not None:
+        rows = convert(rows)
     checks = required if isinstance(required, dict) else dict.fromkeys(required)
     for row in rows:
         missing = [field for field in checks if field not in row or row[field] is None]

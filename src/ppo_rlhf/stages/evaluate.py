@@ -10,6 +10,7 @@ import torch
 from ppo_rlhf.config import ConfigError, check, option, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.reward import RewardOptions, check_columns
@@ -57,7 +58,8 @@ def run_eval(config: EvalConfig) -> dict:
         check_run_folder(config.out, config.overwrite)
     task = make_task(config, config.seed)
     if config.prompts:
-        rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)})
+        rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)},
+                         prompt_rows(config.prompt_field, config.chat_template))
         rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
     elif task is not None:
         rows = task.eval_rows()

@@ -20,6 +20,7 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_process, rank, shard, world_size
 from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
@@ -56,13 +57,14 @@ def eval_line(metrics: dict) -> str:
 
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
     required = {config.prompt_field: prompt_check(config.chat_template)}
-    train = load_rows(config.prompts, required) if config.prompts else (task.prompt_rows() if task else None)
+    convert = prompt_rows(config.prompt_field, config.chat_template)
+    train = load_rows(config.prompts, required, convert) if config.prompts else (task.prompt_rows() if task else None)
     if train is None:
         raise ConfigError("no prompts: give --prompts FILE or --task doubling")
     if config.prompts:
         train = drop_empty_prompts(train, config.prompt_field, config.prompts)
     if config.eval_prompts:
-        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required), config.prompt_field, config.eval_prompts)
+        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required, convert), config.prompt_field, config.eval_prompts)
     else:
         held_out = task.eval_rows() if task else []
     return train, held_out[: config.eval_size]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import drop_rows, load_rows
+from ppo_rlhf.formats import preference_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
 from ppo_rlhf.models.lora import save_adapter
@@ -62,7 +63,9 @@ def run_reward(config: RewardConfig) -> dict:
             raise FileNotFoundError("reward model training from --data needs --model (a folder with the tokenizer)")
         model = build_sequence_classifier(tokenizer, num_labels, config.n_layer, config.n_head, config.n_embd,
                                           dropout=config.dropout, seed=config.seed)
-    rows = load_rows(config.data, config.required_fields) if config.data else task.rm_rows()
+    convert = preference_rows(config.prompt_field, config.chosen_field, config.rejected_field) \
+        if config.mode == "pairwise" else None
+    rows = load_rows(config.data, config.required_fields, convert) if config.data else task.rm_rows()
     if config.data and config.mode == "pairwise":
         rows = drop_rows(rows, lambda row: row[config.chosen_field] == row[config.rejected_field],
                          "have the same chosen and rejected response", config.data)

@@ -14,6 +14,7 @@ from pathlib import Path
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import load_rows, prompt_check, text
 from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.formats import completion_rows
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_fits, check_tokenizer
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -49,7 +50,8 @@ def run_sft(config: SFTConfig) -> dict:
     check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template)
     if config.data:
         rows = load_rows(config.data, {config.prompt_field: prompt_check(config.chat_template),
-                                       config.completion_field: text})
+                                       config.completion_field: text},
+                         completion_rows(config.prompt_field, config.completion_field, config.chat_template))
         rows, longest = fit_rows(tokenizer, rows, config, stop_token_ids(tokenizer, model))
         check_fits(model, tokenizer, longest, config.model, f"--max-length {config.max_length}")
     else:
