@@ -4,6 +4,7 @@ rows and pairs, Alpaca rows; by hand, through every stage that takes them, and t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,52 @@ def test_a_mixed_file_exits_2_naming_the_line(zoo, tmp_path, capsys):
     err = run_failing(["rm", "--mode", "pairwise", "--model", zoo["llama"], "--data", mixed, "--out",
                        tmp_path / "rm", *THREADS], capsys)
     assert "mixed.jsonl:2" in err and "a file holds one shape" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- names on the Hub, from the local cache
+def cache_repo(hub: Path, kind: str, name: str, files: dict[str, Path | str]) -> None:
+    """A repository as the Hugging Face cache holds it: refs/main naming a snapshot of the files."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = hub / f"{kind}s--{name.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    for relative, source in files.items():
+        (snapshot / relative).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(source, Path):
+            (snapshot / relative).write_bytes(source.read_bytes())
+        else:
+            (snapshot / relative).write_text(source)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_models_and_data_named_as_on_the_hub_come_from_the_local_cache(zoo, tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    cache_repo(hub, "model", "acme/tiny-llama", {f.name: f for f in Path(zoo["llama"]).iterdir() if f.is_file()})
+    marker = "\n\nAssistant:"
+    pairs = "".join(json.dumps({"chosen": f"\n\nHuman: {p}{marker} good answer",
+                                "rejected": f"\n\nHuman: {p}{marker} bad answer"}) + "\n" for p in PROMPTS * 2)
+    cache_repo(hub, "dataset", "acme/hh", {"data/train.jsonl": pairs})
+    cache_repo(hub, "dataset", "acme/prompts", {"data/test.jsonl": "".join(json.dumps({"prompt": p}) + "\n"
+                                                                           for p in PROMPTS)})
+    run(["rm", "--mode", "pairwise", "--model", "acme/tiny-llama", "--data", "acme/hh", "--steps", 2, "--batch-size", 4,
+         "--eval-fraction", 0.25, "--out", tmp_path / "rm", *THREADS])
+    run(["ppo", "--model", "acme/tiny-llama", "--prompts", "acme/prompts", "--data-split", "test",
+         "--reward-model", tmp_path / "rm" / "checkpoints" / "reward", "--iterations", 1, "--batch-size", 4,
+         "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 4, "--max-length", 32, "--save-every", 0,
+         "--out", tmp_path / "ppo", *THREADS])
+    assert "--model acme/tiny-llama: the cached snapshot" in capsys.readouterr().out
+    recorded = (tmp_path / "ppo" / "config.yaml").read_text()
+    assert "models--acme--tiny-llama/snapshots/" in recorded  # the files the run read
+    err = run_failing(["ppo", "--model", "acme/not-cached", "--prompts", "acme/prompts", "--data-split", "test",
+                       "--reward-fn", "ppo_rlhf_test_rewards:length_score", "--out", tmp_path / "x", *THREADS], capsys)
+    assert "--model acme/not-cached: not a folder here, and not in the local Hugging Face cache" in err
+    assert "huggingface-cli download acme/not-cached" in err and "Traceback" not in err
+    err = run_failing(["sft", "--model", "acme/tiny-llama", "--data", "acme/missing", "--out", tmp_path / "s",
+                       *THREADS], capsys)
+    assert "nor a data set in the local Hugging Face cache" in err and "--repo-type dataset acme/missing" in err
+    err = run_failing(["rm", "--mode", "pairwise", "--model", "acme/tiny-llama", "--data", "acme/hh", "--data-split",
+                       "validation", "--out", tmp_path / "r", *THREADS], capsys)
+    assert "Unknown split" in err and "--data-split" in err

@@ -128,14 +128,24 @@ def _read_parquet(path: Path) -> list[dict]:
 
 
 def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck | None] = (),
-              convert: Callable[[list[dict]], list[dict]] | None = None) -> list[dict]:
-    """All rows of a JSONL / Parquet file or a ``save_to_disk`` folder, checked for ``required``
-    fields: a tuple of names, or a dict of name -> checker of the value (None: any value).
-    ``convert``: turns the shapes people bring into the stage's own rows first (formats.py)."""
-    path = Path(path)
+              convert: Callable[[list[dict]], list[dict]] | None = None, split: str = "train") -> list[dict]:
+    """All rows of a JSONL / Parquet file, a ``save_to_disk`` folder or split ``split`` of a Hub data
+    set in the local cache (hub.py), checked for ``required`` fields: a tuple of names, or a dict
+    of name -> checker of the value (None: any value).  ``convert``: turns the shapes people bring
+    into the stage's own rows first (formats.py)."""
+    from ppo_rlhf.hub import hub_dataset_rows, looks_like_hub_id
+
+    name, path = str(path), Path(path)
+    rows = None
     if not path.exists():
-        raise FileNotFoundError(f"data not found: {path}")
-    if path.is_dir():
+        rows = hub_dataset_rows(name, split) if looks_like_hub_id(name) else None
+        if rows is None:
+            raise FileNotFoundError(f"data not found: {path} is not a file or folder here"
+                                    + (f", nor a data set in the local Hugging Face cache (HF_HOME); ppo-rlhf reads "
+                                       f"data offline: on a machine with a network run `huggingface-cli download "
+                                       f"--repo-type dataset {name}` and copy its cache here, or give a file"
+                                       if looks_like_hub_id(name) else ""))
+    elif path.is_dir():
         rows = _read_folder(path)
     elif path.suffix == ".parquet":
         rows = _read_parquet(path)

@@ -80,7 +80,7 @@ def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
 # rates (applied to the resumed optimizer).  Any other change would make the resumed run a
 # different run (another model, reference, reward, critic, LoRA, batch or objective).
 MAY_CHANGE_ON_RESUME = frozenset({
-    "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "show_samples", "save_every",
+    "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "eval_split", "show_samples", "save_every",
     "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every", "max_bad_steps",
     "rollout_micro_batch_size", "train_micro_batch_size",  # how the same sums are split into passes
     "reward_timeout", "reward_retries", "reward_backoff",  # how patiently the same scores are fetched

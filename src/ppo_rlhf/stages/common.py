@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ppo_rlhf.distributed import check_batch_split, on_main_process
+from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.tasks import get_task
 from ppo_rlhf.trainers.resume import check_resume_settings, resumable
@@ -54,7 +55,9 @@ def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, ma
 def open_resumable_stage(config, out: Path) -> None:
     """The start of a stage with resumable checkpoints (sft, rm): join the process group under
     accelerate launch / torchrun, check that the batch splits over the processes, and that
-    ``out`` may be written (or resumed, with the same settings)."""
+    ``out`` may be written (or resumed, with the same settings).  A model named as on the Hub is
+    read from the local cache."""
+    resolve_hub_models(config)
     config.accelerator(shards=True)  # sft and rm shard what they train under an FSDP launch
     check_batch_split(config.batch_size)
     on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))

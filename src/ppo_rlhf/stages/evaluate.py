@@ -11,6 +11,7 @@ from ppo_rlhf.config import ConfigError, check, option, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
+from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.reward import RewardOptions, check_columns
@@ -25,6 +26,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
     model: str | None = option(None, "causal LM folder to evaluate")
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
+    data_split: str = option("train", "the split of --prompts when it names a data set in the local Hugging Face cache")
     reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
@@ -54,12 +56,13 @@ def run_eval(config: EvalConfig) -> dict:
     seed_everything(config.seed)
     if config.model is None:
         raise ConfigError("give --model DIR, the model to evaluate")
+    resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     if config.out:
         check_run_folder(config.out, config.overwrite)
     task = make_task(config, config.seed)
     if config.prompts:
         rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)},
-                         prompt_rows(config.prompt_field, config.chat_template))
+                         prompt_rows(config.prompt_field, config.chat_template), config.data_split)
         rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
     elif task is not None:
         rows = task.eval_rows()

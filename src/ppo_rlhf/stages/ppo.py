@@ -21,6 +21,7 @@ from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_process, rank, shard, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
+from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
@@ -58,13 +59,13 @@ def eval_line(metrics: dict) -> str:
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
     required = {config.prompt_field: prompt_check(config.chat_template)}
     convert = prompt_rows(config.prompt_field, config.chat_template)
-    train = load_rows(config.prompts, required, convert) if config.prompts else (task.prompt_rows() if task else None)
+    train = load_rows(config.prompts, required, convert, config.data_split) if config.prompts else (task.prompt_rows() if task else None)
     if train is None:
         raise ConfigError("no prompts: give --prompts FILE or --task doubling")
     if config.prompts:
         train = drop_empty_prompts(train, config.prompt_field, config.prompts)
     if config.eval_prompts:
-        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required, convert), config.prompt_field, config.eval_prompts)
+        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required, convert, config.eval_split), config.prompt_field, config.eval_prompts)
     else:
         held_out = task.eval_rows() if task else []
     return train, held_out[: config.eval_size]
@@ -193,6 +194,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
     set_threads(config.num_threads)
     seed_everything(config.seed)
     out = Path(config.out)
+    resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
     check_processes(config)
     on_main_process(check_run_folder, out, config.overwrite, config.resume,

@@ -65,7 +65,7 @@ def run_reward(config: RewardConfig) -> dict:
                                           dropout=config.dropout, seed=config.seed)
     convert = preference_rows(config.prompt_field, config.chosen_field, config.rejected_field) \
         if config.mode == "pairwise" else None
-    rows = load_rows(config.data, config.required_fields, convert) if config.data else task.rm_rows()
+    rows = load_rows(config.data, config.required_fields, convert, config.data_split) if config.data else task.rm_rows()
     if config.data and config.mode == "pairwise":
         rows = drop_rows(rows, lambda row: row[config.chosen_field] == row[config.rejected_field],
                          "have the same chosen and rejected response", config.data)

@@ -51,7 +51,8 @@ def run_sft(config: SFTConfig) -> dict:
     if config.data:
         rows = load_rows(config.data, {config.prompt_field: prompt_check(config.chat_template),
                                        config.completion_field: text},
-                         completion_rows(config.prompt_field, config.completion_field, config.chat_template))
+                         completion_rows(config.prompt_field, config.completion_field, config.chat_template),
+                         config.data_split)
         rows, longest = fit_rows(tokenizer, rows, config, stop_token_ids(tokenizer, model))
         check_fits(model, tokenizer, longest, config.model, f"--max-length {config.max_length}")
     else:

@@ -62,8 +62,12 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                                    "adapter on the actor's base (needs --lora)", choices=("shared", "separate", "lora"))
     critic_model: str | None = option(None, "separate critic initialisation (default: the reward model when it shares "
                                             "the actor's tokenizer, else the actor)")
-    prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk)")
+    prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
+                                       "Face cache); {prompt}, {messages} or Alpaca {instruction, input}")
     eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)")
+    data_split: str = option("train", "the split of --prompts when it names a data set in the local Hugging Face cache")
+    eval_split: str = option("test", "the split of --eval-prompts when it names a data set in the local Hugging Face "
+                                     "cache")
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")

@@ -44,7 +44,10 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     ``--lora`` on the same base then runs the reward from that one base."""
 
     model: str | None = option(None, "model folder to start from (a causal LM or a classifier); empty: build a tiny GPT-2")
-    data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk); empty: the task's")
+    data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
+                                    "Face cache); pairs may leave the prompt implicit (hh-rlhf) or be conversations; "
+                                    "empty: the task's")
+    data_split: str = option("train", "the split of --data when it names a data set in the local Hugging Face cache")
     task: str = option("doubling", "built-in task that supplies data when --data is empty", choices=("doubling",))
     mode: str = option("classification", "pairwise {prompt, chosen, rejected} or classification {text, label}",
                        choices=("pairwise", "classification"))

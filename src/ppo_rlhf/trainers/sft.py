@@ -32,7 +32,10 @@ from ppo_rlhf.trainers.resume import Checkpoints
 @dataclass
 class SFTConfig(RunFolderOptions, HardwareOptions):
     model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
-    data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk) with prompt and completion; empty: the task's")
+    data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
+                                    "Face cache) with prompt and completion, or conversations, or Alpaca rows; empty: "
+                                    "the task's")
+    data_split: str = option("train", "the split of --data when it names a data set in the local Hugging Face cache")
     task: str = option("doubling", "built-in task that supplies data, tokenizer and metric", choices=("doubling",))
     out: str = option("runs/sft", "run folder (checkpoints, metrics, summary)")
     prompt_field: str = option("prompt", "field of the data rows holding the prompt")
