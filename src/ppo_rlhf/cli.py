@@ -58,15 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.data import DataError
-    from ppo_rlhf.distributed import end_processes
+    from ppo_rlhf.distributed import end_processes, is_main_process as interrupted_rank_prints
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.reward import RewardError
     from ppo_rlhf.trainers.guard import DivergenceError
 
+    from ppo_rlhf.interrupts import RunInterrupted, interrupted_message, stop_on_signals
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        result = args.func(args)
+        with stop_on_signals():  # Ctrl-C / SIGTERM: the loops stop at their next safe point
+            result = args.func(args)
+    except RunInterrupted as interrupted:
+        if interrupted_rank_prints():
+            print(interrupted_message(interrupted, args.command, _can_resume(parser, args.command)), file=sys.stderr)
+        end_processes()  # every process stopped at the same step (interrupts.stop_requested)
+        return interrupted.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: no safe point waited for; checkpoints are atomic
+        print(f"ppo-rlhf {args.command}: aborted; the last checkpoint on disk is whole (--resume continues "
+              f"from it where the command has --resume)", file=sys.stderr)
+        return 130
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
         return 2
@@ -81,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     end_processes()
     return int(result or 0)
+
+
+def _can_resume(parser: argparse.ArgumentParser, command: str) -> bool:
+    """Whether ``command`` takes --resume (the demo does not)."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return any("--resume" in action.option_strings for action in subparsers.choices[command]._actions)
 
 
 def run() -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ppo_rlhf.config import ConfigError, to_dict
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -306,6 +307,10 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
                                                       "seconds": time.perf_counter() - start_time})
             if done < config.num_iterations:
                 collector.restart(restart_seed(config, done))
+        # 7. Ctrl-C: stop here.  No checkpoint of its own: one would restart the envs where a
+        # straight run does not, so a resume continues from the last scheduled one (interrupts.py).
+        if stop_requested():
+            raise RunInterrupted(done, "iteration", checkpoints.saved_step)
     train_time = time.perf_counter() - start_time
     envs.close()
 

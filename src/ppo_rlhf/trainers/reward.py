@@ -22,6 +22,7 @@ from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -222,9 +223,12 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
             accuracy = sum_across_processes(correct.float().sum()) / config.batch_size
             run_log.log(done, {"loss": loss.item(), "train_accuracy": accuracy.item(),
                                "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start})
-        if checkpoints is not None and checkpoints.due(done, config.steps):
+        stop = stop_requested()  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
+        if checkpoints is not None and (checkpoints.due(done, config.steps) or (stop and checkpoints.every)):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "batch_rng": generator.get_state(), "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
+        if stop:
+            raise RunInterrupted(done, "step", checkpoints.saved_step if checkpoints is not None else None)
     with accelerator.autocast(), gathered(model):
         eval_accuracy = reward_accuracy(model, examples, eval_index)
     result = {"eval_accuracy": eval_accuracy, "seconds": time.perf_counter() - start,
