@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -19,6 +20,9 @@ from ppo_rlhf.stages.common import check_policy, load_task, seed_everything, set
 
 @dataclass
 class EvalConfig(RunFolderOptions, HardwareOptions):
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model")
+
     model: str | None = option(None, "causal LM folder to evaluate")
     task: str | None = option(None, "built-in task supplying held-out prompts and metric", choices=(None, "doubling"))
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")

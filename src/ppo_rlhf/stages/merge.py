@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.config import ConfigError, check, option
@@ -17,6 +18,9 @@ from ppo_rlhf.models.lora import ADAPTER_CONFIG, is_adapter_folder, merge_adapte
 
 @dataclass
 class MergeConfig:
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("adapter", "base")
+
     adapter: str | None = option(None, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")
     base: str | None = option(None, "base model folder (default: the one the adapter records)")
     out: str | None = option(None, "where to write the merged model (with the tokenizer)")

@@ -101,6 +101,15 @@ def field_defaults(config: Any) -> dict:
     return json.loads(json.dumps(strict_json(defaults)))
 
 
+def resolve_input_paths(settings: dict, keys: tuple) -> None:
+    """The input paths among ``settings`` made absolute (``data.jsonl`` and ``./data.jsonl`` and
+    ``/abs/data.jsonl`` are one file), in place; an unset one, or a hub name, is left alone."""
+    for key in keys:
+        value = settings.get(key)
+        if isinstance(value, str) and value.strip() and Path(value).exists():
+            settings[key] = str(Path(value).resolve())
+
+
 def check_resume_settings(config: Any, out: str | Path) -> None:
     """Refuse a resume whose settings would make it another run, naming each one changed.
 
@@ -124,6 +133,8 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     current.pop(PROCESSES)
     current.pop(SHARDED)
     may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
+    for settings in (saved, current):  # an input named by another spelling of its path is the same input
+        resolve_input_paths(settings, getattr(type(config), "input_paths", ()))
     changed = changed_settings(saved, current, may_change, field_defaults(config))
     if changed:
         raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "

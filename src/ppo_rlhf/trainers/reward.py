@@ -76,6 +76,8 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
     # What a resume may change (as for sft): anything else would make it another run.
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
 

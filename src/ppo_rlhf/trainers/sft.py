@@ -67,6 +67,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     # What a resume may change: how long (the cosine schedule follows the new total), how often it
     # evaluates and saves, the peak learning rate, threads, the guard.  Anything else would make
     # it another run.
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
 
