@@ -57,6 +57,19 @@ def sft_args(out, *extra):
             "--out", out, *TINY, *extra]
 
 
+def rm_args(out, *extra):
+    return ["rm", "--task", "doubling", "--steps", 300, "--batch-size", 8, "--save-every", 1000, "--out", out, *TINY,
+            *extra]
+
+
+# stage: (its command line, the signal, the exit code, the trained weights it writes)
+STOPPED = {
+    "sft-sigint": (sft_args, signal.SIGINT, 130, "checkpoints/sft/model.safetensors"),
+    "sft-sigterm": (sft_args, signal.SIGTERM, 143, "checkpoints/sft/model.safetensors"),
+    "rm-sigint": (rm_args, signal.SIGINT, 130, "checkpoints/reward/model.safetensors"),
+}
+
+
 def check_message(result: subprocess.CompletedProcess, command: str, code: int) -> str:
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
@@ -67,16 +80,15 @@ def check_message(result: subprocess.CompletedProcess, command: str, code: int) 
     return lines[0]
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
-def test_an_interrupted_sft_run_resumes_to_the_weights_of_a_straight_run(signum, code, tmp_path):
+@pytest.mark.parametrize("case", sorted(STOPPED))
+def test_an_interrupted_run_resumes_to_the_weights_of_a_straight_run(case, tmp_path):
+    args, signum, code, weights = STOPPED[case]
     stopped = tmp_path / "stopped"
-    result = interrupt_once_logged(sft_args(stopped), stopped, signum)
-    check_message(result, "sft", code)
+    check_message(interrupt_once_logged(args(stopped), stopped, signum), args(stopped)[0], code)
     assert (stopped / "checkpoints" / "last" / "trainer_state.pt").exists()  # saved at the stop, not only every 1000
     assert not (stopped / "summary.json").exists()
-    run(sft_args(stopped, "--resume"))
-    run(sft_args(tmp_path / "straight"))
-    weights = "checkpoints/sft/model.safetensors"
+    run(args(stopped, "--resume"))
+    run(args(tmp_path / "straight"))
     same_tensors(tmp_path / "straight" / weights, stopped / weights)
     steps = [r["step"] for r in read_metrics(stopped / "metrics.jsonl")]
     assert steps == [r["step"] for r in read_metrics(tmp_path / "straight" / "metrics.jsonl")]

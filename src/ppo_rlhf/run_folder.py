@@ -44,9 +44,12 @@ def check_out_spares_inputs(config: Any, extra_inputs: dict[str, str | None] | N
     than read as the current folder.  Checked by the command line for every command (docs/design.md,
     "Resume and divergence")."""
     out_field = next((f for f in dataclasses.fields(config) if flag_name(f) == "--out"), None)
-    if out_field is None or getattr(config, out_field.name) is None:  # no --out (eval prints only; gym: default)
+    given = getattr(config, out_field.name) if out_field is not None else None
+    if given is None and hasattr(config, "resolved_out_dir"):  # gym: the default folder named after the env
+        given = config.resolved_out_dir()
+    if given is None:  # no --out: eval prints only, merge refuses it
         return
-    given = str(getattr(config, out_field.name))
+    given = str(given)
     if not given.strip():
         raise ConfigError("--out is empty: name the run folder (an empty --out would write the run into the "
                           "current folder)")
