@@ -95,4 +95,7 @@ def interrupted_message(error: RunInterrupted, command: str, can_resume: bool) -
         return f"{line}; it had written no checkpoint to resume from: run it again with --overwrite to start over"
     if error.resume_from != error.done:
         line += f" (its last checkpoint is after {error.unit} {error.resume_from}: a resume continues from there)"
-    return f"{line}; continue with: {resume_command()}"
+    from ppo_rlhf.distributed import world_size
+
+    launched = f" (launched as before, with {world_size()} processes)" if world_size() > 1 else ""
+    return f"{line}; continue with: {resume_command()}{launched}"
