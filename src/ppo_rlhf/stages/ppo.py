@@ -20,6 +20,7 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_process, rank, shard, world_size
 from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
@@ -34,7 +35,6 @@ from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_proc
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.resume import (METRICS_ROWS, RUN_CONFIG, check_resume_settings, check_resumed_steps,
                                      drop_metrics_after, metric_rows, run_settings)
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from ppo_rlhf.config import ConfigError, to_dict
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.trainers.guard import DivergenceGuard, require_finite
