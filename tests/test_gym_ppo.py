@@ -1,6 +1,9 @@
 """Gym PPO: GAE through the rollout code by hand, learning on CartPole, save/evaluate, config, CLI."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -250,3 +253,86 @@ def test_cli_config_error_exit_code(tmp_path, capsys):
     code = main(["gym", "--lr", "-1", "--out", str(tmp_path / "bad")])
     assert code == 2
     assert "'lr'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a user's own envs (--env module:Env-vN)
+USER_ENVS = '''
+import gymnasium as gym
+import numpy as np
+
+OBS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+class Walk(gym.Env):
+    """Two observations, two actions; an episode of 8 steps."""
+    observation_space, action_space = OBS, gym.spaces.Discrete(2)
+
+    def __init__(self, observation_space=None, action_space=None, wrong_shape=False):
+        self.observation_space = observation_space or OBS
+        self.action_space = action_space or gym.spaces.Discrete(2)
+        self.wrong_shape, self.t = wrong_shape, 0
+
+    def observe(self):
+        return np.zeros(3 if self.wrong_shape else 2, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observe(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observe(), float(np.asarray(action).sum() > 0), self.t >= 8, False, {}
+
+
+gym.register("Walk-v0", entry_point=Walk)
+gym.register("WalkDict-v0", entry_point=lambda: Walk(observation_space=gym.spaces.Dict({"a": OBS})))
+gym.register("WalkTuple-v0", entry_point=lambda: Walk(action_space=gym.spaces.Tuple((gym.spaces.Discrete(2),))))
+gym.register("WalkMulti-v0", entry_point=lambda: Walk(action_space=gym.spaces.MultiDiscrete([2, 2])))
+gym.register("WalkUnbounded-v0", entry_point=lambda: Walk(action_space=gym.spaces.Box(-np.inf, np.inf, (1,))))
+gym.register("WalkWrongShape-v0", entry_point=lambda: Walk(wrong_shape=True))
+'''
+
+
+@pytest.fixture
+def user_envs(tmp_path, monkeypatch):
+    module = f"user_envs_{tmp_path.name}"  # a fresh module for each test: it registers on import
+    (tmp_path / f"{module}.py").write_text(USER_ENVS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield module
+    for name in [n for n in gym.registry if n.startswith("Walk")]:
+        del gym.registry[name]
+
+
+def test_a_user_env_registered_by_its_module_trains(user_envs, tmp_path):
+    src = Path(__file__).resolve().parents[1] / "src"
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "ppo_rlhf.cli", "gym", "--env", f"{user_envs}:Walk-v0", "--total-steps", 256,
+               "--num-envs", 2, "--num-steps", 128, "--mini-batch-size", 64, "--eval-episodes", 2, "--out", out]
+    result = subprocess.run([str(a) for a in command],
+                            env={**os.environ, "PYTHONPATH": f"{src}:{tmp_path}"},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "summary.json").read_text())["eval_episodes"] == 2
+
+
+@pytest.mark.parametrize("env, named", [
+    ("WalkDict-v0", "observation space Dict"), ("WalkTuple-v0", "action space Tuple"),
+    ("WalkMulti-v0", "action space MultiDiscrete"), ("WalkUnbounded-v0", "infinite bounds"),
+    ("WalkWrongShape-v0", "unlike its declared space"), ("Walk-v9", "did not register it"),
+])
+def test_a_user_env_training_cannot_use_is_refused_at_start(env, named, user_envs, tmp_path, capsys):
+    assert main(["gym", "--env", f"{user_envs}:{env}", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "--env" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_env_module_or_package_is_named(tmp_path, capsys):
+    assert main(["gym", "--env", "no_such_module_xyz:Env-v0", "--out", str(tmp_path / "a")]) == 2
+    assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:
+        assert main(["gym", "--env", "LunarLander-v3", "--out", str(tmp_path / "b")]) == 2
+        assert 'pip install "gymnasium[box2d]"' in capsys.readouterr().err

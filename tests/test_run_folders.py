@@ -135,3 +135,97 @@ def test_a_setting_newer_than_the_saved_run_counts_as_its_default():
     assert changed_settings(saved, {"lr": 1e-4, "model": "m", "estimator": "gae"}, frozenset(), {"estimator": "gae"}) == []
     assert changed_settings(saved, {"lr": 1e-4, "model": "m", "estimator": "grpo"}, frozenset(),
                             {"estimator": "gae"}) == ["estimator: 'gae' -> 'grpo'"]
+
+
+# ------------------------------------------------------------------ --out never destroys an input
+def test_ppo_refuses_an_out_that_holds_its_model_and_deletes_nothing(sft_model, capsys):
+    sft_run = sft_model.parent.parent
+    before = sorted(p.name for p in sft_model.iterdir())
+    err = fails(ppo_args(sft_model, sft_run, "--iterations", 1, "--overwrite"), capsys)
+    assert f"--out {sft_run} holds --model {sft_model}" in err and "Traceback" not in err
+    assert sorted(p.name for p in sft_model.iterdir()) == before
+
+
+@pytest.mark.parametrize("case", ["same", "inside-model", "trailing-slash-same", "relative-inside"])
+def test_an_out_that_is_or_lies_inside_an_input_is_refused(case, sft_model, tmp_path, capsys, monkeypatch):
+    out = {"same": str(sft_model), "inside-model": str(sft_model / "run"), "trailing-slash-same": f"{sft_model}/",
+           "relative-inside": "model/x"}[case]
+    if case == "relative-inside":
+        monkeypatch.chdir(sft_model.parent)
+        shutil.copytree(sft_model, sft_model.parent / "model", dirs_exist_ok=True)
+        model = "model"
+    else:
+        model = sft_model
+    err = fails(ppo_args(model, out, "--iterations", 1), capsys)
+    assert "--out" in err and "--model" in err and "Traceback" not in err
+
+
+def test_every_command_compares_out_with_its_inputs(sft_model, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = run_dir / "config.yaml"
+    config.write_text("seed: 0\n")
+    cases = [
+        (["sft", "--model", sft_model, "--data", data, "--out", data, *TINY], "--data"),
+        (["rm", "--model", sft_model, "--data", data, "--out", sft_model / "rm"], "--model"),
+        (["eval", "--model", sft_model, "--task", "doubling", "--out", sft_model], "--model"),
+        (["merge", "--adapter", sft_model, "--out", sft_model / "merged"], "--adapter"),
+        (["demo", "--stages-config", config, "--out", run_dir, "--overwrite"], "--stages-config"),
+        (["gym", "--config", config, "--out", run_dir, "--overwrite"], "--config"),
+        (["sft", "--config", config, "--out", run_dir, "--overwrite", *TINY], "--config"),
+    ]
+    for args, flag in cases:
+        err = fails(args, capsys)
+        assert "--out" in err and flag in err and "Traceback" not in err, (args, err)
+    assert config.read_text() == "seed: 0\n"
+
+
+@pytest.mark.parametrize("command", [["sft"], ["rm"], ["ppo", *RULE], ["demo"]], ids=lambda c: c[0])
+def test_an_empty_out_is_refused(command, capsys):
+    err = fails([*command, "--out", " "], capsys)
+    assert "--out is empty" in err
+
+
+# ------------------------------------------------------------------ resume: the same run, by any path
+def test_resume_takes_the_same_folder_by_another_path_and_refuses_fewer_iterations(sft_model, tmp_path, capsys,
+                                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(sft_model, tmp_path / "model")
+    out = tmp_path / "ppo"
+    run(ppo_args("model", "ppo", "--iterations", 2, "--save-every", 1))
+    err = fails(ppo_args(tmp_path / "model", out, "--iterations", 1, "--resume"), capsys)
+    assert "after iteration 2, past the 1 asked for" in err and "--iterations 2" in err
+    moved = tmp_path / "elsewhere" / "ppo"
+    shutil.move(out, moved)
+    run(ppo_args(f"{tmp_path}/model/", f"{moved}/", "--iterations", 3, "--save-every", 1, "--resume"))
+    assert [r["step"] for r in read_metrics(moved / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_a_run_stopped_before_its_first_step_is_restarted_without_overwrite(sft_model, tmp_path, capsys):
+    out = tmp_path / "ppo"
+    (out / "tb").mkdir(parents=True)
+    (out / "config.yaml").write_text("seed: 0\n")
+    (out / "metrics.jsonl").write_text('{"step": 0, "eval/score": 0.5}\n')
+    err = fails(ppo_args(sft_model, out, "--iterations", 1, "--resume"), capsys)
+    assert "drop --resume" in err and "--overwrite" not in err
+    run(ppo_args(sft_model, out, "--iterations", 1))
+    assert "stopped before its first step" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]
+    # A folder with a step of work is not taken over: --overwrite, or --resume from a checkpoint.
+    (tmp_path / "worked").mkdir()
+    (tmp_path / "worked" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    err = fails(ppo_args(sft_model, tmp_path / "worked", "--iterations", 1, "--resume"), capsys)
+    assert "--overwrite" in err
+    assert "already holds a run" in fails(ppo_args(sft_model, tmp_path / "worked", "--iterations", 1), capsys)
+
+
+def test_rm_resumed_at_its_last_step_logs_its_final_evaluation_once(tmp_path):
+    out = tmp_path / "rm"
+    args = ["rm", "--task", "doubling", "--steps", 4, "--batch-size", 16, "--save-every", 2, "--out", out, *TINY]
+    run(args)
+    rows = read_metrics(out / "metrics.jsonl")
+    run([*args, "--resume"])
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [r["step"] for r in rows]
+    assert sum("eval_accuracy" in r for r in read_metrics(out / "metrics.jsonl")) == 1

@@ -7,6 +7,7 @@ Each subcommand module exposes ``register(subparsers)``, which adds its parser a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import logging
 import os
@@ -58,15 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.data import DataError
-    from ppo_rlhf.distributed import end_processes
+    from ppo_rlhf.distributed import end_processes, is_main_process
+    from ppo_rlhf.interrupts import RunInterrupted, interrupted_message, stop_on_signals
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.reward import RewardError
     from ppo_rlhf.trainers.guard import DivergenceError
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Ctrl-C / SIGTERM: the training loops stop at their next safe point; a command without one
+    # (eval, merge, ...) stops at once, having written nothing half-done (its files are atomic).
+    has_safe_points = args.command == "demo" or _can_resume(parser, args.command)
     try:
-        result = args.func(args)
+        with stop_on_signals() if has_safe_points else contextlib.nullcontext():
+            result = args.func(args)
+    except RunInterrupted as interrupted:
+        if is_main_process():  # several processes: one line
+            print(interrupted_message(interrupted, args.command, _can_resume(parser, args.command)), file=sys.stderr)
+        end_processes()  # every process stopped at the same step (interrupts.stop_requested)
+        return interrupted.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one in a command without safe points
+        hint = "; its last checkpoint is whole: --resume continues from it" if _can_resume(parser, args.command) else ""
+        print(f"ppo-rlhf {args.command}: interrupted{hint}", file=sys.stderr)
+        return 130
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
         return 2
@@ -81,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     end_processes()
     return int(result or 0)
+
+
+def _can_resume(parser: argparse.ArgumentParser, command: str) -> bool:
+    """Whether ``command`` takes --resume (the demo does not)."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return any("--resume" in action.option_strings for action in subparsers.choices[command]._actions)
 
 
 def run() -> None:

@@ -47,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_gym(args: argparse.Namespace) -> int:
     from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset, preset_for_env
+    from ppo_rlhf.run_folder import check_out_spares_inputs
     from ppo_rlhf.trainers.gym_ppo import train
 
     values = load_yaml(args.config) if args.config else {}
@@ -54,6 +55,7 @@ def run_gym(args: argparse.Namespace) -> int:
         values["env_id"] = args.env_id
     preset = preset_for_env(values.get("env_id", GymPPOConfig.env_id)) if args.preset == "auto" else args.preset
     config = config_from_args(GymPPOConfig, args, config_with_preset(preset or "none", values))
+    check_out_spares_inputs(config, {"--config": args.config})
     print(f"ppo-rlhf gym: {config.env_id} (preset: {preset or 'none'}), {config.num_iterations} iterations of "
           f"{config.batch_size} steps -> {config.resolved_out_dir()}")
     summary = train(config)

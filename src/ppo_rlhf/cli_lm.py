@@ -10,6 +10,7 @@ import json
 
 from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
 from ppo_rlhf.distributed import is_main_process
+from ppo_rlhf.run_folder import check_out_spares_inputs
 
 
 def _stage(subparsers, name: str, config_cls, runner, help_text: str, printer=None):
@@ -21,6 +22,7 @@ def _stage(subparsers, name: str, config_cls, runner, help_text: str, printer=No
     def run(args) -> int:
         yaml_values = load_yaml(args.config) if args.config else {}
         config = config_from_args(config_cls, args, yaml_values)
+        check_out_spares_inputs(config, {"--config": args.config})
         summary = runner(config)
         if is_main_process():  # several processes: one summary
             (printer or _print_summary)(summary)

@@ -8,16 +8,22 @@ nothing; the previous run's files go only once the new run is ready to write
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ppo_rlhf.checkpoint import recover_interrupted_writes
-from ppo_rlhf.config import ConfigError, option
+from ppo_rlhf.config import ConfigError, flag_name, option
+from ppo_rlhf.runlog import read_metrics
 
 # What a stage writes into its run folder; a folder holding any of these holds a run.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png", "config.yaml", "samples.jsonl")
+# What a run writes before its first training step (its settings, the step-0 evaluation, an empty
+# TensorBoard log): a folder holding only these holds no work, and a new run may take it over.
+STARTUP_OUTPUTS = frozenset({"config.yaml", "metrics.jsonl", "tb"})
 
 
 @dataclass
@@ -26,14 +32,66 @@ class RunFolderOptions:
                                     "without it (or --resume) a stage refuses an --out that holds a run")
 
 
+def check_out_spares_inputs(config: Any, extra_inputs: dict[str, str | None] | None = None) -> None:
+    """Refuse an ``--out`` that would put a run where it can destroy what it reads: the same path
+    as an input, a folder holding one (``--overwrite`` deletes what a run wrote there, and the
+    run writes over it), or a folder inside one (a model folder, a dataset saved to disk).
+
+    The inputs are the fields the config class names in ``input_paths`` (``--model``,
+    ``--data``, ...) and ``extra_inputs`` (``{"--config": file}``); paths compare after
+    ``resolve()``, so ``x``, ``./x``, ``x/`` and ``/abs/x`` are one path.  A resume may read its
+    settings from a file in its own folder: it deletes nothing.  ``--out ""`` is refused rather
+    than read as the current folder.  Checked by the command line for every command (docs/design.md,
+    "Resume and divergence")."""
+    out_field = next((f for f in dataclasses.fields(config) if flag_name(f) == "--out"), None)
+    given = getattr(config, out_field.name) if out_field is not None else None
+    if given is None and hasattr(config, "resolved_out_dir"):  # gym: the default folder named after the env
+        given = config.resolved_out_dir()
+    if given is None:  # no --out: eval prints only, merge refuses it
+        return
+    given = str(given)
+    if not given.strip():
+        raise ConfigError("--out is empty: name the run folder (an empty --out would write the run into the "
+                          "current folder)")
+    out = Path(given).resolve()
+    inputs = {flag_name(f): getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.name in getattr(type(config), "input_paths", ())}
+    for flag, value in {**inputs, **(extra_inputs or {})}.items():
+        if value is None or not str(value).strip():
+            continue
+        path = Path(str(value)).resolve()
+        if path == out:
+            raise ConfigError(f"--out {given} is {flag} {value}: the run would write over (with --overwrite: "
+                              f"delete) what it reads; choose another --out")
+        if out in path.parents and not getattr(config, "resume", False):
+            raise ConfigError(f"--out {given} holds {flag} {value}: the run writes into that folder (with "
+                              f"--overwrite it deletes what a run wrote there); choose an --out outside it")
+        if path in out.parents:
+            raise ConfigError(f"--out {given} lies inside {flag} {value}: a run must not write into its input; "
+                              f"choose an --out outside it")
+
+
 def run_outputs(out: str | Path) -> list[str]:
     """The run files present in ``out`` (empty: a new or empty folder)."""
     out = Path(out)
     return [name for name in RUN_OUTPUTS if (out / name).exists()]
 
 
+def holds_no_work(out: str | Path) -> bool:
+    """Whether ``out`` holds only what a run stopped before its first step wrote: nothing is lost
+    if a new run replaces it.  A damaged metrics file counts as work (it is looked at by hand)."""
+    present = set(run_outputs(out))
+    if not present or not present <= STARTUP_OUTPUTS:
+        return False
+    try:
+        return all(record.get("step") == 0 for record in read_metrics(Path(out) / "metrics.jsonl"))
+    except ValueError:
+        return False
+
+
 def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, resumable: Path | None = None) -> None:
-    """Refuse an ``out`` that holds another run, and a resume with nothing to resume from.
+    """Refuse an ``out`` that holds another run, and a resume with nothing to resume from.  A
+    folder that holds no work (``holds_no_work``) is free without ``--overwrite``.
 
     ``resumable``: the checkpoint a resume continues from (stages that can resume)."""
     out = Path(out)
@@ -50,11 +108,12 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
     if resume:
         recover_interrupted_writes(out / "checkpoints")
         if resumable is None or not resumable.exists():
-            raise ConfigError(f"--resume: nothing to resume in {out} (no {resumable or 'checkpoint'}); "
-                              f"drop --resume to start a new run")
+            how = "drop --resume to start it again" if holds_no_work(out) or not run_outputs(out) else \
+                "the run there stopped before its first checkpoint: drop --resume and pass --overwrite to start it again"
+            raise ConfigError(f"--resume: nothing to resume in {out} (no {resumable or 'checkpoint'}); {how}")
         return
     present = run_outputs(out)
-    if present and not overwrite:
+    if present and not overwrite and not holds_no_work(out):
         options = "--resume to continue it, --overwrite to replace it" if resumable is not None else \
             "--overwrite to replace it"
         raise ConfigError(f"--out {out} already holds a run ({', '.join(present)}): pass {options}, "
@@ -67,20 +126,22 @@ def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     notices = []
-    if overwrite:
+    if overwrite or holds_no_work(out):
+        why = "--overwrite" if overwrite else "it stopped before its first step"
         for name in run_outputs(out):
             path = out / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-            notices.append(f"removed the previous run's {name} (--overwrite)")
+            notices.append(f"removed the previous run's {name} ({why})")
     notices += recover_interrupted_writes(out) + recover_interrupted_writes(out / "checkpoints")
     return notices
 
 
 # PPO settings a resume may change: how long, how often it evaluates and saves, the learning
-# rates (applied to the resumed optimizer).  Any other change would make the resumed run a
-# different run (another model, reference, reward, critic, LoRA, batch or objective).
+# rates (applied to the resumed optimizer), and where the folder is (the same run given as x/,
+# or moved).  Any other change would make the resumed run a different run (another model,
+# reference, reward, critic, LoRA, batch or objective).
 MAY_CHANGE_ON_RESUME = frozenset({
-    "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "eval_split", "show_samples", "save_every",
+    "out", "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "eval_split", "show_samples", "save_every",
     "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every", "max_bad_steps",
     "rollout_micro_batch_size", "train_micro_batch_size",  # how the same sums are split into passes
     "reward_timeout", "reward_retries", "reward_backoff",  # how patiently the same scores are fetched

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
@@ -55,6 +56,9 @@ PPO_PRESET = {
 
 @dataclass
 class DemoConfig:
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("stages_config",)
+
     out: str = option("runs/demo", "run folder for the whole pipeline")
     overwrite: bool = option(False, "replace the demo run already in --out (all three stages)")
     reward: str = option("model", "PPO reward: the learned style classifier, or the rule-based reward",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -23,6 +24,9 @@ from ppo_rlhf.tasks import TaskOptions, make_task
 
 @dataclass
 class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model")
+
     model: str | None = option(None, "causal LM folder to evaluate")
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")

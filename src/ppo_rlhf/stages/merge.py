@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.models.lora import ADAPTER_CONFIG, is_adapter_folder, merge_adapter_folder
+from ppo_rlhf.run_folder import check_out_spares_inputs
 
 
 @dataclass
 class MergeConfig:
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("adapter", "base")
+
     adapter: str | None = option(None, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")
     base: str | None = option(None, "base model folder (default: the one the adapter records)")
     out: str | None = option(None, "where to write the merged model (with the tokenizer)")
@@ -31,8 +36,7 @@ def run_merge(config: MergeConfig) -> dict:
     adapter = Path(config.adapter)
     if not is_adapter_folder(adapter):
         raise FileNotFoundError(f"{adapter} is not a LoRA adapter folder (no {ADAPTER_CONFIG})")
-    if Path(config.out).resolve() == adapter.resolve():
-        raise ConfigError("--out must differ from --adapter: the merged model would replace the adapter")
+    check_out_spares_inputs(config)  # also for a caller that bypasses the command line
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")

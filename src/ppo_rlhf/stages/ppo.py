@@ -22,6 +22,7 @@ from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_proces
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models import load_causal_lm, save_pretrained_atomic
 from ppo_rlhf.models.lora import load_adapter_weights, save_adapter
 from ppo_rlhf.rollout.generation import TorchGenerator
@@ -36,7 +37,8 @@ from ppo_rlhf.stages.ppo_plan import plan_lines, plan_warnings, score_spread_war
 from ppo_rlhf.stages.roles import load_roles, reward_functions
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
 from ppo_rlhf.trainers.ppo import PPOTrainer
-from ppo_rlhf.trainers.resume import RUN_CONFIG, check_resume_settings, drop_metrics_after, run_settings
+from ppo_rlhf.trainers.resume import (METRICS_ROWS, RUN_CONFIG, check_resume_settings, check_resumed_steps,
+                                     drop_metrics_after, metric_rows, run_settings)
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
@@ -99,7 +101,7 @@ def save_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
             if trainer.critic is not None:
                 trainer.critic.save(staging / "critic")
             torch.save({"trainer": trainer_state, "prompt_rng": rng.get_state(), **random_states[0],
-                        "random_states": random_states, "progress": progress},
+                        "random_states": random_states, "progress": progress, METRICS_ROWS: metric_rows(out)},
                        staging / "trainer_state.pt")
             atomic_write_json(staging / RUN_CONFIG, run_settings(config))
 
@@ -152,6 +154,7 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
         trainer.critic.load_saved(last / "critic")
     state = torch.load(last / "trainer_state.pt", weights_only=False, map_location="cpu")
     trainer.load_state_dict(state["trainer"])
+    check_resumed_steps(trainer.iteration, config.iterations, last, "iteration", "--iterations")
     # The learning rates are the ones asked now (a resume may change them), not the saved ones.
     actor_group, critic_group = trainer.optimizer.param_groups
     actor_group["lr"], critic_group["lr"] = config.lr, config.critic_lr or config.lr
@@ -164,7 +167,7 @@ def load_last(trainer: PPOTrainer, out: Path, rng: torch.Generator, config: PPOC
     if mine["sample_rng"] is not None and getattr(trainer.generator, "rng", None) is not None:
         trainer.generator.rng.set_state(mine["sample_rng"])
     # Logged after the checkpoint: they will be logged again.
-    on_main_process(drop_metrics_after, out, trainer.iteration)
+    on_main_process(drop_metrics_after, out, trainer.iteration, state.get(METRICS_ROWS))
     return state.get("progress", {})
 
 
@@ -306,9 +309,12 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         if main and iteration == first_iteration and (warning := score_spread_warning(metrics, done)):
             tqdm.write(f"warning: {warning}")
         progress.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
-        if config.save_every and (done % config.save_every == 0 or done == config.iterations):
+        stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
+        if config.save_every and (done % config.save_every == 0 or done == config.iterations or stop):
             save_last(trainer, out, rng, config, {"before": before, "samples_before": samples_before,
                                                   "train_seconds": train_seconds, "scores": scores})
+        if stop:
+            raise RunInterrupted(done, "iteration", done if config.save_every else None)
 
     if evaluator and final_eval is None:  # resumed at the end: no iteration ran
         final_eval = evaluate()

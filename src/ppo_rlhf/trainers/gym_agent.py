@@ -81,7 +81,9 @@ def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out
 def space_spec(observation_space: gym.Space, action_space: gym.Space) -> dict:
     """The parts of the spaces the network needs, as plain JSON."""
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        raise ValueError(f"only flat Box observations are supported, got {observation_space}")
+        raise ValueError(f"its observation space {type(observation_space).__name__} {observation_space} is not supported: "
+                         f"only a flat Box (a Dict or Tuple can be flattened with gymnasium.wrappers.FlattenObservation "
+                         f"in the env's registration)")
     spec = {"obs_dim": int(observation_space.shape[0])}
     if isinstance(action_space, gym.spaces.Discrete):
         spec.update(action_type="discrete", act_dim=int(action_space.n))
@@ -91,7 +93,8 @@ def space_spec(observation_space: gym.Space, action_space: gym.Space) -> dict:
             action_low=action_space.low.tolist(), action_high=action_space.high.tolist(),
         )
     else:
-        raise ValueError(f"only Discrete or flat Box action spaces are supported, got {action_space}")
+        raise ValueError(f"its action space {type(action_space).__name__} {action_space} is not supported: only "
+                         f"Discrete or a flat Box")
     return spec
 
 

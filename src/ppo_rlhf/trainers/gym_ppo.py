@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import difflib
+import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.trainers.guard import DivergenceGuard, require_finite
@@ -36,11 +38,63 @@ from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_pres
 from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
 
 
-def make_envs(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registry entry of ``env_id``, or a ConfigError naming --env.  ``module:Env-v0``, as
+    gymnasium's ``make`` reads it: the module is imported first, since importing it is what
+    registers the user's env."""
+    module, name = env_id.split(":", 1) if ":" in env_id else (None, env_id)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(f"--env {env_id}: cannot import {module!r}, the module that should register "
+                              f"{name!r} ({error}); is it on PYTHONPATH?") from None
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown gymnasium environment {env_id!r} (--env){hint}")
+        where = f" (importing {module!r} did not register it)" if module else ""
+        raise ConfigError(f"unknown gymnasium environment {env_id!r} (--env){where}{hint}")
+    return gym.registry[name]
+
+
+def install_hint(spec: gym.envs.registration.EnvSpec) -> str:
+    """The pip command for a gymnasium env family's optional packages (box2d, mujoco, ...)."""
+    parts = str(spec.entry_point).split(".")
+    if parts[:2] == ["gymnasium", "envs"] and len(parts) > 3:
+        return f'pip install "gymnasium[{parts[2]}]"'
+    return "install the package the environment needs"
+
+
+def check_env(env_id: str) -> None:
+    """Refuse at start, naming --env, what training could not use: a missing optional package,
+    spaces other than a flat Box of observations and Discrete or bounded flat Box actions (Dict,
+    Tuple, MultiDiscrete ... are not flattened here), observations unlike the declared space."""
+    spec = registered_spec(env_id)
+    try:
+        env = gym.make(env_id)
+    except gym.error.DependencyNotInstalled as error:
+        hint = "" if "pip install" in str(error) else f"; {install_hint(spec)}"
+        raise ConfigError(f"--env {env_id} needs a package that is not installed: {error}{hint}") from None
+    try:
+        try:
+            space_spec(env.observation_space, env.action_space)
+        except ValueError as error:
+            raise ConfigError(f"--env {env_id}: {error}") from None
+        action = env.action_space
+        if isinstance(action, gym.spaces.Box) and not (np.isfinite(action.low).all() and np.isfinite(action.high).all()):
+            raise ConfigError(f"--env {env_id}: the action space {action} has infinite bounds; actions are clipped "
+                              f"to them, so they must be finite")
+        observation, _ = env.reset(seed=0)
+        observation = np.asarray(observation)
+        if observation.shape != env.observation_space.shape or not np.issubdtype(observation.dtype, np.number):
+            raise ConfigError(f"--env {env_id}: reset() returned an observation of shape {observation.shape} "
+                              f"({observation.dtype}), unlike its declared space {env.observation_space}")
+    finally:
+        env.close()
+
+
+def make_envs(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
+    check_env(env_id)
     # SAME_STEP autoreset: a finished env is reset inside step() and its last observation comes
     # back in infos["final_obs"] -- exactly what bootstrapping a truncated episode needs.
     return gym.vector.SyncVectorEnv(
@@ -306,6 +360,10 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
                                                       "seconds": time.perf_counter() - start_time})
             if done < config.num_iterations:
                 collector.restart(restart_seed(config, done))
+        # 7. Ctrl-C: stop here.  No checkpoint of its own: one would restart the envs where a
+        # straight run does not, so a resume continues from the last scheduled one (interrupts.py).
+        if stop_requested():
+            raise RunInterrupted(done, "iteration", checkpoints.saved_step)
     train_time = time.perf_counter() - start_time
     envs.close()
 

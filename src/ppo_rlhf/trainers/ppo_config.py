@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ppo_rlhf.config import ConfigError, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
@@ -53,6 +54,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
+
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "reward_model", "critic_model", "prompts", "eval_prompts")
 
     # --- models and data
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")

@@ -101,6 +101,15 @@ def field_defaults(config: Any) -> dict:
     return json.loads(json.dumps(strict_json(defaults)))
 
 
+def resolve_input_paths(settings: dict, keys: tuple) -> None:
+    """The input paths among ``settings`` made absolute (``data.jsonl`` and ``./data.jsonl`` and
+    ``/abs/data.jsonl`` are one file), in place; an unset one, or a hub name, is left alone."""
+    for key in keys:
+        value = settings.get(key)
+        if isinstance(value, str) and value.strip() and Path(value).exists():
+            settings[key] = str(Path(value).resolve())
+
+
 def check_resume_settings(config: Any, out: str | Path) -> None:
     """Refuse a resume whose settings would make it another run, naming each one changed.
 
@@ -125,6 +134,8 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     current.pop(PROCESSES)
     current.pop(SHARDED)
     may_change = getattr(type(config), "may_change_on_resume", MAY_CHANGE_ON_RESUME)
+    for settings in (saved, current):  # an input named by another spelling of its path is the same input
+        resolve_input_paths(settings, getattr(type(config), "input_paths", ()))
     changed = changed_settings(saved, current, may_change, field_defaults(config))
     if changed:
         raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
@@ -132,15 +143,38 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
                           f"to use them")
 
 
-def drop_metrics_after(out: str | Path, step: int) -> None:
-    """Drop the metrics a killed run logged after its checkpoint: the resumed run logs them again."""
+METRICS_ROWS = "metrics_rows"  # a checkpoint's record of the metric rows logged before it was written
+
+
+def metric_rows(out: str | Path) -> int:
+    """How many rows ``OUT/metrics.jsonl`` holds now (each is written whole, then closed)."""
+    return len(read_metrics(Path(out) / "metrics.jsonl"))
+
+
+def drop_metrics_after(out: str | Path, step: int, rows: int | None = None) -> None:
+    """Drop the metrics a killed run logged after its checkpoint: the resumed run logs them again.
+
+    ``rows``: how many rows were logged when the checkpoint was written.  A row logged after
+    it at the checkpoint's own step (rm's final evaluation, logged at the last step after the
+    last checkpoint) is dropped too, or the resumed run would log it a second time.  Older
+    checkpoints without the count: by step alone."""
     path = Path(out) / "metrics.jsonl"
     notices: list[str] = []
     records = [r for r in read_metrics(path, notices) if r["step"] <= step]
+    if rows is not None:
+        records = records[:rows]
     for notice in notices:
         print(notice)
     if path.exists():
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def check_resumed_steps(saved: int, total: int, last: Path, unit: str = "step", flag: str = "") -> None:
+    """Refuse a resume asking for fewer steps than the checkpoint has done: it would end at once,
+    its summary claiming a shorter run than the weights had."""
+    if saved > total:
+        raise ConfigError(f"--resume: the checkpoint in {last} is after {unit} {saved}, past the {total} "
+                          f"asked for; ask for at least {saved}" + (f" ({flag} {saved})" if flag else ""))
 
 
 # ------------------------------------------------------------------ the checkpoint
@@ -153,11 +187,17 @@ class Checkpoints:
     every: int  # save after every N steps and after the last (0: never)
     settings: dict  # the run's config, written as run_config.json
     saved: dict | None = None
+    written: int | None = None  # the step of the last checkpoint this run wrote
 
     @property
     def step(self) -> int:
         """The step the run continues after (0: a new run)."""
         return self.saved["step"] if self.saved else 0
+
+    @property
+    def saved_step(self) -> int | None:
+        """The step of the checkpoint on disk, the one a resume would continue after (None: none)."""
+        return self.written if self.written is not None else (self.step or None)
 
     def due(self, done: int, total: int) -> bool:
         return self.every > 0 and (done % self.every == 0 or done == total)
@@ -166,9 +206,7 @@ class Checkpoints:
         """Read ``OUT/checkpoints/last`` (a resumed run); prints where the run resumes."""
         last = last_checkpoint(self.out)
         self.saved = torch.load(last / TRAINER_STATE, weights_only=False, map_location="cpu")
-        if self.step > total:
-            raise ConfigError(f"--resume: the checkpoint in {last} is after {unit} {self.step}, past the {total} "
-                              f"asked for; ask for at least {self.step}")
+        check_resumed_steps(self.step, total, last, unit, "--steps" if unit == "step" else "")
         print(f"resumed from {last} after {unit} {self.step} of {total}")
         return self.saved
 
@@ -198,10 +236,12 @@ class Checkpoints:
                 atomic_write_json(staging / RUN_CONFIG, self.settings)
                 torch.save({"step": done, "optimizer": optimizer_state, "rng": random_states[0],
                             "rng_by_process": random_states,
-                            "scaler": scaler.state_dict() if scaler is not None else None, **state},
+                            "scaler": scaler.state_dict() if scaler is not None else None,
+                            METRICS_ROWS: metric_rows(self.out), **state},
                            staging / TRAINER_STATE)
 
         on_main_process(write)
+        self.written = done
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator=None) -> dict:
         """Put the saved weights, optimizer moments, loss scale and RNG states into this run;
@@ -227,5 +267,6 @@ def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step
     checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config))
     if config.resume:
         checkpoints.load(total, unit)
-        on_main_process(drop_metrics_after, out, checkpoints.step * logged_step_scale)
+        on_main_process(drop_metrics_after, out, checkpoints.step * logged_step_scale,
+                        checkpoints.saved.get(METRICS_ROWS))
     return checkpoints

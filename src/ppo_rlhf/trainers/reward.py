@@ -23,6 +23,7 @@ from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -86,6 +87,8 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
 
     # What a resume may change (as for sft): anything else would make it another run.
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
 
@@ -277,9 +280,12 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
             accuracy = sum_across_processes(correct.float().sum()) / config.batch_size
             run_log.log(done, {"loss": loss.item(), "train_accuracy": accuracy.item(),
                                "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start})
-        if checkpoints is not None and checkpoints.due(done, config.steps):
+        stop = stop_requested()  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
+        if checkpoints is not None and (checkpoints.due(done, config.steps) or (stop and checkpoints.every)):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "batch_rng": generator.get_state(), "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
+        if stop:
+            raise RunInterrupted(done, "step", checkpoints.saved_step if checkpoints is not None else None)
     with accelerator.autocast(), gathered(model):
         eval_accuracy = reward_accuracy(model, examples, eval_index)
     result = {"eval_accuracy": eval_accuracy, "seconds": time.perf_counter() - start,

@@ -20,6 +20,7 @@ from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -69,6 +70,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     # What a resume may change: how long (the cosine schedule follows the new total), how often it
     # evaluates and saves, the peak learning rate, threads, the guard.  Anything else would make
     # it another run.
+    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
 
@@ -280,10 +283,13 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if run_log is not None:
                 run_log.log(done, record)
-        if checkpoints is not None and checkpoints.due(done, config.steps):
+        stop = stop_requested()  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
+        if checkpoints is not None and (checkpoints.due(done, config.steps) or (stop and checkpoints.every)):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "order": order, "cursor": cursor, "order_rng": generator.get_state(), "evaluations": evaluations,
                 "seconds": time.perf_counter() - start, "guard": guard.state_dict()})
+        if stop:
+            raise RunInterrupted(done, "step", checkpoints.saved_step if checkpoints is not None else None)
     model.zero_grad(set_to_none=True)  # the last step's gradients: a model's worth of memory, not needed to save it
     model.eval()
     return evaluations
