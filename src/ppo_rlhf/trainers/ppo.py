@@ -539,52 +539,71 @@ class PPOTrainer:
             policy_share = token_share if config.loss_aggregation == "token-mean" else row_share
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
-            logprobs = logprobs_from_logits(out.logits, mb.sequences.response_ids)
-            pg_loss, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
-                                            config.loss_aggregation, config.max_new_tokens,
-                                            clip_ratio_high=config.clip_high, dual_clip=config.dual_clip,
-                                            ratio_level=config.ratio_level)
+            actor_loss, stats = self.actor_loss(mb, out.logits, token_share, policy_share, warming_up)
             if len(parts) == 1 and config.max_approx_kl is not None:
-                approx_kl = self.sum_shares({"approx_kl": pg_stats["approx_kl"] * token_share})["approx_kl"]
+                approx_kl = self.sum_shares({"approx_kl": stats["approx_kl"] * token_share})["approx_kl"]
                 if self.moved_too_far(approx_kl, warming_up):
                     return None
-            # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
-            # several (B, T, V) tensors for the backward pass).
-            entropy_coef = self.entropy_coef()
-            with torch.set_grad_enabled(entropy_coef != 0 and not warming_up):
-                entropy = masked_mean(entropy_from_logits(out.logits), mb.mask)
-            actor_loss = None if warming_up else policy_share * pg_loss - entropy_coef * token_share * entropy
-            if config.kl_in == "loss" and not warming_up:
-                kl_loss = self.kl_loss(out.logits, logprobs, mb)
-                pg_stats["kl_loss"] = kl_loss.detach()
-                actor_loss = actor_loss + self.kl_controller.value * policy_share * kl_loss
-            vf_stats = {}
-            if self.critic is None:  # a critic-free estimator: the policy's loss alone
-                self.accelerator.backward(actor_loss)
-            elif self.critic.reads_actor_trunk:
-                # The critic reads the actor's forward pass: one graph, one backward pass.
-                vf_loss, vf_stats = value_loss(self.critic.values(mb.sequences, out.hidden), mb.values, mb.returns,
-                                               mb.mask, config.cliprange_value)
-                loss = config.vf_coef * token_share * vf_loss
-                self.accelerator.backward(loss if actor_loss is None else actor_loss + loss)
-            else:
-                # A critic with a forward pass of its own shares no graph with the actor: the actor's
-                # backward pass runs first and frees its graph before the critic's is built (same
-                # gradients as one backward of the sum, half the activation memory).
-                if actor_loss is not None:
-                    self.accelerator.backward(actor_loss)
-                # The critic's scope spans its backward pass too: gradient checkpointing recomputes
-                # activations there, and a critic adapter must be the active one when it does.
-                with self.critic.scope():
-                    with self.accelerator.autocast():
-                        values = self.critic.values(mb.sequences)
-                    vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
-                    self.accelerator.backward(config.vf_coef * token_share * vf_loss)
+            stats.update(self.backward(mb, out.hidden, actor_loss, token_share))
             shares = {"pg_loss": policy_share, "kl_loss": policy_share}
-            for key, value in {**pg_stats, **vf_stats, "entropy": entropy.detach()}.items():
+            for key, value in stats.items():
                 weighted = value * shares.get(key, token_share)
                 totals[key] = weighted if key not in totals else totals[key] + weighted
         return self.sum_shares(totals)
+
+    def actor_loss(self, mb: Experience, logits: torch.Tensor, token_share: float, policy_share: float,
+                   warming_up: bool) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """Stage 7's policy side on one micro-batch: the clipped policy loss, the entropy term and,
+        with --kl-in loss, the KL term, each scaled by its share of the minibatch; None while the
+        critic warms up.  Returns the loss and the (unscaled) statistics."""
+        config = self.config
+        logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+        pg_loss, stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
+                                     config.loss_aggregation, config.max_new_tokens, clip_ratio_high=config.clip_high,
+                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level)
+        # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
+        # several (B, T, V) tensors for the backward pass).
+        entropy_coef = self.entropy_coef()
+        with torch.set_grad_enabled(entropy_coef != 0 and not warming_up):
+            entropy = masked_mean(entropy_from_logits(logits), mb.mask)
+        stats["entropy"] = entropy.detach()
+        if warming_up:
+            return None, stats
+        loss = policy_share * pg_loss - entropy_coef * token_share * entropy
+        if config.kl_in == "loss":
+            kl_loss = self.kl_loss(logits, logprobs, mb)
+            stats["kl_loss"] = kl_loss.detach()
+            loss = loss + self.kl_controller.value * policy_share * kl_loss
+        return loss, stats
+
+    def backward(self, mb: Experience, actor_hidden: torch.Tensor, actor_loss: torch.Tensor | None,
+                 token_share: float) -> dict[str, torch.Tensor]:
+        """Stage 7's backward passes on one micro-batch: the actor's loss, and the critic's value
+        loss where there is a critic; returns the value loss's statistics."""
+        config = self.config
+        if self.critic is None:  # a critic-free estimator: the policy's loss alone
+            self.accelerator.backward(actor_loss)
+            return {}
+        if self.critic.reads_actor_trunk:
+            # The critic reads the actor's forward pass: one graph, one backward pass.
+            vf_loss, vf_stats = value_loss(self.critic.values(mb.sequences, actor_hidden), mb.values, mb.returns,
+                                           mb.mask, config.cliprange_value)
+            loss = config.vf_coef * token_share * vf_loss
+            self.accelerator.backward(loss if actor_loss is None else actor_loss + loss)
+            return vf_stats
+        # A critic with a forward pass of its own shares no graph with the actor: the actor's
+        # backward pass runs first and frees its graph before the critic's is built (same
+        # gradients as one backward of the sum, half the activation memory).
+        if actor_loss is not None:
+            self.accelerator.backward(actor_loss)
+        # The critic's scope spans its backward pass too: gradient checkpointing recomputes
+        # activations there, and a critic adapter must be the active one when it does.
+        with self.critic.scope():
+            with self.accelerator.autocast():
+                values = self.critic.values(mb.sequences)
+            vf_loss, vf_stats = value_loss(values, mb.values, mb.returns, mb.mask, config.cliprange_value)
+            self.accelerator.backward(config.vf_coef * token_share * vf_loss)
+        return vf_stats
 
     def sum_shares(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Scalar statistics summed over the processes, in one all-reduce (one process: as given)."""
