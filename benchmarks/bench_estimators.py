@@ -156,11 +156,17 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 1, unit: str =
     return f"{mean:.{digits}f}{unit} ({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
 
 
-def mean_curve(runs: list[dict], key: str) -> list[tuple[float, float]]:
-    """The seeds' curves averaged point by point (they evaluate at the same iterations)."""
-    curves = [r[f"curve:{key}"] for r in runs if f"curve:{key}" in r]
+def mean_points(runs: list[dict], key: str) -> list[tuple[float, float]]:
+    """The seeds' (x, y) lists under ``key`` averaged point by point (they are taken at the same
+    iterations)."""
+    curves = [r[key] for r in runs if key in r]
     length = min(len(c) for c in curves)
     return [(statistics.mean(c[i][0] for c in curves), statistics.mean(c[i][1] for c in curves)) for i in range(length)]
+
+
+def mean_curve(runs: list[dict], key: str) -> list[tuple[float, float]]:
+    """The seeds' evaluation curves of metric ``key`` averaged point by point."""
+    return mean_points(runs, f"curve:{key}")
 
 
 def plot(results: dict, path: Path) -> None:

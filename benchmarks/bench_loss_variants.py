@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from bench_estimators import GAE_CRITIC, run_in_child, spread, train_sft_and_rm
+from bench_estimators import GAE_CRITIC, mean_points, run_in_child, spread, train_sft_and_rm
 
 HERE = Path(__file__).parent
 COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
@@ -63,13 +63,6 @@ def variant_figures(out: Path, figures: dict) -> dict:
             "tokens_per_kept_sample": statistics.mean(v for v in per_kept if v == v),  # NaN: nothing kept
             "dropped_groups": sum(r.get("dynamic_sampling/dropped_groups", 0) for r in iterations),
             "filled_groups": sum(r.get("dynamic_sampling/filled_groups", 0) for r in iterations)}
-
-
-def mean_points(runs: list[dict], key: str) -> list[tuple[float, float]]:
-    """The seeds' (x, y) lists averaged point by point."""
-    curves = [r[key] for r in runs]
-    length = min(len(c) for c in curves)
-    return [(statistics.mean(c[i][0] for c in curves), statistics.mean(c[i][1] for c in curves)) for i in range(length)]
 
 
 def plot(results: dict, path: Path) -> None:
