@@ -340,7 +340,7 @@ class PPOTrainer:
     def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
                                 metrics: dict[str, float]) -> Rollout:
         """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
-        K scores all differ from nothing -- all right or all wrong -- are dropped, and more prompts
+        K scores are all equal -- all right or all wrong -- are dropped, and more prompts
         are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
         rounds; a batch still short then is completed with dropped groups (advantage 0), so every
         update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
