@@ -56,7 +56,7 @@ def test_the_readme_command_learns_with_default_settings(tmp_path, monkeypatch, 
 
 # A toy verifiable task: each prompt row names a digit and carries it as its own "answer" column
 # (four different answers across the rows), and the user's 0/1 reward is 1 when the response
-# writes its row's digit.  The random model writes a given digit in ~30% of its ~107-byte
+# writes its row's digit.  The random model writes a given digit in ~30% of its ~105-token
 # responses, so the accuracy has room to rise; a prompt-blind policy can raise it too.
 ANSWERS = ["3", "5", "7", "9"]
 ITERATIONS = 30
@@ -64,7 +64,8 @@ ITERATIONS = 30
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="issue 20: a 0/1 reward stays nearly flat with the defaults, full model and "
-                                       "LoRA alike (docs/design.md, 'Defaults that learn')")
+                                       "LoRA alike, held by the KL penalty (docs/design.md, 'Defaults that "
+                                       "learn')")
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path, monkeypatch, lora):
     monkeypatch.chdir(tmp_path)
@@ -80,5 +81,6 @@ def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path,
     assert len(accuracy) == ITERATIONS and set(accuracy) <= {k / 64 for k in range(65)}, accuracy  # 0/1 means
     first, last = sum(accuracy[:5]) / 5, sum(accuracy[-5:]) / 5
     # Measured (iterations 1-5 vs 26-30): full model 0.297 -> 0.384 (60 iterations: still 0.391 at the end),
-    # LoRA 0.278 -> 0.334; the "e" count above rises 2.3x in 20 iterations.  Asked for: 1.5x.
+    # LoRA 0.278 -> 0.334; the "e" count above rises 2.3x in 20 iterations.  Asked for: 1.5x, which the
+    # full model reaches with --kl-coef 0 (0.316 -> 0.822): the KL penalty, not the lr, holds it flat.
     assert last > 1.5 * first, (first, last, accuracy)
