@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -51,3 +52,36 @@ def test_the_readme_command_learns_with_default_settings(tmp_path, monkeypatch, 
     # Measured: 5.2 -> 12.2 "e"s per response (iterations 1-3 vs 18-20); the same run with lr 1e-5,
     # or with lam 0.95, stays between 3.8 and 6.0 throughout (5.3 at the end).
     assert last > 1.6 * first, (first, last, scores)
+
+
+# A toy verifiable task: each prompt row names a digit and carries it as its own "answer" column
+# (four different answers across the rows), and the user's 0/1 reward is 1 when the response
+# writes its row's digit.  The random model writes a given digit in ~30% of its ~105-token
+# responses, so the accuracy has room to rise; a prompt-blind policy can raise it too.
+ANSWERS = ["3", "5", "7", "9"]
+ITERATIONS = 30
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 20: a 0/1 reward stays nearly flat with the defaults, full model and "
+                                       "LoRA alike, held by the KL penalty (docs/design.md, 'Defaults that "
+                                       "learn')")
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path, monkeypatch, lora):
+    monkeypatch.chdir(tmp_path)
+    users_tiny_model(tmp_path / "DIR")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"{p} {a}", "answer": a} for a in ANSWERS for p in PROMPTS])
+    (tmp_path / "my_rewards.py").write_text("def score(prompts, responses, answer):\n"
+                                            "    return [float(a in r) for r, a in zip(responses, answer)]\n")
+    command = next(c for c in readme_commands("### Your own model") if c[0] == "ppo" and "--reward-fn" in c)
+    run([*command, *(["--lora"] if lora else []), "--iterations", ITERATIONS, "--num-threads", 1])
+
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "my_ppo_fn" / "metrics.jsonl").open()]
+    accuracy = [row["score"] for row in rows if "score" in row]
+    assert len(accuracy) == ITERATIONS and set(accuracy) <= {k / 64 for k in range(65)}, accuracy  # 0/1 means
+    first, last = sum(accuracy[:5]) / 5, sum(accuracy[-5:]) / 5
+    # Measured (iterations 1-5 vs 26-30): full model 0.297 -> 0.384 (60 iterations: still 0.391 at the end),
+    # LoRA 0.278 -> 0.334; the "e" count above rises 2.3x in 20 iterations.  Asked for: 1.5x, which the
+    # full model reaches with --kl-coef 0 (0.316 -> 0.822; LoRA 0.291 -> 0.441): the KL penalty, not the
+    # lr, holds it flat.
+    assert last > 1.5 * first, (first, last, accuracy)
