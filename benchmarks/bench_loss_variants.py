@@ -15,7 +15,7 @@ reward at 0.05, no entropy term, 100 iterations.  Only the variant changes:
     gspo   grpo + one ratio per response, clipped at 3e-4 / 4e-4 as the GSPO paper
     ppo    estimator gae with a critic (the demo's: a separate model from the SFT trunk)
 
-Held-out greedy and sampled exact-match (1,000 prompts) every 10 iterations, against iterations and
+Held-out greedy and sampled exact-match (500 prompts) every 10 iterations, against iterations and
 PPO seconds; the policy's entropy over training (clip-higher is meant to keep it from collapsing);
 response tokens generated per sequence that reached the update.  Each run is its own process
 (bench_estimators.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
@@ -38,7 +38,7 @@ from bench_estimators import GAE_CRITIC, mean_points, run_in_child, spread, trai
 HERE = Path(__file__).parent
 COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
           "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 100,
-          "eval_every": 10, "eval_size": 1000, "save_every": 0, "sample_every": 0}
+          "eval_every": 10, "eval_size": 500, "save_every": 0, "sample_every": 0}
 GROUP = {"estimator": "grpo", "samples_per_prompt": 4}
 VARIANTS = {
     "grpo": GROUP,
