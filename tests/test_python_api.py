@@ -1,0 +1,113 @@
+"""The Python API (``from ppo_rlhf import PPOConfig, PPOTrainer``): a config is checked when it is
+built, a trainer takes in-memory models and Python rewards, and its run folder is the command
+line's -- a run started in one resumes in the other to the weights of a straight run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ppo_rlhf import ConfigError, PPOConfig, PPOTrainer, RewardConfig, SFTConfig
+from ppo_rlhf.cli import main
+from ppo_rlhf.models import load_causal_lm, load_tokenizer
+
+BUDGET = {"batch_size": 4, "mini_batch_size": 2, "ppo_epochs": 1, "max_new_tokens": 4, "max_length": 32,
+          "save_every": 1, "num_threads": 1}
+
+
+def flags(values: dict) -> list[str]:
+    return [part for key, value in values.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def run(args) -> None:
+    assert main([str(a) for a in args]) == 0, args
+
+
+def same_weights(a: Path, b: Path) -> None:
+    first, second = (load_file(str(p / "checkpoints" / "actor" / "model.safetensors")) for p in (a, b))
+    assert first.keys() == second.keys()
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+
+
+@pytest.mark.parametrize("cls, field, value", [(PPOConfig, "batch_size", -1), (PPOConfig, "estimator", "ppo2"),
+                                               (PPOConfig, "iterations", "many"), (SFTConfig, "steps", 0),
+                                               (RewardConfig, "batch_size", 0)])
+def test_a_config_built_in_python_is_checked_at_once(cls, field, value):
+    with pytest.raises(ConfigError, match=field):
+        cls(**{field: value})
+
+
+def test_a_config_built_in_python_is_the_one_build_config_gives():
+    from ppo_rlhf.config import build_config, to_dict
+
+    values = {"reward_fn": "a.py:f,b.py:g", "reward_weights": "1,0.5", "batch_size": "8", "mini_batch_size": 4}
+    assert to_dict(PPOConfig(**values)) == to_dict(build_config(PPOConfig, values))
+    assert PPOConfig(**values).reward_weights == [1.0, 0.5]
+
+
+@pytest.fixture
+def ppo_settings(zoo) -> dict:
+    reward = zoo["root"] / "ppo_rlhf_test_rewards.py"
+    return {"model": str(zoo["llama"]), "prompts": str(zoo["prompts"]), "reward_fn": [f"{reward}:length_score"],
+            **BUDGET}
+
+
+def cli_args(settings: dict, out: Path, iterations: int, *extra) -> list:
+    values = {key: value for key, value in settings.items() if key != "reward_fn"}
+    return ["ppo", *flags(values), "--reward-fn", settings["reward_fn"][0], "--iterations", iterations,
+            "--out", out, *extra]
+
+
+def test_a_run_started_in_python_resumes_from_the_cli_and_the_other_way_round(ppo_settings, tmp_path):
+    run(cli_args(ppo_settings, tmp_path / "straight", 4))
+    summary = PPOTrainer(PPOConfig(**ppo_settings, out=str(tmp_path / "py_cli"), iterations=2)).train()
+    assert summary["iterations"] == 2
+    assert (tmp_path / "py_cli" / "checkpoints" / "last" / "trained.safetensors").is_file()
+    run(cli_args(ppo_settings, tmp_path / "py_cli", 4, "--resume"))
+    run(cli_args(ppo_settings, tmp_path / "cli_py", 2))
+    summary = PPOTrainer(PPOConfig(**ppo_settings, out=str(tmp_path / "cli_py"), iterations=4, resume=True)).train()
+    assert summary["iterations"] == 4 and set(summary) >= {"training_score", "before", "after", "checkpoints"}
+    same_weights(tmp_path / "straight", tmp_path / "py_cli")
+    same_weights(tmp_path / "straight", tmp_path / "cli_py")
+
+
+def test_a_checkpoint_of_the_old_ppo_format_is_refused_by_name(ppo_settings, tmp_path, capsys):
+    out = tmp_path / "old"
+    last = out / "checkpoints" / "last"
+    (last / "actor").mkdir(parents=True)
+    (last / "actor" / "config.json").write_text("{}")
+    torch.save({"trainer": {"iteration": 1}}, last / "trainer_state.pt")
+    (out / "config.yaml").write_text("stage: ppo\n")
+    with pytest.raises(ConfigError, match="old PPO format"):
+        PPOTrainer(PPOConfig(**ppo_settings, out=str(out), iterations=2, resume=True))
+    assert main([str(a) for a in cli_args(ppo_settings, out, 2, "--resume")]) == 2
+    err = capsys.readouterr().err
+    assert "old PPO format" in err and str(last / "actor") in err
+
+
+def test_an_in_memory_model_with_a_python_reward(zoo, tmp_path):
+    calls = []
+
+    def short(prompts, responses, **columns):
+        calls.append(len(responses))
+        return [-float(len(response)) for response in responses]
+
+    model, tokenizer = load_causal_lm(zoo["llama"]), load_tokenizer(zoo["llama"])
+    config = PPOConfig(prompts=str(zoo["prompts"]), out=str(tmp_path / "run"), iterations=2, **BUDGET)
+    trainer = PPOTrainer(config, reward=short, model=model, tokenizer=tokenizer)
+    assert trainer.actor is model and trainer.ref is not model
+    summary = trainer.train()
+    assert calls == [4, 4] and summary["iterations"] == 2
+    assert (tmp_path / "run" / "checkpoints" / "actor" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "summary.json").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_rewards_given_both_ways_are_refused(ppo_settings, zoo):
+    model, tokenizer = load_causal_lm(zoo["llama"]), load_tokenizer(zoo["llama"])
+    with pytest.raises(ConfigError, match="given twice"):
+        PPOTrainer(PPOConfig(**ppo_settings), reward=lambda prompts, responses: [0.0] * len(responses),
+                   model=model, tokenizer=tokenizer)
