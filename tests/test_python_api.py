@@ -111,3 +111,28 @@ def test_rewards_given_both_ways_are_refused(ppo_settings, zoo):
     with pytest.raises(ConfigError, match="given twice"):
         PPOTrainer(PPOConfig(**ppo_settings), reward=lambda prompts, responses: [0.0] * len(responses),
                    model=model, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm"])
+def test_sft_and_the_reward_model_from_python_write_the_cli_s_run_folder(stage, tmp_path):
+    from ppo_rlhf import RewardTrainer, SFTTrainer
+
+    values = {"task": "doubling", "steps": 4, "batch_size": 8, "save_every": 2, "n_layer": 1, "n_head": 2,
+              "n_embd": 16, "num_threads": 1}
+    if stage == "sft":
+        values["eval_every"] = 0
+    config_cls, trainer_cls, model = {"sft": (SFTConfig, SFTTrainer, "sft"), "rm": (RewardConfig, RewardTrainer, "reward")}[stage]
+    summary = trainer_cls(config_cls(**values, out=str(tmp_path / "py"))).train()
+    run([stage, *flags(values), "--out", tmp_path / "cli"])
+    assert summary["stage"] == {"sft": "sft", "rm": "reward"}[stage]
+    first, second = (load_file(str(tmp_path / name / "checkpoints" / model / "model.safetensors")) for name in ("py", "cli"))
+    assert all(torch.equal(first[key], second[key]) for key in first)
+    assert (tmp_path / "py" / "checkpoints" / "last" / "trained.safetensors").is_file()
+
+
+def test_a_model_and_a_tokenizer_given_as_folders_are_loaded_as_the_config_would(ppo_settings, zoo, tmp_path):
+    settings = {key: value for key, value in ppo_settings.items() if key != "model"}
+    trainer = PPOTrainer(PPOConfig(**settings, out=str(tmp_path / "run")), model=str(zoo["llama"]),
+                         tokenizer=str(zoo["llama"]))
+    assert trainer.config.model == str(zoo["llama"]) and trainer.run_parts is not None
+    assert trainer.step(trainer.run_parts.train_rows[:4])["score"] >= 0

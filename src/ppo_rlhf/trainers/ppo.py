@@ -22,6 +22,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -47,6 +48,7 @@ from ppo_rlhf.core import (
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
+from ppo_rlhf.models import load_tokenizer
 from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
@@ -182,11 +184,19 @@ class PPOTrainer(PPOLoop):
         accelerator: the device and autocast (hardware.py); default: the ones ``config`` asks for.
             Every role is moved to its device; the trained weights (actor, critic) are upcast to
             float32, the frozen ones (reference, reward, a LoRA base) stay as loaded.
+
+    Built from the config, the trainer seeds everything with ``config.seed`` before it loads a
+    model; given a model, it draws a fresh value head from torch's random state as it finds it
+    (seed it first for a repeatable run).
     """
 
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
                  critic: Critic | None = None, generator: Generator | None = None, accelerator=None):
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
+        if isinstance(model, (str, Path)):  # a folder (or a cached hub name) is the config's to load
+            config.model, model = str(model), None
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = load_tokenizer(str(tokenizer))
         if model is None:
             self.run_parts = run = build_run(config, reward)
             model, ref, reward, tokenizer, critic = run.model, run.ref, run.reward, run.tokenizer, run.critic
