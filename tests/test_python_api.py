@@ -136,3 +136,33 @@ def test_a_model_and_a_tokenizer_given_as_folders_are_loaded_as_the_config_would
                          tokenizer=str(zoo["llama"]))
     assert trainer.config.model == str(zoo["llama"]) and trainer.run_parts is not None
     assert trainer.step(trainer.run_parts.train_rows[:4])["score"] >= 0
+
+
+def test_each_kind_of_reward_is_told_apart(zoo, ppo_settings):
+    """A ScoringReward is used as it is; any other callable is a function; a string is a function's
+    path (or a reward-model folder); a module is a sequence classifier; a list is summed."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward, ScoringReward
+    from ppo_rlhf.trainers.roles import as_reward
+
+    class Mine(ScoringReward):
+        def __call__(self, batch):
+            return torch.zeros(len(batch.rows))
+
+    config = PPOConfig(prompts=str(zoo["prompts"]))
+    tokenizer = load_tokenizer(zoo["llama"])
+    mine = Mine()
+    assert as_reward(mine, config, tokenizer) is mine
+
+    def f(prompts, responses):
+        return [0.0] * len(responses)
+
+    classifier = GPT2ForSequenceClassification(GPT2Config(n_layer=1, n_head=2, n_embd=8, num_labels=1,
+                                                          vocab_size=len(tokenizer)))
+    combined = as_reward([f, ppo_settings["reward_fn"][0], classifier, mine], config, tokenizer)
+    assert isinstance(combined, CombinedReward)
+    kinds = [type(part) for part in combined.parts]
+    assert kinds == [FunctionReward, FunctionReward, ModelReward, Mine], kinds
+    assert combined.parts[2].model is classifier
+    assert combined.model is classifier  # moved, frozen and sharded with the other frozen roles

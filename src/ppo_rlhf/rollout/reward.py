@@ -45,7 +45,13 @@ class ScoringReward:
     """The base of every reward that scores a :class:`ScoringBatch` itself: ``reward(batch) -> (B,)``
     scores.  How the trainer tells a reward object from a plain Python function: an instance of this
     class is used as it is, any other callable is a function ``f(prompts, responses, **columns)``
-    and gets wrapped in a :class:`FunctionReward` (docs/design.md, "Rewards")."""
+    and gets wrapped in a :class:`FunctionReward` (docs/design.md, "Rewards").
+
+    What a :class:`CombinedReward` reads of its parts, with defaults a subclass may override."""
+
+    short_name = "reward"  # its metrics' name, reward/<short_name>
+    description = "a reward object"  # for the run's plan
+    waits = False  # True: scored by ``await score_async(batch)``, concurrently with the other waiting rewards
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
         raise NotImplementedError
