@@ -53,7 +53,7 @@ def child(mode: str, checkpointing: bool, base: str, reward_model: str, reward_a
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.rollout.generation import TorchGenerator
-    from ppo_rlhf.stages.roles import load_roles
+    from ppo_rlhf.trainers.roles import load_roles
     from ppo_rlhf.trainers.ppo import PPOTrainer
     from ppo_rlhf.trainers.ppo_config import PPOConfig
 
@@ -71,7 +71,8 @@ def child(mode: str, checkpointing: bool, base: str, reward_model: str, reward_a
     roles = load_roles(config, None)
     generator = TorchGenerator(roles.tokenizer.eos_token_id, roles.tokenizer.pad_token_id, max_new_tokens,
                                do_sample=True, temperature=0.7, seed=0)
-    trainer = PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator, critic=roles.critic)
+    trainer = PPOTrainer(config, roles.reward, model=roles.actor, ref=roles.ref, tokenizer=roles.tokenizer,
+                         generator=generator, critic=roles.critic)
     loaded, load_peak = memory_kib("VmRSS"), memory_kib("VmHWM")
     rows = [json.loads(line) for line in (EXAMPLE / "prompts.jsonl").read_text().splitlines()][:batch_size]
     reset_peak()

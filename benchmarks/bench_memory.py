@@ -47,7 +47,7 @@ def child(base: str, reward_model: str, max_new_tokens: int, rollout_micro: int 
     import ppo_rlhf
     from ppo_rlhf.config import build_config
     from ppo_rlhf.rollout.generation import TorchGenerator
-    from ppo_rlhf.stages.roles import load_roles
+    from ppo_rlhf.trainers.roles import load_roles
     from ppo_rlhf.trainers.ppo import PPOTrainer
     from ppo_rlhf.trainers.ppo_config import PPOConfig
 
@@ -71,7 +71,8 @@ def child(base: str, reward_model: str, max_new_tokens: int, rollout_micro: int 
     roles = load_roles(config, None)
     # No stop id (-1 is no token): every response is exactly max_new_tokens long.
     generator = TorchGenerator(-1, roles.tokenizer.pad_token_id, max_new_tokens, do_sample=True, temperature=0.7, seed=0)
-    trainer = PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator, critic=roles.critic)
+    trainer = PPOTrainer(config, roles.reward, model=roles.actor, ref=roles.ref, tokenizer=roles.tokenizer,
+                         generator=generator, critic=roles.critic)
     rows = [json.loads(line) for line in (EXAMPLE / "prompts.jsonl").read_text().splitlines()][:BATCH]
     with torch.no_grad():  # weights may be mapped from their files lazily: make them all resident first
         for role in (roles.actor, roles.ref, roles.critic, roles.reward):

@@ -1,5 +1,5 @@
 """One critic interface (models/value.py): a value head on the actor's trunk, a model of its own and
-an adapter on a LoRA base are built by stages/roles.py, and the trainer uses each the same way:
+an adapter on a LoRA base are built by trainers/roles.py, and the trainer uses each the same way:
 values over the response, trained weights that move, a folder that saves and loads them.  A
 critic-free estimator gets none, and a critic a user writes plugs in through the same interface."""
 
@@ -16,7 +16,7 @@ from ppo_rlhf.models import Critic, ModelCritic, SharedHeadCritic
 from ppo_rlhf.models.lora import AdapterCritic
 from ppo_rlhf.models.value import values_over_response
 from ppo_rlhf.rollout.generation import TorchGenerator
-from ppo_rlhf.stages.roles import load_roles
+from ppo_rlhf.trainers.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from zoo import PROMPTS, REWARDS_MODULE
@@ -42,7 +42,8 @@ def trainer_from_roles(config: PPOConfig) -> PPOTrainer:
     roles = load_roles(config, None)
     generator = TorchGenerator(roles.tokenizer.eos_token_id, roles.tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=True, seed=0)
-    return PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator, critic=roles.critic)
+    return PPOTrainer(config, roles.reward, model=roles.actor, ref=roles.ref, tokenizer=roles.tokenizer, generator=generator,
+                      critic=roles.critic)
 
 
 def critic_weights(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
@@ -117,7 +118,8 @@ def test_a_critic_written_by_a_user_plugs_into_the_trainer(zoo):
     critic = EmbeddingCritic(roles.actor)
     generator = TorchGenerator(roles.tokenizer.eos_token_id, roles.tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=True, seed=0)
-    trainer = PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator, critic=critic)
+    trainer = PPOTrainer(config, roles.reward, model=roles.actor, ref=roles.ref, tokenizer=roles.tokenizer, generator=generator,
+                         critic=critic)
     experience, _ = trainer.make_experience(ROWS)
     assert experience.values.shape == experience.mask.shape
     before = critic.linear.weight.detach().clone()

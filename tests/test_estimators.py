@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.reward import ScoringReward
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.ppo import draw_batch
@@ -94,10 +96,11 @@ def tiny_trainer(zoo, reward, **overrides) -> PPOTrainer:
     tokenizer = load_tokenizer(config.model)
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens, do_sample=True,
                                seed=0)
-    return PPOTrainer(load_causal_lm(config.model), load_causal_lm(config.model), reward, tokenizer, config, generator)
+    return PPOTrainer(config, reward, model=load_causal_lm(config.model), ref=load_causal_lm(config.model),
+                      tokenizer=tokenizer, generator=generator)
 
 
-class PromptIndexReward:
+class PromptIndexReward(ScoringReward):
     """100 x the index its row gives the prompt + the response's length in tokens; checks on the
     way that the row, the prompt text and the prompt tokens of every sequence agree."""
 
@@ -163,9 +166,11 @@ def test_a_critic_free_run_has_no_critic_anywhere(zoo, tmp_path, capsys):
     assert "critic:    none (estimator grpo)" in capsys.readouterr().out
     assert not (out / "checkpoints" / "critic").exists()
     assert not (out / "checkpoints" / "last" / "critic").exists()
-    state = torch.load(out / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)["trainer"]
-    assert "value_head" not in state
+    state = torch.load(out / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)
+    assert "value_head" not in state["trainer"]
     assert [len(group["params"]) for group in state["optimizer"]["param_groups"]][1] == 0  # the critic's: empty
+    trained = load_file(out / "checkpoints" / "last" / "trained.safetensors")
+    assert trained and all(name.startswith("actor.") for name in trained)
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["checkpoints"]) == {"actor"}
     records = read_metrics(out / "metrics.jsonl")

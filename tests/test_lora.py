@@ -29,7 +29,7 @@ from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import position_ids_from_mask
 from ppo_rlhf.runlog import read_metrics
-from ppo_rlhf.stages.roles import load_roles
+from ppo_rlhf.trainers.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from zoo import PROMPTS, REWARDS_MODULE, THREADS, run, run_failing
@@ -119,7 +119,8 @@ def single_base_trainer(zoo, reward_adapters, arch="llama", critic="lora", **ove
     roles = load_roles(config, None)
     generator = TorchGenerator(roles.tokenizer.eos_token_id, roles.tokenizer.pad_token_id, config.max_new_tokens,
                                do_sample=True, seed=0)
-    return PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator, critic=roles.critic)
+    return PPOTrainer(config, roles.reward, model=roles.actor, ref=roles.ref, tokenizer=roles.tokenizer, generator=generator,
+                      critic=roles.critic)
 
 
 def rollout(trainer: PPOTrainer):

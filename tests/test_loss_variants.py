@@ -17,6 +17,7 @@ from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.core import informative_groups, overlong_penalty, policy_loss
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.reward import ScoringReward
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -114,7 +115,7 @@ def test_informative_groups_by_hand():
 
 
 # ---------------------------------------------------------------- dynamic sampling in the trainer
-class TieReward:
+class TieReward(ScoringReward):
     """Rows marked ``tie`` score 7 for every response; the others 0, 1, 2, ... within each group of
     K (the batch's row index modulo K), so their groups always have a spread."""
 
@@ -133,8 +134,8 @@ def tiny_grpo_trainer(zoo, **overrides) -> PPOTrainer:
     tokenizer = load_tokenizer(config.model)
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens, do_sample=True,
                                seed=0)
-    trainer = PPOTrainer(load_causal_lm(config.model), load_causal_lm(config.model), TieReward(2), tokenizer, config,
-                         generator)
+    trainer = PPOTrainer(config, TieReward(2), model=load_causal_lm(config.model), ref=load_causal_lm(config.model),
+                         tokenizer=tokenizer, generator=generator)
     return trainer
 
 

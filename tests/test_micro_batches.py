@@ -29,8 +29,8 @@ def trainer_with(zoo, critic: str = "shared", **overrides) -> PPOTrainer:
                                seed=0)
     torch.manual_seed(0)  # the value head starts the same in both trainers
     separate = ModelCritic.from_pretrained_trunk(config.model) if critic == "separate" else None
-    return PPOTrainer(load_causal_lm(config.model), load_causal_lm(config.model), FunctionReward(config.reward_fn[0]),
-                      tokenizer, config, generator, critic=separate)
+    return PPOTrainer(config, FunctionReward(config.reward_fn[0]), model=load_causal_lm(config.model),
+                      ref=load_causal_lm(config.model), tokenizer=tokenizer, generator=generator, critic=separate)
 
 
 @pytest.mark.parametrize("critic", ["shared", "separate"])

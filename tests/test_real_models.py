@@ -43,7 +43,7 @@ from ppo_rlhf.rollout.responses import apply_chat_template, encode_prompts, gene
 from ppo_rlhf.rollout.reward import ModelReward, ScoringBatch, last_token_scores
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask, stop_token_ids
 from ppo_rlhf.runlog import read_metrics
-from ppo_rlhf.stages.roles import critic_init_folder
+from ppo_rlhf.trainers.roles import critic_init_folder
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from ppo_rlhf.trainers.reward import RewardConfig, pairwise_texts
 from ppo_rlhf.trainers.sft import SFTConfig, sft_examples

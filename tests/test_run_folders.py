@@ -76,7 +76,7 @@ def test_resume_refuses_changed_meaning_and_takes_a_new_learning_rate(sft_model,
     printed = capsys.readouterr().out
     assert "resumed from" in printed and "after iteration 1 of 2" in printed and "lr 0.0005" in printed
     state = torch.load(out / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)
-    assert state["trainer"]["optimizer"]["param_groups"][0]["lr"] == 5e-4
+    assert state["optimizer"]["param_groups"][0]["lr"] == 5e-4
 
 
 def test_resume_keeps_the_starting_evaluation_and_drops_a_torn_line(sft_model, tmp_path, capsys):

@@ -45,7 +45,7 @@ def run_iterations(estimator: str) -> tuple[dict[str, torch.Tensor], list[dict],
     generator = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens, do_sample=True,
                                seed=0)
     reward = FunctionReward(task.rule_reward, name="doubling.rule_reward")
-    trainer = PPOTrainer(model, copy.deepcopy(model), reward, tokenizer, config, generator)
+    trainer = PPOTrainer(config, reward, model=model, ref=copy.deepcopy(model), tokenizer=tokenizer, generator=generator)
     rng = torch.Generator().manual_seed(0)
     rows = task.prompt_rows()
     metrics = []

@@ -3,7 +3,7 @@
     python benchmarks/peers/ppo_rlhf_run.py --settings RUN.json
 
 The trainer and its iteration are ppo-rlhf's own (`PPOTrainer.step`, built as `ppo-rlhf ppo`
-builds it: stages/roles.py, the task's prompts drawn by stages/ppo.py's draw_batch); what this
+builds it: trainers/roles.py, the task's prompts drawn by trainers/ppo_setup.py's draw_batch); what this
 script leaves out of `run_ppo` is the run folder's logging (TensorBoard, curves) and the
 in-process evaluation: the policy is saved every `save_every` iterations, outside the timed
 part, and judged afterwards by the same evaluator as TRL's policies.  Per iteration it writes
@@ -26,13 +26,13 @@ from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
 from ppo_rlhf.stages.ppo import draw_batch, prompt_sets
-from ppo_rlhf.stages.roles import load_roles
+from ppo_rlhf.trainers.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 
 def build_trainer(values: dict, task_seed: int):
-    """(trainer, train rows, config) exactly as stages/ppo.py's run_ppo builds them, except that the
+    """(trainer, train rows, config) exactly as PPOTrainer(config) builds them (trainers/ppo_setup.py), except that the
     task (its prompts and held-out split) is that of the SFT pipeline's seed, not the PPO seed's."""
     config = build_config(PPOConfig, values, "bench_peers")
     set_threads(config.num_threads)
@@ -44,8 +44,8 @@ def build_trainer(values: dict, task_seed: int):
     generator = TorchGenerator(stop_token_ids(roles.tokenizer, roles.actor), roles.tokenizer.pad_token_id,
                                config.max_new_tokens, do_sample=config.do_sample, temperature=config.temperature,
                                seed=config.seed, device=accelerator.device)
-    trainer = PPOTrainer(roles.actor, roles.ref, roles.reward, roles.tokenizer, config, generator,
-                         critic=roles.critic, accelerator=accelerator)
+    trainer = PPOTrainer(config, roles.reward, model=roles.actor, ref=roles.ref, tokenizer=roles.tokenizer,
+                         generator=generator, critic=roles.critic, accelerator=accelerator)
     return trainer, train_rows, config
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     out = Path(settings["out"])
     out.mkdir(parents=True, exist_ok=True)
     trainer, train_rows, config = build_trainer(settings["ppo"], settings["task_seed"])
-    rng = torch.Generator().manual_seed(config.seed)  # as run_ppo draws its batches
+    rng = torch.Generator().manual_seed(config.seed)  # as PPOTrainer.train draws its batches
     save_every = settings["save_every"]
 
     def save(iteration: int) -> None:

@@ -145,7 +145,7 @@ class ScoreNorm:
 
 
 def draw_batch(rows: list[dict], batch_size: int, generator: torch.Generator) -> list[dict]:
-    """As ppo-rlhf's stages/ppo.py draw_batch with one sample per prompt (same torch, same draws)."""
+    """As ppo-rlhf's trainers/ppo_setup.py draw_batch with one sample per prompt (same torch, same draws)."""
     index = torch.randint(len(rows), (batch_size,), generator=generator)
     return [rows[i] for i in index.tolist()]
 

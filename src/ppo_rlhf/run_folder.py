@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ppo_rlhf.checkpoint import recover_interrupted_writes
-from ppo_rlhf.config import ConfigError, flag_name, option
+from ppo_rlhf.config import ConfigError, _coerce, flag_name, option
 from ppo_rlhf.runlog import read_metrics
 
 # What a stage writes into its run folder; a folder holding any of these holds a run.
@@ -30,6 +30,22 @@ STARTUP_OUTPUTS = frozenset({"config.yaml", "metrics.jsonl", "tb"})
 class RunFolderOptions:
     overwrite: bool = option(False, "replace the run already in --out (its metrics, checkpoints and summary); "
                                     "without it (or --resume) a stage refuses an --out that holds a run")
+
+    def __post_init__(self) -> None:
+        """A config built in Python is checked as one read from YAML or flags is: each field
+        converted to its type and held to its choices, then the class's ``validate`` -- a bad
+        field raises ConfigError naming it at once, not at the first update.  (``build_config``
+        validates once more after this; validation is idempotent, so that changes nothing.)"""
+        for field in dataclasses.fields(self):
+            value = _coerce(type(self), field, getattr(self, field.name))
+            choices = field.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: "
+                                  f"{', '.join(map(str, choices))}")
+            setattr(self, field.name, value)
+        validate = getattr(self, "validate", None)
+        if validate is not None:
+            validate()
 
 
 def check_out_spares_inputs(config: Any, extra_inputs: dict[str, str | None] | None = None) -> None:

@@ -41,6 +41,22 @@ class ScoringBatch:
     sequences: Sequences  # token ids of prompt + response in the policy's tokenizer
 
 
+class ScoringReward:
+    """The base of every reward that scores a :class:`ScoringBatch` itself: ``reward(batch) -> (B,)``
+    scores.  How the trainer tells a reward object from a plain Python function: an instance of this
+    class is used as it is, any other callable is a function ``f(prompts, responses, **columns)``
+    and gets wrapped in a :class:`FunctionReward` (docs/design.md, "Rewards").
+
+    What a :class:`CombinedReward` reads of its parts, with defaults a subclass may override."""
+
+    short_name = "reward"  # its metrics' name, reward/<short_name>
+    description = "a reward object"  # for the run's plan
+    waits = False  # True: scored by ``await score_async(batch)``, concurrently with the other waiting rewards
+
+    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+
 class RewardError(ValueError):
     """A reward that returned something unusable; the message names the reward."""
 
@@ -104,7 +120,7 @@ def last_attended(attention_mask: torch.Tensor) -> torch.Tensor:
 REWARD_PADDING_SIDE = "right"
 
 
-class ModelReward:
+class ModelReward(ScoringReward):
     """A frozen sequence classifier as the reward.
 
     One output: that output is the score (pairwise-trained reward models).  K outputs: the
@@ -309,7 +325,7 @@ PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completi
 NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerState to give
 
 
-class FunctionReward:
+class FunctionReward(ScoringReward):
     """A Python function as the reward (docs/design.md, "Rewards").
 
     Called as ``f(prompts, responses, **columns) -> list[float]``, one score per response:
@@ -440,7 +456,7 @@ def unique_names(names: list[str]) -> list[str]:
     return unique
 
 
-class CombinedReward:
+class CombinedReward(ScoringReward):
     """Every reward of a run as one: the score is ``sum(weight * reward)`` (docs/design.md, "Rewards").
 
     ``last_components`` holds each reward's own (B,) scores of the last call, by name, for the

@@ -24,12 +24,12 @@ import urllib.request
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.rollout.reward import RewardError, ScoringBatch, row_columns, run_coroutine, validated_scores
+from ppo_rlhf.rollout.reward import RewardError, ScoringBatch, ScoringReward, row_columns, run_coroutine, validated_scores
 
 BODY_SHOWN = 200  # characters of an answer's body quoted in an error
 
 
-class UrlReward:
+class UrlReward(ScoringReward):
     short_name, waits = "url", True
 
     def __init__(self, url: str, prompt_field: str = "prompt", timeout: float = 60.0, retries: int = 3,

@@ -54,7 +54,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
 
 
 def run_eval(config: EvalConfig) -> dict:
-    from ppo_rlhf.stages.roles import build_reward, reward_functions  # the same reward loading as PPO
+    from ppo_rlhf.trainers.roles import build_reward, reward_functions  # the same reward loading as PPO
 
     set_threads(config.num_threads)
     seed_everything(config.seed)

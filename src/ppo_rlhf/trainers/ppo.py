@@ -22,6 +22,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -47,6 +48,7 @@ from ppo_rlhf.core import (
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
+from ppo_rlhf.models import load_tokenizer
 from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
@@ -63,6 +65,8 @@ from ppo_rlhf.trainers.estimators import (
 )
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
 from ppo_rlhf.trainers.optimizer import adamw
+from ppo_rlhf.trainers.ppo_loop import PPOLoop
+from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts
 from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
 
 
@@ -152,30 +156,61 @@ def under_autocast(method):
     return run
 
 
-class PPOTrainer:
-    """Actor, critic, reference and reward, and the PPO iteration that ties them together.
+class PPOTrainer(PPOLoop):
+    """Actor, critic, reference and reward, and the PPO iteration that ties them together;
+    :meth:`train` runs a whole run into ``config.out`` (trainers/ppo_loop.py), :meth:`step` one
+    iteration.
 
     Args:
-        actor: the causal LM being tuned (initialised from the SFT model), or a peft model whose
-            active adapter is the policy (LoRA on one base, see models/lora.py).
-        ref: a frozen copy of the SFT model; None with LoRA: the base with adapters disabled.
-        reward: ``reward(ScoringBatch) -> (B,)`` scores (a CombinedReward, or one ModelReward or
-            FunctionReward); a CombinedReward's ``last_components`` give the ``reward/<name>`` metrics.
-        tokenizer: the actor's tokenizer.
-        config: PPOConfig.
-        generator: the rollout engine (TorchGenerator unless another is plugged in).
+        config: PPOConfig.  Whatever is not given below is built from it (trainers/ppo_setup.py):
+            with no ``model``, the whole run as the command line builds it -- seeded, data
+            checked, the four roles loaded (trainers/roles.py) -- so ``PPOTrainer(config).train()``
+            is ``ppo-rlhf ppo``.
+        reward: None (the config's rewards, or the task's rule); a Python function
+            ``f(prompts, responses, **columns)``; a ``module:function`` string or a reward-model
+            folder; a sequence classifier; a :class:`ScoringReward` (the reward classes of
+            rollout/reward.py, or your own: used as it is); or a list of these, summed with
+            ``config.reward_weights`` (trainers/roles.py, ``as_reward``).  A CombinedReward's
+            ``last_components`` give the ``reward/<name>`` metrics.
+        model: the causal LM being tuned (initialised from the SFT model), in memory, or a peft
+            model whose active adapter is the policy (LoRA on one base, see models/lora.py).
+        ref: a frozen copy of the SFT model; default: a copy of ``model`` (a peft model: its base
+            with adapters disabled).
+        tokenizer: the actor's tokenizer; default: ``config.model``'s.
         critic: a Critic (models/value.py: a value head on the actor's trunk, a model of its own,
             or an adapter on a LoRA base); None: a fresh value head on the actor's trunk for
             estimator gae, no critic at all for every other estimator.
+        generator: the rollout engine; default: a TorchGenerator as the config asks.
         accelerator: the device and autocast (hardware.py); default: the ones ``config`` asks for.
             Every role is moved to its device; the trained weights (actor, critic) are upcast to
             float32, the frozen ones (reference, reward, a LoRA base) stay as loaded.
+
+    Built from the config, the trainer seeds everything with ``config.seed`` before it loads a
+    model; given a model, it draws a fresh value head from torch's random state as it finds it
+    (seed it first for a repeatable run).
     """
 
-    def __init__(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None = None,
-                 accelerator=None):
+    def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
+                 critic: Critic | None = None, generator: Generator | None = None, accelerator=None):
+        self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
+        if isinstance(model, (str, Path)):  # a folder (or a cached hub name) is the config's to load
+            config.model, model = str(model), None
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = load_tokenizer(str(tokenizer))
+        if model is None:
+            self.run_parts = run = build_run(config, reward)
+            model, ref, reward, tokenizer, critic = run.model, run.ref, run.reward, run.tokenizer, run.critic
+            generator, accelerator = run.generator, run.accelerator
+        else:
+            ref, reward, tokenizer, generator, accelerator = complete_parts(config, model, ref, reward, tokenizer,
+                                                                            generator, accelerator)
+        self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator)
+
+    def set_up(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None,
+               accelerator) -> None:
         self.actor, self.ref, self.reward, self.tokenizer = actor, ref, reward, tokenizer
         self.config, self.generator = config, generator
+        self.stored_dtype = actor.dtype  # the final actor is saved as it came in (trained in float32)
         if critic is not None and not uses_critic(config.estimator):
             raise ValueError(f"estimator {config.estimator} has no critic, but one was given")
         if critic is None and uses_critic(config.estimator):
@@ -183,17 +218,36 @@ class PPOTrainer:
         self.critic: Critic | None = critic
         self.accelerator = accelerator or config.accelerator(shards=True)
         self.device = self.accelerator.device
+        self.place_roles()
+        # ReMax's baseline: the score of each prompt's greedy response, from one more rollout.
+        self.greedy_generator = (TorchGenerator(generator.stop_token_ids, tokenizer.pad_token_id, config.max_new_tokens,
+                                                do_sample=False, device=self.device)
+                                 if needs_greedy_baseline(config.estimator) else None)
+        self.build_optimizer()
+        self.kl_controller = (
+            AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
+            if config.target_kl is not None else FixedKLController(config.kl_coef)
+        )
+        self.score_moments = RunningMoments()
+        # Several processes: each rolls out its own part of the batch and trains on its slice of
+        # every minibatch; every process draws the same minibatches from this generator.
+        self.rank, self.processes = rank(), world_size()
+        self.minibatch_rng = torch.Generator().manual_seed(config.seed)
+        # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
+        self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
+        self.iteration = 0
+
+    def place_roles(self) -> None:
+        """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
+        under an FSDP launch each model sharded."""
+        actor, ref, reward, critic, config = self.actor, self.ref, self.reward, self.critic, self.config
         for model in (actor, ref, getattr(reward, "model", None), critic):
             if isinstance(model, torch.nn.Module):
                 model.to(self.device)
         train_in_float32(actor, "actor")
         if critic is not None:
             train_in_float32(critic, "critic")
-        # ReMax's baseline: the score of each prompt's greedy response, from one more rollout.
-        self.greedy_generator = (TorchGenerator(generator.stop_token_ids, tokenizer.pad_token_id, config.max_new_tokens,
-                                                do_sample=False, device=self.device)
-                                 if needs_greedy_baseline(config.estimator) else None)
-        for model in (self.ref, getattr(reward, "model", None)):
+        for model in (ref, getattr(reward, "model", None)):
             if model is not None:
                 model.eval().requires_grad_(False)
         if config.disable_dropout:
@@ -212,28 +266,20 @@ class PPOTrainer:
             for frozen in (ref, getattr(reward, "model", None)):
                 if isinstance(frozen, torch.nn.Module):
                     shard(frozen, dataclasses.replace(self.sharding, reshard_after_forward=True))
+
+    def build_optimizer(self) -> None:
+        """One AdamW over the actor's and the critic's trained parameters, a group each."""
+        config, critic = self.config, self.critic
         critic_params = [] if critic is None else [p for p in critic.parameters() if p.requires_grad]
         # With LoRA the actor's base also carries the critic's adapter: each tensor trains once.
         critic_ids = {id(p) for p in critic_params}
-        actor_params = [p for p in actor.parameters() if p.requires_grad and id(p) not in critic_ids]
+        actor_params = [p for p in self.actor.parameters() if p.requires_grad and id(p) not in critic_ids]
         self.trainable_parameters = actor_params + critic_params  # what the gradient-norm clip covers
         if config.lr is None:  # a full model's default follows its width; recorded in the config
-            config.lr = default_lr(getattr(actor.config.get_text_config(), "hidden_size", None), config.lora)
+            config.lr = default_lr(getattr(self.actor.config.get_text_config(), "hidden_size", None), config.lora)
         self.optimizer = self.accelerator.prepare(adamw(
             [{"params": actor_params, "lr": config.lr}, {"params": critic_params, "lr": config.critic_lr or config.lr}],
             lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps))
-        self.kl_controller = (
-            AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
-            if config.target_kl is not None else FixedKLController(config.kl_coef)
-        )
-        self.score_moments = RunningMoments()
-        # Several processes: each rolls out its own part of the batch and trains on its slice of
-        # every minibatch; every process draws the same minibatches from this generator.
-        self.rank, self.processes = rank(), world_size()
-        self.minibatch_rng = torch.Generator().manual_seed(config.seed)
-        # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
-        self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
-        self.iteration = 0
 
     # ------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -267,7 +313,7 @@ class PPOTrainer:
         rollout = self.roll_out(rows, metrics)  # 1-2
         # Each reward's own scores, of the batch as drawn (step's reward/<name> metrics).
         self.reward_components = {name: gather_rows(part) for name, part in rollout.components.items()}
-        # A few of this batch's rollouts, for people to read (stages/ppo.py logs them).
+        # A few of this batch's rollouts, for people to read (trainers/ppo_loop.py logs them).
         self.last_samples = [{"prompt": p, "response": r, "score": float(x)} for p, r, x in
                              zip(rollout.prompts[:SAMPLES_KEPT], rollout.texts, rollout.raw_scores[:SAMPLES_KEPT].tolist())]
         if config.dynamic_sampling:
@@ -679,11 +725,12 @@ class PPOTrainer:
             "guard": self.guard.state_dict(),
             "minibatch_rng": self.minibatch_rng.get_state(),
         }
-        return state  # the critic's weights are saved as a folder of their own (stages/ppo.py)
+        return state  # the weights are saved beside it (trainers/ppo_loop.py, trained_modules)
 
     def load_state_dict(self, state: dict) -> None:
         self.iteration = state["iteration"]
-        load_whole_optimizer_state(self.optimizer, state["optimizer"])
+        if "optimizer" in state:  # a checkpoint's is restored with its weights (trainers/resume.py)
+            load_whole_optimizer_state(self.optimizer, state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.score_moments.load_state_dict(state["score_moments"])
         if "guard" in state:

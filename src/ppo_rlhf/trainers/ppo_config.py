@@ -262,10 +262,14 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
               ">= 0 or empty (it is subtracted from the score)", self.missing_eos_penalty)
         check(self.score_clip is None or self.score_clip > 0, "score_clip", "> 0 or empty", self.score_clip)
         check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
+        self.validate_rewards()
+
+    def require_a_reward(self) -> None:
+        """A run needs a reward: the config's own, or the task's rule.  Not part of ``validate``: a
+        config built in Python may leave the reward to the trainer (``PPOTrainer(config, reward=f)``)."""
         if not self.reward_count() and self.task is None:
             raise ConfigError("no reward: give --reward-model DIR, --reward-fn module:function or --reward-url URL "
                               "(several are summed), or --task doubling for its rule")
-        self.validate_rewards()
 
     def validate_estimator(self) -> None:
         """Samples per prompt, critic settings and paper defaults for the advantage estimator."""

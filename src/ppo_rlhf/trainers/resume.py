@@ -1,4 +1,4 @@
-"""Resumable checkpoints for the sft, rm and gym trainers: ``OUT/checkpoints/last``, rewritten
+"""Resumable checkpoints for every trainer (sft, rm, ppo, gym): ``OUT/checkpoints/last``, rewritten
 atomically every ``save_every`` steps, from which ``--resume`` continues to the result a straight
 run gives (same weights, same metrics, nothing logged twice).
 
@@ -202,11 +202,11 @@ class Checkpoints:
     def due(self, done: int, total: int) -> bool:
         return self.every > 0 and (done % self.every == 0 or done == total)
 
-    def load(self, total: int, unit: str = "step") -> dict:
+    def load(self, total: int, unit: str = "step", flag: str | None = None) -> dict:
         """Read ``OUT/checkpoints/last`` (a resumed run); prints where the run resumes."""
         last = last_checkpoint(self.out)
         self.saved = torch.load(last / TRAINER_STATE, weights_only=False, map_location="cpu")
-        check_resumed_steps(self.step, total, last, unit, "--steps" if unit == "step" else "")
+        check_resumed_steps(self.step, total, last, unit, flag if flag is not None else ("--steps" if unit == "step" else ""))
         print(f"resumed from {last} after {unit} {self.step} of {total}")
         return self.saved
 
@@ -260,13 +260,15 @@ class Checkpoints:
         return saved
 
 
-def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step", logged_step_scale: int = 1) -> Checkpoints:
+def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step", logged_step_scale: int = 1,
+                     flag: str | None = None) -> Checkpoints:
     """The run's checkpoints (``config.save_every``, ``config.resume``); with ``--resume`` the
     state it continues from is read, where it resumes printed, and the metrics logged after it
-    dropped.  ``logged_step_scale``: metrics are logged at step * this (gym: env steps)."""
+    dropped.  ``logged_step_scale``: metrics are logged at step * this (gym: env steps); ``flag``:
+    the option that sets ``total``, named when a resume asks for fewer steps than were done."""
     checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config))
     if config.resume:
-        checkpoints.load(total, unit)
+        checkpoints.load(total, unit, flag)
         on_main_process(drop_metrics_after, out, checkpoints.step * logged_step_scale,
                         checkpoints.saved.get(METRICS_ROWS))
     return checkpoints

@@ -40,7 +40,7 @@ from ppo_rlhf.models.lora import (
     read_adapter,
     score_head_from,
 )
-from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward
+from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward, ScoringReward
 from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.trainers.estimators import uses_critic
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -57,18 +57,19 @@ class Roles:
     tokenizer: object
 
 
-def load_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
+def load_roles(config: PPOConfig, task, functions: list | None = None, reward=None) -> Roles:
     """``functions``: the rewards that need no model (:func:`reward_functions`), when the caller
-    built them already to check the data's columns before loading any model."""
+    built them already to check the data's columns before loading any model.  ``reward``: one
+    given in Python (:func:`as_reward`), used instead of the config's."""
     if config.model is None:
         raise ConfigError("no actor: give --model DIR (the SFT checkpoint)")
     if config.lora:
-        roles = load_single_base_roles(config, task, functions)
+        roles = load_single_base_roles(config, task, functions, reward)
     else:
         # The model before its tokenizer: a folder of the wrong kind is then named as such.
         actor, ref = load_causal_lm(config.model, config.load_dtype), load_causal_lm(config.model, config.load_dtype)
         tokenizer = load_tokenizer(config.model)
-        reward = build_reward(config, tokenizer, task, functions)
+        reward = build_reward(config, tokenizer, task, functions) if reward is None else as_reward(reward, config, tokenizer, task)
         roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
     if config.gradient_checkpointing:
         # Only the trained models: the reference and the reward never run a backward pass.
@@ -78,14 +79,16 @@ def load_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
     return roles
 
 
-def load_single_base_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
+def load_single_base_roles(config: PPOConfig, task, functions: list | None = None, given_reward=None) -> Roles:
     from peft import get_peft_model
 
     base = load_causal_lm(config.model, config.load_dtype)
     tokenizer = load_tokenizer(config.model)
     actor = get_peft_model(base, config.lora_config("CAUSAL_LM", base), adapter_name=POLICY)
     reward_adapter = None  # (LoRA config, LoRA weights) of a reward adapter trained on this base
-    if config.reward_model and is_adapter_of(config.reward_model, config.model):
+    if given_reward is not None:
+        reward = as_reward(given_reward, config, tokenizer, task)
+    elif config.reward_model and is_adapter_of(config.reward_model, config.model):
         adapter_config, lora_weights, head_weights = read_adapter(config.reward_model)
         reward_adapter = adapter_config, lora_weights
         add_adapter_from(actor, REWARD, *reward_adapter)
@@ -195,3 +198,38 @@ def build_critic(config: PPOConfig, tokenizer, actor) -> Critic | None:
     if config.critic == "shared":
         return SharedHeadCritic.on(actor)
     return ModelCritic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor), config.load_dtype)
+
+
+def as_reward(reward, config: PPOConfig, tokenizer, task=None) -> ScoringReward:
+    """The reward a PPOTrainer was given, as one that scores a ScoringBatch (docs/design.md,
+    "Rewards").  Accepted: None (the config's rewards, or the task's rule); a ScoringReward (used
+    as it is); a Python function ``f(prompts, responses, **columns)``; a string -- ``module:function``
+    or ``file.py:function``, else a reward-model folder; a sequence classifier (an ``nn.Module``,
+    reading the policy's tokenizer); or a list of these, summed with ``config.reward_weights``."""
+    if reward is None:
+        config.require_a_reward()
+        return build_reward(config, tokenizer, task)
+    if isinstance(reward, ScoringReward):
+        return reward
+    if config.reward_count():
+        raise ConfigError("the rewards are given twice: as reward= and in the config (reward_model, reward_fn, "
+                          "reward_url); give them in one place")
+    parts = list(reward) if isinstance(reward, (list, tuple)) else [reward]
+    return CombinedReward([one_reward(part, config, tokenizer) for part in parts], config.reward_weights)
+
+
+def one_reward(reward, config: PPOConfig, tokenizer) -> ScoringReward:
+    """One of the rewards :func:`as_reward` accepts."""
+    if isinstance(reward, ScoringReward):
+        return reward
+    if isinstance(reward, (str, Path)) and Path(reward).is_dir():
+        model = load_sequence_classifier(str(reward), config.load_dtype)
+        return ModelReward(model, load_tokenizer(str(reward)), tokenizer, label_field=config.label_field,
+                           chat_template=config.chat_template, description=f"model {reward}")
+    if isinstance(reward, torch.nn.Module):
+        return ModelReward(reward, tokenizer, tokenizer, label_field=config.label_field,
+                           chat_template=config.chat_template, description=f"model {type(reward).__name__}")
+    if isinstance(reward, str) or callable(reward):
+        return FunctionReward(reward, prompt_field=config.prompt_field)
+    raise ConfigError(f"reward {reward!r}: give a function, 'module:function', a reward-model folder, a sequence "
+                      f"classifier, a ScoringReward or a list of these")

@@ -15,7 +15,8 @@ def _count(parameters) -> str:
 
 
 def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
-    """A few lines: each role, the rollout, the update, the KL."""
+    """A few lines: each role, the rollout, the update, the KL.  ``roles``: anything with the
+    ``actor`` and ``reward`` (the trainer itself)."""
     first = next(roles.actor.parameters())
     where = f"{first.device}, {str(first.dtype).replace('torch.', '')}"
     critic_ids = {id(p) for p in trainer.critic.parameters()} if trainer.critic is not None else set()
@@ -33,7 +34,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
               else f"none (estimator {config.estimator})")
     k = config.samples_per_prompt
     prompts = f"{config.batch_size} prompts" if k == 1 else f"{config.batch_size // k} prompts x {k} samples"
-    reward = roles.reward.plan()
+    reward = roles.reward.plan() if hasattr(roles.reward, "plan") else type(roles.reward).__name__  # a ScoringReward of one's own
     decoding = f"sampled at temperature {config.temperature:g}" if config.do_sample else "GREEDY"
     if config.estimator == "remax":
         decoding += ", plus one greedy response per prompt (the baseline)"

@@ -1,0 +1,41 @@
+"""Pieces every run uses before its first step: seeding, threads, the policy check."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_threads(num_threads: int) -> None:
+    """0 keeps torch's default.  Tiny models run fastest on one thread: the per-op work is too
+    small to amortise OpenMP synchronisation, which turns pathological when another process
+    holds a core."""
+    if num_threads > 0:
+        torch.set_num_threads(num_threads)
+
+
+def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, max_prompt_length: int,
+                 max_new_tokens: int) -> None:
+    """Refuse a policy that cannot answer these prompts (a tokenizer without EOS or, with
+    --chat-template, without a template; a vocabulary or positions too small), and say how
+    many prompts are longer than ``max_prompt_length`` (they lose their start)."""
+    from ppo_rlhf.models.loading import check_fits, check_tokenizer
+    from ppo_rlhf.rollout.responses import prompt_lengths
+
+    check_tokenizer(tokenizer, where, chat_template)
+    lengths = prompt_lengths(tokenizer, prompts, chat_template)
+    cut = sum(length > max_prompt_length for length in lengths)
+    if cut:
+        print(f"{cut} of {len(lengths)} prompts are longer than {max_prompt_length} tokens (--max-length minus "
+              f"--max-new-tokens) and lose their start")
+    longest = min(max(lengths), max_prompt_length) + max_new_tokens
+    check_fits(model, tokenizer, longest, where, f"the longest prompt, at most --max-length minus --max-new-tokens = "
+                                                 f"{max_prompt_length} tokens, plus --max-new-tokens {max_new_tokens}")

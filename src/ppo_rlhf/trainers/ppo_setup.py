@@ -1,0 +1,163 @@
+"""What a PPO run needs before its first iteration, built from a PPOConfig: the checks of the run
+folder and the process count, the prompts, the four roles and the rollout engine (docs/design.md,
+"One PPO iteration").  ``PPOTrainer(config)`` builds here whatever it was not given.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
+from ppo_rlhf.distributed import on_main_process, rank, world_size
+from ppo_rlhf.formats import prompt_rows
+from ppo_rlhf.hub import resolve_hub_models
+from ppo_rlhf.models import load_tokenizer
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.reward import check_columns
+from ppo_rlhf.rollout.sequences import stop_token_ids
+from ppo_rlhf.run_folder import check_out_spares_inputs, check_run_folder
+from ppo_rlhf.tasks import make_task
+from ppo_rlhf.trainers.common import check_policy, seed_everything, set_threads
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.resume import TRAINED, check_resume_settings, last_checkpoint, resumable
+from ppo_rlhf.trainers.roles import as_reward, load_roles, reward_functions
+
+
+def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
+    """The training prompts and the held-out ones (at most ``eval_size``)."""
+    required = {config.prompt_field: prompt_check(config.chat_template)}
+    convert = prompt_rows(config.prompt_field, config.chat_template)
+    train = load_rows(config.prompts, required, convert, config.data_split) if config.prompts else (task.prompt_rows() if task else None)
+    if train is None:
+        raise ConfigError("no prompts: give --prompts FILE or --task doubling")
+    if config.prompts:
+        train = drop_empty_prompts(train, config.prompt_field, config.prompts)
+    if config.eval_prompts:
+        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required, convert, config.eval_split), config.prompt_field, config.eval_prompts)
+    else:
+        held_out = task.eval_rows() if task else []
+    return train, held_out[: config.eval_size]
+
+
+def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) -> list[dict]:
+    """batch_size rows: batch_size / samples_per_prompt prompts drawn with replacement, each
+    repeated samples_per_prompt times in adjacent rows (the group baselines read them so)."""
+    k = config.samples_per_prompt
+    prompt_index = torch.randint(len(train_rows), (config.batch_size // k,), generator=rng)
+    return [train_rows[i] for i in prompt_index.tolist() for _ in range(k)]
+
+
+def check_processes(config: PPOConfig) -> None:
+    """Several processes split each batch of rollouts, and each minibatch, evenly, and keep the K
+    samples of a prompt in one process (the group baselines read them together)."""
+    processes = world_size()
+    if processes == 1:
+        return
+    unit = processes * config.samples_per_prompt
+    if config.batch_size % unit:
+        raise ConfigError(f"invalid value for 'batch_size': {config.batch_size}; with {processes} processes it must be "
+                          f"a multiple of {unit} (processes x samples_per_prompt), so each process rolls out whole "
+                          f"prompt groups")
+    if config.mini_batch_size % processes:
+        raise ConfigError(f"invalid value for 'mini_batch_size': {config.mini_batch_size}; with {processes} processes "
+                          f"it must be a multiple of {processes}, each process computing an equal slice of it")
+    micro = config.train_micro_batch_size
+    if micro is not None and (config.mini_batch_size // processes) % micro:
+        raise ConfigError(f"invalid value for 'train_micro_batch_size': {micro}; with {processes} processes each "
+                          f"computes {config.mini_batch_size // processes} rows of a minibatch, which it must divide")
+
+
+def check_run_start(config: PPOConfig) -> None:
+    """Before anything loads: the processes split the batch, ``--out`` may be written (or resumed,
+    with the same settings, from a checkpoint of the one format; docs/design.md, "Resume and
+    divergence").  Only reads: a second call changes nothing."""
+    check_out_spares_inputs(config)  # the command line checks it too, with its --config file
+    check_processes(config)
+    out = Path(config.out)
+    on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
+    if config.resume:
+        refuse_old_checkpoint(out)
+        check_resume_settings(config, out)
+
+
+def refuse_old_checkpoint(out: Path) -> None:
+    """PPO checkpoints used to hold an ``actor/`` model folder; they are now the format of every
+    stage (trainers/resume.py), and an old one is refused by name rather than misread."""
+    last = last_checkpoint(out)
+    if (last / "actor").is_dir() and not (last / TRAINED).is_file():
+        raise ConfigError(f"--resume: {last} is a checkpoint of the old PPO format ({last / 'actor'}/, no {TRAINED}), "
+                          f"which this version cannot resume; start a new run (another --out, or --overwrite), or "
+                          f"resume it with the ppo-rlhf version that wrote it")
+
+
+@dataclass
+class RunParts:
+    """What ``PPOTrainer(config)`` builds from the config."""
+
+    model: object
+    ref: object | None
+    reward: object
+    tokenizer: object
+    critic: object | None
+    generator: TorchGenerator
+    accelerator: object
+    task: object | None
+    train_rows: list[dict]
+    eval_rows: list[dict]
+
+
+def build_run(config: PPOConfig, reward=None) -> RunParts:
+    """Every role from the config, in the order the command line always used: seeded first (a
+    fresh value head draws its weights), the data and the rewards that need no model checked
+    before any model loads."""
+    if reward is None:
+        config.require_a_reward()
+    set_threads(config.num_threads)
+    seed_everything(config.seed)
+    resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
+    accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
+    check_run_start(config)
+    task = make_task(config, config.seed)
+    train_rows, eval_rows = prompt_sets(config, task)
+    if reward is None:
+        functions = reward_functions(config, task)
+        check_columns(functions, train_rows, config.prompts or f"the {config.task} task's prompts")
+        if task is None:  # held-out rows are scored by the reward only without a task (a task has its metric)
+            check_columns(functions, eval_rows, config.eval_prompts)
+        roles = load_roles(config, task, functions)
+    else:
+        roles = load_roles(config, task, reward=reward)  # the given reward instead of the config's
+        check_columns([roles.reward], train_rows, config.prompts or f"the {config.task} task's prompts")
+    check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
+                 config.chat_template, config.max_prompt_length, config.max_new_tokens)
+    generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
+    return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
+                    task, train_rows, eval_rows)
+
+
+def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> TorchGenerator:
+    return TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
+                          do_sample=config.do_sample, temperature=config.temperature,
+                          seed=config.seed + rank(),  # each process samples its own rollouts
+                          device=accelerator.device)
+
+
+def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator) -> tuple:
+    """An in-memory model given: the missing pieces around it.  The reference is a frozen copy of
+    the model (None for a peft model: its base with adapters disabled), the tokenizer is
+    ``config.model``'s, the reward the config's unless given."""
+    if tokenizer is None:
+        if config.model is None:
+            raise ConfigError("no tokenizer: give tokenizer= with an in-memory model, or config.model")
+        tokenizer = load_tokenizer(config.model)
+    if ref is None and not hasattr(model, "peft_config"):
+        ref = copy.deepcopy(model)
+    accelerator = accelerator or config.accelerator(shards=True)
+    reward = as_reward(reward, config, tokenizer, make_task(config, config.seed) if reward is None else None)
+    generator = generator or make_generator(config, tokenizer, model, accelerator)
+    return ref, reward, tokenizer, generator, accelerator
