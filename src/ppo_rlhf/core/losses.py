@@ -53,18 +53,10 @@ def aggregate_loss(
 RATIO_LEVELS = ("token", "sequence")
 
 
-def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor | None,
-    clip_ratio: float,
-    aggregation: str = "token-mean",
-    norm_length: int | None = None,
-    clip_ratio_high: float | None = None,
-    dual_clip: float | None = None,
-    ratio_level: str = "token",
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor | None,
+                clip_ratio: float, aggregation: str = "token-mean", norm_length: int | None = None,
+                clip_ratio_high: float | None = None, dual_clip: float | None = None, ratio_level: str = "token",
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective (Schulman et al., 2017, eq. 7), as a loss to minimise.
 
     Per token: ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, aggregated over ``mask``
@@ -72,17 +64,12 @@ def policy_loss(
     Where the clipped branch wins, the gradient is zero: the policy has already moved far enough
     in the direction the advantage asks for.  The variants (docs/design.md, "Policy-loss variants"):
 
-    - ``clip_ratio_high``: the upper clip bound ``1 + high`` apart from the lower ``1 - clip_ratio``
-      (DAPO's clip-higher, Yu et al., 2025): a larger ``high`` lets unlikely tokens with a positive
-      advantage gain more probability per update, which keeps the entropy from collapsing.
-      None: ``clip_ratio`` on both sides.
-    - ``dual_clip`` C > 1: for a negative advantage the loss is at most ``-C * A`` (Ye et al.,
-      2020): a ratio far above 1 on a bad token would otherwise give an unbounded loss, and a
-      step of that size from one stale sample.  Where the bound holds, the gradient is zero.
-    - ``ratio_level="sequence"``: GSPO's ratio (Zheng et al., 2025), one per response,
-      ``exp(mean_t(logprobs - old_logprobs))`` over its tokens, clipped per response and applied
-      to each of its tokens; a sequence-level reward then meets a sequence-level ratio, and one
-      token's noisy ratio cannot clip its response alone.
+    - ``clip_ratio_high``: the upper bound ``1 + high`` apart from the lower ``1 - clip_ratio``
+      (DAPO's clip-higher): unlikely tokens with a positive advantage may gain more per update.
+    - ``dual_clip`` C > 1: for a negative advantage the loss is at most ``-C * A`` (dual-clip PPO),
+      so a ratio far above 1 on a bad token cannot give an unbounded step; zero gradient there.
+    - ``ratio_level="sequence"``: GSPO's one ratio per response, ``exp(mean_t(logprobs -
+      old_logprobs))``, clipped per response and applied to each of its tokens.
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {ratio_level!r}; allowed: {', '.join(RATIO_LEVELS)}")
@@ -106,18 +93,19 @@ def policy_loss(
         pg_loss_per_token = torch.where(dual_clipped, pg_loss3, pg_loss_per_token)
     loss = aggregate_loss(pg_loss_per_token, mask, aggregation, norm_length)
     with torch.no_grad():
+        clipped = pg_loss2 > pg_loss1  # the clipped branch is the one used: no gradient there
         stats = {
             "pg_loss": loss.detach(),
             "abs_pg_loss": masked_mean(pg_loss_per_token.abs(), mask),
             "ppo_ratio": masked_mean(ratio, mask),
             "ppo_ratio_clamped": masked_mean(clipped_ratio, mask),
-            "clipfrac": masked_mean((pg_loss2 > pg_loss1).to(logprobs.dtype), mask),
+            "clipfrac": masked_mean(clipped.to(logprobs.dtype), mask),
             # Token-level always: the early stop (max_approx_kl) reads how far each token moved.
             "approx_kl": masked_mean(approx_kl_per_token(log_ratio), mask),
         }
         if clip_ratio_high != clip_ratio:  # which side clips: clip-higher should lower the upper one
-            stats["clipfrac_high"] = masked_mean(((pg_loss2 > pg_loss1) & (ratio > 1)).to(logprobs.dtype), mask)
-            stats["clipfrac_low"] = masked_mean(((pg_loss2 > pg_loss1) & (ratio < 1)).to(logprobs.dtype), mask)
+            stats["clipfrac_high"] = masked_mean((clipped & (ratio > 1)).to(logprobs.dtype), mask)
+            stats["clipfrac_low"] = masked_mean((clipped & (ratio < 1)).to(logprobs.dtype), mask)
         if dual_clip is not None:
             stats["dual_clipfrac"] = masked_mean(dual_clipped.to(logprobs.dtype), mask)
     return loss, stats
