@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,7 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {existing} is not writable")
+    writable_folder(out, existing)
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: resume continues the run in --out, "
                           "overwrite replaces it")
@@ -120,11 +120,26 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
                           f"or choose another --out")
 
 
+def writable_folder(out: Path, existing: Path) -> None:
+    """ConfigError naming --out unless a folder can be made in ``existing`` (``out`` or the
+    nearest folder above it that exists).  Tried for real: permission bits say nothing of a
+    read-only file system, or of /proc, to root."""
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {existing} is not writable")
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".ppo-rlhf-probe-").cleanup()
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot write in {existing} ({error.strerror or error})") from None
+
+
 def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
     """Make ``out`` ready for writing: the previous run's files removed (with ``overwrite``) and
     what killed runs left unfinished cleaned up.  Returns notices to print."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
     notices = []
     if overwrite or holds_no_work(out):
         why = "--overwrite" if overwrite else "it stopped before its first step"

@@ -39,6 +39,7 @@ from ppo_rlhf.models.lora import (
     add_adapter_from,
     read_adapter,
     score_head_from,
+    with_adapter,
 )
 from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward
 from ppo_rlhf.rollout.reward_http import UrlReward
@@ -79,11 +80,9 @@ def load_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
 
 
 def load_single_base_roles(config: PPOConfig, task, functions: list | None = None) -> Roles:
-    from peft import get_peft_model
-
     base = load_causal_lm(config.model, config.load_dtype)
     tokenizer = load_tokenizer(config.model)
-    actor = get_peft_model(base, config.lora_config("CAUSAL_LM", base), adapter_name=POLICY)
+    actor = with_adapter(config, base, "CAUSAL_LM", adapter_name=POLICY)
     reward_adapter = None  # (LoRA config, LoRA weights) of a reward adapter trained on this base
     if config.reward_model and is_adapter_of(config.reward_model, config.model):
         adapter_config, lora_weights, head_weights = read_adapter(config.reward_model)
