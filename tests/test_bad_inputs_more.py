@@ -89,9 +89,9 @@ CASES = [
     # ------------------------------------------------------------ declared ranges: sft
     Bad("sft-seed-negative", sft("--seed", -1), ("'seed'", "0 <= x"), DATA),
     Bad("sft-num-threads-negative", sft("--num-threads", -1), ("'num_threads'", ">= 0"), DATA),
-    Bad("sft-n-layer-zero", scratch_sft("--n-layer", 0), ("'n_layer'", ">= 1")),
-    Bad("sft-n-head-negative", scratch_sft("--n-head", -2), ("'n_head'", ">= 1")),
-    Bad("sft-n-embd-zero", scratch_sft("--n-embd", 0), ("'n_embd'", ">= 1")),
+    Bad("sft-n-layer-zero", scratch_sft("--n-layer", 0), ("'n_layer'", "> 0")),
+    Bad("sft-n-head-negative", scratch_sft("--n-head", -2), ("'n_head'", "> 0")),
+    Bad("sft-n-embd-zero", scratch_sft("--n-embd", 0), ("'n_embd'", "> 0")),
     Bad("sft-weight-decay-negative", sft("--weight-decay", -0.1), ("'weight_decay'", ">= 0"), DATA),
     Bad("sft-lr-infinite", sft("--lr", "inf"), ("'lr'", "finite"), DATA),
     Bad("sft-max-grad-norm-nan", sft("--max-grad-norm", "nan"), ("'max_grad_norm'",), DATA),

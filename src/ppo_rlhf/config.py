@@ -45,10 +45,14 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def __str__(self) -> str:
+        return self.describe("x")
+
+    def describe(self, name: str) -> str:
+        """The range in words, ``name`` standing for the value: "> 0", "0 <= gamma <= 1"."""
         low = None if self.low is None else f"{_number(self.low)} {'<' if self.low_open else '<='} "
         high = None if self.high is None else f"{'<' if self.high_open else '<='} {_number(self.high)}"
         if low and high:
-            return f"{low}x {high}"
+            return f"{low}{name} {high}"
         if low:
             return f"{'>' if self.low_open else '>='} {_number(self.low)}"
         if high:
@@ -120,7 +124,7 @@ def check_range(field: dataclasses.Field, value: Any) -> None:
     optional = _base_type(field.type)[1]
     for item in value if isinstance(value, list) else [value]:
         if isinstance(item, (int, float)) and item not in declared:
-            allowed = "a finite number" if declared == Range() else str(declared)
+            allowed = "a finite number" if declared == Range() else declared.describe(field.name)
             if not math.isfinite(item) and declared != Range():
                 allowed = f"a finite number, {allowed}"
             if isinstance(value, list):

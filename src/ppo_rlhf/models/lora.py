@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory
-from ppo_rlhf.config import ConfigError, above, at_least, between, check, option
+from ppo_rlhf.config import ConfigError, above, between, check, option
 from ppo_rlhf.models.loading import ModelError
 from ppo_rlhf.models.value import (
     VALUE_HEAD,
@@ -52,7 +52,7 @@ class LoraOptions:
     """The LoRA fields shared by every stage that can train adapters (``rm`` and ``ppo``)."""
 
     lora: bool = option(False, "train LoRA adapters on one frozen base instead of the full model (peft)")
-    lora_r: int = option(16, "LoRA rank", range=at_least(1))
+    lora_r: int = option(16, "LoRA rank", range=above(0))
     lora_alpha: float = option(32.0, "LoRA alpha: the adapter's update is scaled by alpha / r", range=above(0))
     lora_dropout: float = option(0.0, "dropout on the LoRA path; ppo keeps it on in its training passes (rollouts "
                                       "and old/ref passes run in eval mode), so > 0 makes the first PPO ratio "

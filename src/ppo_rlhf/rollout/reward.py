@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import ConfigError, above, any_number, at_least, check, option
+from ppo_rlhf.config import ConfigError, above, any_number, at_least, option
 from ppo_rlhf.models.loading import max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template

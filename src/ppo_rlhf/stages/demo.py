@@ -14,7 +14,7 @@ from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
-from ppo_rlhf.config import SEEDS, THREADS, ConfigError, at_least, build_config, check, load_yaml, option, to_dict
+from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, build_config, load_yaml, option, to_dict
 from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.stages.reward import run_reward
@@ -65,9 +65,9 @@ class DemoConfig:
                          choices=("model", "rule"))
     critic: str = option("separate", "critic: separate model from the RM's trunk, or a value head on the actor (shared)",
                          choices=("shared", "separate"))
-    sft_steps: int | None = option(None, "SFT steps (default: the task preset)", range=at_least(1))
-    rm_steps: int | None = option(None, "reward-model steps (default: the task preset)", range=at_least(1))
-    ppo_iterations: int | None = option(None, "PPO iterations (default: the task preset)", range=at_least(1))
+    sft_steps: int | None = option(None, "SFT steps (default: the task preset)", range=above(0))
+    rm_steps: int | None = option(None, "reward-model steps (default: the task preset)", range=above(0))
+    ppo_iterations: int | None = option(None, "PPO iterations (default: the task preset)", range=above(0))
     stages_config: str | None = option(None, "YAML with optional 'sft', 'rm' and 'ppo' sections overriding any stage field")
     show_samples: int = option(6, "prompts to print with their responses before and after PPO", range=at_least(0))
     seed: int = option(0, "random seed for every stage", range=SEEDS)

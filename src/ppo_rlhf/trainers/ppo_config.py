@@ -78,11 +78,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     out: str = option("runs/ppo", "run folder")
     # --- rollout
     batch_size: int = option(64, "sequences per PPO iteration (rollout batch): batch_size / samples_per_prompt "
-                                 "prompts, each sampled samples_per_prompt times (so a multiple of it)", range=at_least(1))
+                                 "prompts, each sampled samples_per_prompt times (so a multiple of it)", range=above(0))
     samples_per_prompt: int = option(1, "responses sampled for each prompt of the batch (K), in adjacent rows; "
-                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)", range=at_least(1))
-    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit", range=at_least(2))
-    max_new_tokens: int = option(128, "longest response in tokens", range=at_least(1))
+                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)", range=above(0))
+    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit", range=above(1))
+    max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
                                    "debugging mode in which every copy of a prompt gets the same response and "
                                    "nothing is explored (it warns at start)")
@@ -97,14 +97,14 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                                             "empty: k1 in the reward, k3 in the loss",
                                       choices=(None, *KL_ESTIMATORS))
     target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed", range=above(0))
-    kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%", range=at_least(1))
+    kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%", range=above(0))
     missing_eos_penalty: float | None = option(None, "subtracted from the score of responses that never emit EOS, "
                                                      "as in TRL (>= 0; empty: no penalty)", range=at_least(0))
     score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)", range=above(0))
     score_norm: bool = option(False, "normalise scores by their running mean and std")
     overlong_buffer: int | None = option(None, "DAPO's soft overlong punishment: over the last L tokens before "
                                                "max_new_tokens the score loses up to overlong_penalty, linearly "
-                                               "(empty: off)", range=at_least(1))
+                                               "(empty: off)", range=above(0))
     overlong_penalty: float | None = option(None, f"the most --overlong-buffer takes off a score, at max_new_tokens "
                                                   f"(empty: {OVERLONG_PENALTY:g} with a buffer)", range=above(0))
     dynamic_sampling: bool = option(False, "DAPO's dynamic sampling: drop the prompt groups whose K scores are all "
@@ -141,14 +141,14 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
         choices=(None, *LOSS_AGGREGATIONS))
     rollout_micro_batch_size: int | None = option(None, "rows per forward pass of the rollout's old, reference and "
                                                         "critic passes (their logits are (rows, T, vocabulary)); "
-                                                        "empty: the whole batch at once.  Same results, less memory", range=at_least(1))
+                                                        "empty: the whole batch at once.  Same results, less memory", range=above(0))
     # --- update
-    ppo_epochs: int = option(4, "passes over each rollout batch", range=at_least(1))
-    mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size", range=at_least(1))
+    ppo_epochs: int = option(4, "passes over each rollout batch", range=above(0))
+    mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size", range=above(0))
     train_micro_batch_size: int | None = option(None, "rows per forward/backward pass within a minibatch, the "
                                                       "gradients accumulated over them (per process); must divide "
                                                       "mini_batch_size; empty: the whole minibatch.  Same step, "
-                                                      "less memory", range=at_least(1))
+                                                      "less memory", range=above(0))
     lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: for a full model {FULL_MODEL_LR:g} x "
                                     f"{REFERENCE_WIDTH} / the model's hidden width (1.3e-5 for a 576-wide 135M model, "
                                     f"1.9e-6 for a 4096-wide 7B, at most {LORA_LR:g}), {LORA_LR:g} with --lora (an "
@@ -192,9 +192,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
                                          "(all but --lora-dropout, which is kept)")
     # --- schedule
-    iterations: int = option(200, "PPO iterations (rollout + update)", range=at_least(1))
+    iterations: int = option(200, "PPO iterations (rollout + update)", range=above(0))
     eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)", range=at_least(0))
-    eval_size: int = option(2000, "held-out prompts per evaluation", range=at_least(1))
+    eval_size: int = option(2000, "held-out prompts per evaluation", range=above(0))
     show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json", range=at_least(0))
     sample_every: int = option(10, "every N iterations, print a few training rollouts (prompt, response, score) and "
                                    "add them to samples.jsonl and TensorBoard (0: never)", range=at_least(0))

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, check, option
+from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
@@ -44,17 +44,17 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     completion_field: str = option("completion", "field of the data rows holding the completion to learn")
     chat_template: bool = option(False, "format each prompt (a user message, or a list of chat messages) with the "
                                         "tokenizer's chat template; the completion is the assistant's reply")
-    steps: int = option(1500, "optimizer steps", range=at_least(1))
-    batch_size: int = option(256, "sequences per step", range=at_least(1))
+    steps: int = option(1500, "optimizer steps", range=above(0))
+    batch_size: int = option(256, "sequences per step", range=above(0))
     lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up", range=above(0))
     min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak", range=between(0, 1))
     warmup_steps: int = option(50, "linear warm-up steps", range=at_least(0))
     weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
     max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
-    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut", range=at_least(2))
-    n_layer: int = option(4, "layers of a model built from scratch", range=at_least(1))
-    n_head: int = option(4, "attention heads of a model built from scratch", range=at_least(1))
-    n_embd: int = option(64, "width of a model built from scratch", range=at_least(1))
+    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut", range=above(1))
+    n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
+    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
+    n_embd: int = option(64, "width of a model built from scratch", range=above(0))
     dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)", range=between(0, 1, high_open=True))
     eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)", range=at_least(0))
     eval_fraction: float = option(0.05, "with --data: fraction of the rows held out (never trained on) for the "
