@@ -533,11 +533,13 @@ class RewardOptions:
     reward_url: str | None = option(None, "score through an HTTP endpoint: POST {prompts, responses, columns} -> "
                                           "{scores}; one more reward, named 'url'")
     reward_weights: list[float] = option([], "weight of each reward in the score, in the order reward model, "
-                                             "functions, URL (empty: 1 each); the score is the weighted sum", range=any_number())
+                                             "functions, URL (empty: 1 each); the score is the weighted sum",
+                                             range=any_number())
     reward_timeout: float = option(60.0, "seconds to wait for the reward URL's answer to one request", range=above(0))
     reward_retries: int = option(3, "retries of a reward URL request that timed out, could not connect, or got "
                                     "HTTP 429 / 5xx (another 4xx fails at once)", range=at_least(0))
-    reward_backoff: float = option(1.0, "seconds before the first retry of a reward URL request, doubled at each", range=at_least(0))
+    reward_backoff: float = option(1.0, "seconds before the first retry of a reward URL request, doubled at each",
+                                   range=at_least(0))
 
     def reward_count(self) -> int:
         """How many rewards were asked for (a task's rule, used when none is, not counted)."""

@@ -18,40 +18,55 @@ class GymPPOConfig(RunFolderOptions):
     """Defaults follow CleanRL's ppo.py; the presets below follow the RL Baselines3 Zoo."""
 
     env_id: str = option("CartPole-v1", "gymnasium environment id; Discrete or Box actions, flat Box observations", flag="--env")
-    seed: int = option(1, "seeds torch and the envs (env i gets seed + i); on one thread the same seed gives the same run", range=SEEDS)
-    total_steps: int = option(100_000, "environment steps over all envs; rounded down to whole rollouts of num_envs * num_steps", range=at_least(1))
+    seed: int = option(1, "seeds torch and the envs (env i gets seed + i); on one thread the same seed gives the same run",
+                       range=SEEDS)
+    total_steps: int = option(100_000, "environment steps over all envs; rounded down to whole rollouts of num_envs * num_steps",
+                              range=at_least(1))
     out_dir: str | None = option(None, "run folder; default runs/gym/<env>-seed<seed>", flag="--out")
     # --- rollouts
-    num_envs: int = option(4, "parallel envs (SyncVectorEnv, one process); more envs = more decorrelated batches, fewer updates", range=at_least(1))
-    num_steps: int = option(128, "steps per env per rollout; the batch is num_envs * num_steps samples", range=at_least(1))
-    gamma: float = option(0.99, "discount; 1 / (1 - gamma) is roughly the horizon the critic looks ahead", range=between(0, 1, low_open=True))
-    lam: float = option(0.95, "GAE lambda: 1 = Monte-Carlo returns (high variance), 0 = one-step TD (high bias)", range=between(0, 1))
+    num_envs: int = option(4, "parallel envs (SyncVectorEnv, one process); more envs = more decorrelated batches, fewer updates",
+                           range=at_least(1))
+    num_steps: int = option(128, "steps per env per rollout; the batch is num_envs * num_steps samples",
+                            range=at_least(1))
+    gamma: float = option(0.99, "discount; 1 / (1 - gamma) is roughly the horizon the critic looks ahead",
+                          range=between(0, 1, low_open=True))
+    lam: float = option(0.95, "GAE lambda: 1 = Monte-Carlo returns (high variance), 0 = one-step TD (high bias)",
+                        range=between(0, 1))
     # --- update
-    ppo_epochs: int = option(4, "passes over each batch; more reuses data harder and risks moving the policy too far", range=at_least(1))
+    ppo_epochs: int = option(4, "passes over each batch; more reuses data harder and risks moving the policy too far",
+                             range=at_least(1))
     mini_batch_size: int = option(128, "samples per gradient step; must divide num_envs * num_steps", range=at_least(1))
     lr: float = option(2.5e-4, "Adam learning rate (Adam eps 1e-5)", range=above(0))
     anneal_lr: bool = option(True, "decay lr linearly to 0 over the run (SB3 zoo's 'lin_<lr>')")
-    clip_ratio: float = option(0.2, "PPO clip epsilon: the policy ratio is clipped to [1 - eps, 1 + eps]", range=between(0, 1, low_open=True, high_open=True))
+    clip_ratio: float = option(0.2, "PPO clip epsilon: the policy ratio is clipped to [1 - eps, 1 + eps]",
+                               range=between(0, 1, low_open=True, high_open=True))
     anneal_clip: bool = option(False, "decay clip_ratio linearly to 0 over the run too (SB3 zoo's 'lin_0.2')")
     cliprange_value: float | None = option(
         0.2, "clip each value prediction to old value +- this; 'none' disables.  In return units: "
         "with large unscaled returns it slows the critic badly", range=above(0))
-    vf_coef: float = option(0.5, "weight of the value loss; ours is 0.5 * squared error, so 1.0 here equals SB3's 0.5", range=at_least(0))
-    entropy_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes", range=at_least(0))
-    max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this", range=above(0))
+    vf_coef: float = option(0.5, "weight of the value loss; ours is 0.5 * squared error, so 1.0 here equals SB3's 0.5",
+                            range=at_least(0))
+    entropy_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes",
+                                 range=at_least(0))
+    max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this",
+                                  range=above(0))
     norm_adv: bool = option(True, "whiten advantages per minibatch (mean 0, std 1)")
     max_approx_kl: float | None = option(
         None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this (SB3's target_kl, "
-        "which stops at 1.5x its value; the language-model trainer's option of the same name); 'none' disables", range=above(0))
+        "which stops at 1.5x its value; the language-model trainer's option of the same name); 'none' disables",
+        range=above(0))
     # --- network
-    hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear", range=at_least(1))
+    hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear",
+                                     range=at_least(1))
     activation: str = option("tanh", "hidden activation", choices=("tanh", "relu"))
-    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions only); state-independent", range=any_number())
+    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions only); state-independent",
+                                 range=any_number())
     # --- normalisation (mostly for continuous control)
     norm_obs: bool = option(False, "normalise observations by running mean/std (clipped to +-10); the stats are saved with the policy")
     norm_reward: bool = option(False, "scale rewards by the running std of the discounted return (like SB3's VecNormalize)")
     # --- evaluation and machine
-    eval_episodes: int = option(100, "episodes of deterministic evaluation of the saved policy at the end; 0 skips it", range=at_least(0))
+    eval_episodes: int = option(100, "episodes of deterministic evaluation of the saved policy at the end; 0 skips it",
+                                range=at_least(0))
     threads: int = option(1, "torch CPU threads; tiny MLPs run fastest on one", range=at_least(1))
     # --- checkpoints and divergence
     save_every: int = option(

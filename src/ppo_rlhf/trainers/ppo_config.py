@@ -80,15 +80,19 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     batch_size: int = option(64, "sequences per PPO iteration (rollout batch): batch_size / samples_per_prompt "
                                  "prompts, each sampled samples_per_prompt times (so a multiple of it)", range=above(0))
     samples_per_prompt: int = option(1, "responses sampled for each prompt of the batch (K), in adjacent rows; "
-                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)", range=above(0))
-    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit", range=above(1))
+                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)",
+                                        range=above(0))
+    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit",
+                             range=above(1))
     max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
                                    "debugging mode in which every copy of a prompt gets the same response and "
                                    "nothing is explored (it warns at start)")
-    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs", range=above(0))
+    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs",
+                                range=above(0))
     # --- reward shaping
-    kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)", range=at_least(0))
+    kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)",
+                            range=at_least(0))
     kl_in: str = option("reward", "where the KL to the reference goes: reward (r[t] = -kl_coef * kl[t], PPO's "
                                   "classic) or loss (+ kl_coef * mean(kl), differentiated directly, as GRPO does)",
                         choices=KL_PLACEMENTS)
@@ -96,7 +100,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                                             "reward; k3, k2 or full (exact over the vocabulary) in the loss; "
                                             "empty: k1 in the reward, k3 in the loss",
                                       choices=(None, *KL_ESTIMATORS))
-    target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed", range=above(0))
+    target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed",
+                                     range=above(0))
     kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%", range=above(0))
     missing_eos_penalty: float | None = option(None, "subtracted from the score of responses that never emit EOS, "
                                                      "as in TRL (>= 0; empty: no penalty)", range=at_least(0))
@@ -127,7 +132,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     lam: float = option(1.0, "GAE lambda (gae only).  1: every token's advantage is the response's return minus "
                              "the critic's value, so a score given at the end reaches every token from the first "
                              "iteration; below 1 the critic's (at first untrained) values stand in for the rest, and "
-                             "only the last ~1/(1 - lam) tokens hear the score until the critic has learned", range=between(0, 1))
+                             "only the last ~1/(1 - lam) tokens hear the score until the critic has learned",
+                             range=between(0, 1))
     whiten_advantages: bool | None = option(None, "whiten advantages over the response tokens of the batch; empty: as "
                                                   "the estimator's paper (gae and reinforce++ yes, the group and "
                                                   "greedy baselines no)")
@@ -141,7 +147,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
         choices=(None, *LOSS_AGGREGATIONS))
     rollout_micro_batch_size: int | None = option(None, "rows per forward pass of the rollout's old, reference and "
                                                         "critic passes (their logits are (rows, T, vocabulary)); "
-                                                        "empty: the whole batch at once.  Same results, less memory", range=above(0))
+                                                        "empty: the whole batch at once.  Same results, less memory",
+                                                        range=above(0))
     # --- update
     ppo_epochs: int = option(4, "passes over each rollout batch", range=above(0))
     mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size", range=above(0))
@@ -152,7 +159,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: for a full model {FULL_MODEL_LR:g} x "
                                     f"{REFERENCE_WIDTH} / the model's hidden width (1.3e-5 for a 576-wide 135M model, "
                                     f"1.9e-6 for a 4096-wide 7B, at most {LORA_LR:g}), {LORA_LR:g} with --lora (an "
-                                    f"adapter needs larger steps to move); the value used is printed and recorded", range=above(0))
+                                    f"adapter needs larger steps to move); the value used is printed and recorded",
+                                    range=above(0))
     critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr "
                                            "(gae only)", range=above(0))
     critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise "
@@ -165,13 +173,15 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                                    "with a non-finite score); stop after this many in a row", range=at_least(1))
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); sets both "
                                     "bounds unless clip_ratio_low / clip_ratio_high are given", range=above(0))
-    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)", range=between(0, 1, low_open=True, high_open=True))
+    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)",
+                                          range=between(0, 1, low_open=True, high_open=True))
     clip_ratio_high: float | None = option(None, "upper clip range, ratio <= 1 + x (empty: clip_ratio); DAPO's "
                                                  "clip-higher uses 0.28 with 0.2 below, so unlikely tokens with a "
                                                  "positive advantage can gain probability and the entropy does not "
                                                  "collapse", range=above(0))
     dual_clip: float | None = option(None, "dual-clip PPO: for a negative advantage the loss is at most -C x A "
-                                           "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)", range=above(1))
+                                           "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)",
+                                           range=above(1))
     ratio_level: str = option("token", "token: PPO's per-token ratio; sequence: GSPO's, one ratio per response "
                                        "(exp of its mean token log-ratio), clipped per response and applied to every "
                                        "token of it (the GSPO paper clips at 3e-4 / 4e-4: set clip_ratio_low / "
@@ -193,13 +203,16 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                                          "(all but --lora-dropout, which is kept)")
     # --- schedule
     iterations: int = option(200, "PPO iterations (rollout + update)", range=above(0))
-    eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)", range=at_least(0))
+    eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)",
+                             range=at_least(0))
     eval_size: int = option(2000, "held-out prompts per evaluation", range=above(0))
-    show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json", range=at_least(0))
+    show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json",
+                               range=at_least(0))
     sample_every: int = option(10, "every N iterations, print a few training rollouts (prompt, response, score) and "
                                    "add them to samples.jsonl and TensorBoard (0: never)", range=at_least(0))
     eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
-    save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)", range=at_least(0))
+    save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)",
+                             range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but for "
                                  "iterations, evaluation, saving and learning rates)")
     seed: int = option(0, "random seed", range=SEEDS)

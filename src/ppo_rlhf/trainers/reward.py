@@ -73,11 +73,13 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
     max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
     max_length: int = option(256, "longest sequence in tokens; longer rows lose their start", range=above(1))
-    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy", range=between(0, 1, high_open=True))
+    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy",
+                                  range=between(0, 1, high_open=True))
     n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
     n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
     n_embd: int = option(64, "width of a model built from scratch", range=above(0))
-    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)", range=between(0, 1, high_open=True))
+    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
+                            range=between(0, 1, high_open=True))
     save_every: int = option(100, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
                                   "last (0: none)", range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "

@@ -46,7 +46,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
                                         "tokenizer's chat template; the completion is the assistant's reply")
     steps: int = option(1500, "optimizer steps", range=above(0))
     batch_size: int = option(256, "sequences per step", range=above(0))
-    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up", range=above(0))
+    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up",
+                       range=above(0))
     min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak", range=between(0, 1))
     warmup_steps: int = option(50, "linear warm-up steps", range=at_least(0))
     weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
@@ -55,10 +56,12 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
     n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
     n_embd: int = option(64, "width of a model built from scratch", range=above(0))
-    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)", range=between(0, 1, high_open=True))
+    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
+                            range=between(0, 1, high_open=True))
     eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)", range=at_least(0))
     eval_fraction: float = option(0.05, "with --data: fraction of the rows held out (never trained on) for the "
-                                        "held-out completion loss and next-token accuracy", range=between(0, 1, high_open=True))
+                                        "held-out completion loss and next-token accuracy",
+                                        range=between(0, 1, high_open=True))
     save_every: int = option(500, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
                                   "last (0: none)", range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
