@@ -139,6 +139,7 @@ CASES = [
     Bad("eval-show-negative", evaluate("--show", -1), ("'show'",), PROMPTS),
     Bad("eval-max-new-tokens-zero", evaluate("--max-new-tokens", 0), ("'max_new_tokens'",), PROMPTS),
     Bad("eval-temperature-infinite", evaluate("--do-sample", "--temperature", "inf"), ("'temperature'",), PROMPTS),
+    Bad("eval-temperature-without-do-sample", evaluate("--temperature", 0.5), ("'temperature'", "--do-sample"), PROMPTS),
     Bad("demo-seed-negative", demo("--seed", -1), ("'seed'",)),
     Bad("demo-show-samples-negative", demo("--show-samples", -1), ("'show_samples'",)),
     Bad("demo-num-threads-negative", demo("--num-threads", -1), ("'num_threads'",)),

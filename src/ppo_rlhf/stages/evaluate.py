@@ -48,6 +48,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
         self.validate_hardware()
         self.validate_task()
         self.validate_rewards()
+        check(self.do_sample or self.temperature == 1.0, "temperature",
+              "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
 
 
