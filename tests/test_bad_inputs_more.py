@@ -87,7 +87,7 @@ def demo(*extra):
 
 CASES = [
     # ------------------------------------------------------------ declared ranges: sft
-    Bad("sft-seed-negative", sft("--seed", -1), ("'seed'", "0 <= x"), DATA),
+    Bad("sft-seed-negative", sft("--seed", -1), ("'seed'", "0 <= seed <= 4294967295"), DATA),
     Bad("sft-num-threads-negative", sft("--num-threads", -1), ("'num_threads'", ">= 0"), DATA),
     Bad("sft-n-layer-zero", scratch_sft("--n-layer", 0), ("'n_layer'", "> 0")),
     Bad("sft-n-head-negative", scratch_sft("--n-head", -2), ("'n_head'", "> 0")),
@@ -106,7 +106,7 @@ CASES = [
     Bad("rm-max-length-zero", rm_classes("--max-length", 0), ("'max_length'",), TEXTS),
     Bad("rm-lora-r-zero", rm_classes("--lora", "--lora-r", 0), ("'lora_r'",), TEXTS),
     # ------------------------------------------------------------ declared ranges: ppo
-    Bad("ppo-seed-negative", ppo("--seed", -1), ("'seed'", "0 <= x"), PROMPTS),
+    Bad("ppo-seed-negative", ppo("--seed", -1), ("'seed'", "0 <= seed <= 4294967295"), PROMPTS),
     Bad("ppo-num-threads-negative", ppo("--num-threads", -4), ("'num_threads'",), PROMPTS),
     Bad("ppo-lora-dropout-one", ppo("--lora", "--lora-dropout", 1), ("'lora_dropout'",), PROMPTS),
     Bad("ppo-lora-alpha-negative", ppo("--lora", "--lora-alpha", -1), ("'lora_alpha'",), PROMPTS),

@@ -121,7 +121,7 @@ def test_range_membership_and_wording():
 def test_the_message_names_the_option_and_the_range():
     from ppo_rlhf.trainers.sft import SFTConfig
 
-    with pytest.raises(ConfigError, match=r"invalid value for 'steps': 0; allowed: >= 1$"):
+    with pytest.raises(ConfigError, match=r"invalid value for 'steps': 0; allowed: > 0$"):
         build_config(SFTConfig, {"steps": 0})
     with pytest.raises(ConfigError, match=r"invalid value for 'lr': nan; allowed: a finite number, > 0$"):
         build_config(SFTConfig, {"lr": "nan"})
