@@ -278,6 +278,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, typing.Hashable):
+                continue  # SafeLoader refuses it below, with its own message
             if key in seen:
                 raise ConfigError(f"key '{key}' is given twice (lines {seen[key]} and {line}); YAML would keep only "
                                   f"the last, so give it once")
