@@ -168,7 +168,7 @@ def test_every_command_compares_out_with_its_inputs(sft_model, tmp_path, capsys)
     config = run_dir / "config.yaml"
     config.write_text("seed: 0\n")
     cases = [
-        (["sft", "--model", sft_model, "--data", data, "--out", data, *TINY], "--data"),
+        (["sft", "--model", sft_model, "--data", data, "--out", data, "--num-threads", "1"], "--data"),
         (["rm", "--model", sft_model, "--data", data, "--out", sft_model / "rm"], "--model"),
         (["eval", "--model", sft_model, "--task", "doubling", "--out", sft_model], "--model"),
         (["merge", "--adapter", sft_model, "--out", sft_model / "merged"], "--adapter"),

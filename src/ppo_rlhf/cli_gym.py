@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
-from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
+from ppo_rlhf.config import SEEDS, add_config_arguments, at_least, config_from_args, load_yaml, option
+
+
+@dataclass
+class GymEvalConfig:
+    """``gym-eval``'s options (the policy folder is its positional argument)."""
+
+    episodes: int = option(100, "episodes to run", range=at_least(1))
+    seed: int = option(0, "seed of the evaluation envs (env i gets seed + i)", range=SEEDS)
+    stochastic: bool = option(False, "sample actions instead of argmax / mean action")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,9 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run a saved policy (a run folder or its policy/ folder) and print mean/std return as JSON.",
     )
     gym_eval.add_argument("path", metavar="RUN_OR_POLICY_DIR")
-    gym_eval.add_argument("--episodes", type=int, default=100, help="episodes to run (default: 100)")
-    gym_eval.add_argument("--seed", type=int, default=0, help="seed of the evaluation envs (env i gets seed + i)")
-    gym_eval.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean action")
+    add_config_arguments(gym_eval, GymEvalConfig)
     gym_eval.set_defaults(func=run_gym_eval)
 
 
@@ -64,11 +72,9 @@ def run_gym(args: argparse.Namespace) -> int:
 
 
 def run_gym_eval(args: argparse.Namespace) -> int:
-    from ppo_rlhf.config import ConfigError
     from ppo_rlhf.trainers.gym_ppo import evaluate_policy
 
-    if args.episodes < 1:
-        raise ConfigError(f"invalid value for 'episodes': {args.episodes}; allowed: an integer >= 1")
-    result = evaluate_policy(args.path, args.episodes, seed=args.seed, deterministic=not args.stochastic)
+    config = config_from_args(GymEvalConfig, args)
+    result = evaluate_policy(args.path, config.episodes, seed=config.seed, deterministic=not config.stochastic)
     print(json.dumps(result, indent=2))
     return 0

@@ -1,8 +1,9 @@
 """Typed configuration: one dataclass per stage, loaded from YAML and overridden by flags.
 
 Every field is declared with :func:`option`, which carries the one-line help text shown by
-``--help``.  Precedence: dataclass default < YAML file < command-line flag.  Unknown keys and
-invalid values fail at start with a message that names the key and says what is allowed.
+``--help`` and, for a number, the range it must lie in (:class:`Range`).  Precedence: dataclass
+default < YAML file < command-line flag.  Unknown keys and invalid values fail at start with a
+message that names the key and says what is allowed (docs/design.md, "Configuration").
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -24,9 +26,85 @@ class ConfigError(ValueError):
     """A configuration value or key that cannot be used; the message says what to change."""
 
 
-def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None) -> Any:
-    """A config field with its help text (and, optionally, its allowed values or flag name)."""
-    metadata = {"help": help, "choices": choices, "flag": flag}
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a numeric option accepts: finite, between ``low`` and ``high`` (None: unbounded),
+    each end closed (included) unless marked open.  Build one with :func:`at_least`,
+    :func:`above`, :func:`between` or :func:`any_number`."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        return self.describe("x")
+
+    def describe(self, name: str) -> str:
+        """The range in words, ``name`` standing for the value: "> 0", "0 <= gamma <= 1"."""
+        low = None if self.low is None else f"{_number(self.low)} {'<' if self.low_open else '<='} "
+        high = None if self.high is None else f"{'<' if self.high_open else '<='} {_number(self.high)}"
+        if low and high:
+            return f"{low}{name} {high}"
+        if low:
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
+        if high:
+            return high
+        return "any finite number"
+
+    def outside(self, kind: type) -> list:
+        """Values of ``kind`` (int or float) just outside the range: what a test feeds the option."""
+        step = 1 if kind is int else 0.5
+        values = []
+        if self.low is not None:
+            values.append(kind(self.low) if self.low_open else kind(self.low - step))
+        if self.high is not None:
+            values.append(kind(self.high) if self.high_open else kind(self.high + step))
+        if kind is float:
+            values += [math.nan, math.inf, -math.inf]
+        return values
+
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+def at_least(low: float) -> Range:
+    return Range(low=low)
+
+
+def above(low: float) -> Range:
+    return Range(low=low, low_open=True)
+
+
+def between(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Range:
+    return Range(low, high, low_open, high_open)
+
+
+def any_number() -> Range:
+    """Any finite number (a coefficient whose sign means something, a log-std, a weight)."""
+    return Range()
+
+
+# Ranges many options share.  Seeds: numpy's (0 .. 2**32 - 1), which seeds the gym envs and data
+# shuffles; threads: 0 leaves torch's default.
+SEEDS = between(0, 2**32 - 1)
+THREADS = at_least(0)
+
+
+def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,
+           range: Range | None = None) -> Any:  # noqa: A002 -- the word the declarations read best with
+    """A config field with its help text and, optionally, its allowed values, its flag name, or
+    (for a number, or a list of numbers: each item) the :class:`Range` it must lie in.  Every
+    int and float field declares a range (tests/test_option_ranges.py walks them all)."""
+    metadata = {"help": help, "choices": choices, "flag": flag, "range": range}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -36,6 +114,22 @@ def check(condition: bool, key: str, allowed: str, value: Any) -> None:
     """Raise ConfigError naming ``key``, its bad ``value`` and what is ``allowed``."""
     if not condition:
         raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {allowed}")
+
+
+def check_range(field: dataclasses.Field, value: Any) -> None:
+    """ConfigError unless ``value`` (each item of a list) lies in the field's declared range."""
+    declared = field.metadata.get("range")
+    if declared is None or value is None:
+        return
+    optional = _base_type(field.type)[1]
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, (int, float)) and item not in declared:
+            allowed = "a finite number" if declared == Range() else declared.describe(field.name)
+            if not math.isfinite(item) and declared != Range():
+                allowed = f"a finite number, {allowed}"
+            if isinstance(value, list):
+                allowed = f"each {allowed}"
+            check(False, field.name, allowed + (" or empty" if optional else ""), value)
 
 
 def flag_name(field: dataclasses.Field) -> str:
@@ -65,15 +159,16 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         if optional:
             return None
         raise ConfigError(f"'{field.name}' in {cls.__name__} cannot be empty")
+    # Booleans are true or false, and numbers are not booleans: YAML's `1` or "yes" for a switch,
+    # or `true` for a count, is refused rather than read one way or another (docs/design.md,
+    # "Configuration").  Flags cannot give either: a switch is --x / --no-x.
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: true or false")
+    if kind in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: a number, not true or false")
     try:
         if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes"):
-                return True
-            if str(value).lower() in ("false", "0", "no"):
-                return False
-            raise ValueError
+            return value
         if kind is int:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
@@ -81,19 +176,46 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         if kind is float:
             return float(value)
         if kind is list:
-            return _coerce_list(value)
-        return kind(value)
+            items = _coerce_list(value)
+        else:
+            return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(
             f"'{field.name}' must be {getattr(kind, '__name__', kind)}, got {value!r}"
         ) from None
+    return _coerce_numbers(field, items)
+
+
+def _item_type(annotation: Any) -> type | None:
+    """The item type of a list annotation (``list[int]`` -> int), else None."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"typing": typing}, {})  # noqa: S307 -- our own annotations
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _item_type(args[0])
+    return args[0] if typing.get_origin(annotation) in (list, tuple) and args else None
+
+
+def _coerce_numbers(field: dataclasses.Field, items: list) -> list:
+    """A list of numbers (``list[int]``, ``list[float]``) with each item converted; other lists as they are."""
+    kind = _item_type(field.type)
+    if kind not in (int, float):
+        return items
+    words = "integers, e.g. 64,64" if kind is int else "numbers, e.g. 1,0.5"
+    try:
+        if any(isinstance(item, bool) or (kind is int and isinstance(item, float) and not item.is_integer())
+               for item in items):
+            raise ValueError
+        return [kind(item) for item in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid value for '{field.name}': {items!r}; allowed: comma-separated {words}") from None
 
 
 def _coerce_list(value: Any) -> list:
     """A list field from YAML (a list, or one comma-separated string) or from flags (each
     repeated flag's value, comma-separated): one flat list.  An empty value empties the list so
-    far, so that ``--reward-fn ""`` still unsets what came before it.  The items are converted by
-    the config's ``validate``, which can say what each must be."""
+    far, so that ``--reward-fn ""`` still unsets what came before it.  Numbers are converted by
+    :func:`_coerce_numbers`, other items checked by the config's ``validate``."""
     flat = []
     for item in [value] if isinstance(value, str) else list(value):
         if isinstance(item, str) and not item.strip():
@@ -131,19 +253,55 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "config") -
                 f"unknown key '{key}' in {source} for {cls.__name__}{hint} "
                 f"(allowed: {', '.join(sorted(fields))})"
             )
-        field = fields[name]
-        coerced = _coerce(cls, field, value)
-        choices = field.metadata.get("choices")
-        if choices is not None and coerced not in choices:
-            raise ConfigError(
-                f"invalid value for '{name}': {coerced!r}; allowed: {', '.join(map(str, choices))}"
-            )
-        kwargs[name] = coerced
+        kwargs[name] = field_value(cls, fields[name], value)
     config = cls(**kwargs)
+    if not hasattr(config, "__post_init__"):  # one that checks itself when built (run_folder.py) is done
+        check_config(config)
+    return config
+
+
+def field_value(cls: type, field: dataclasses.Field, value: Any) -> Any:
+    """``value`` converted to the field's type, held to its choices and its declared range; a
+    ConfigError naming the field otherwise."""
+    coerced = _coerce(cls, field, value)
+    choices = field.metadata.get("choices")
+    if choices is not None and coerced not in choices:
+        raise ConfigError(f"invalid value for '{field.name}': {coerced!r}; allowed: {', '.join(map(str, choices))}")
+    check_range(field, coerced)
+    return coerced
+
+
+def check_config(config: Any) -> None:
+    """Every field of ``config`` checked as ``build_config`` checks a value read from YAML or a
+    flag, then the class's ``validate`` (the rules between fields)."""
+    for field in dataclasses.fields(config):
+        setattr(config, field.name, field_value(type(config), field, getattr(config, field.name)))
     validate = getattr(config, "validate", None)
     if validate is not None:
         validate()
-    return config
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a key given twice in one mapping is an error: plain PyYAML keeps
+    the last value, and the first is lost without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, typing.Hashable):
+                continue  # SafeLoader refuses it below, with its own message
+            if key in seen:
+                raise ConfigError(f"key '{key}' is given twice (lines {seen[key]} and {line}); YAML would keep only "
+                                  f"the last, so give it once")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML as ``yaml.safe_load`` reads it, with a key given twice refused (ConfigError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -151,7 +309,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text()) or {}
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path} is not valid YAML: {error}") from None
     if not isinstance(data, dict):
@@ -162,6 +322,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """One flag per field; defaults are suppressed so we can tell which flags were given."""
     group = parser.add_argument_group(f"{cls.__name__} options")
+    parser.set_defaults(config_class=cls)  # the tests find each command's options through it
     for field in dataclasses.fields(cls):
         kind, _ = _base_type(field.type)
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()

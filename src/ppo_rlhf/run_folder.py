@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ppo_rlhf.checkpoint import recover_interrupted_writes
-from ppo_rlhf.config import ConfigError, _coerce, flag_name, option
+from ppo_rlhf.config import ConfigError, check_config, flag_name, option
 from ppo_rlhf.runlog import read_metrics
 
 # What a stage writes into its run folder; a folder holding any of these holds a run.
@@ -33,19 +34,9 @@ class RunFolderOptions:
 
     def __post_init__(self) -> None:
         """A config built in Python is checked as one read from YAML or flags is: each field
-        converted to its type and held to its choices, then the class's ``validate`` -- a bad
-        field raises ConfigError naming it at once, not at the first update.  (``build_config``
-        validates once more after this; validation is idempotent, so that changes nothing.)"""
-        for field in dataclasses.fields(self):
-            value = _coerce(type(self), field, getattr(self, field.name))
-            choices = field.metadata.get("choices")
-            if choices is not None and value not in choices:
-                raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: "
-                                  f"{', '.join(map(str, choices))}")
-            setattr(self, field.name, value)
-        validate = getattr(self, "validate", None)
-        if validate is not None:
-            validate()
+        converted to its type and held to its choices and range, then the class's ``validate`` --
+        a bad field raises ConfigError naming it at once, not at the first update."""
+        check_config(self)
 
 
 def check_out_spares_inputs(config: Any, extra_inputs: dict[str, str | None] | None = None) -> None:
@@ -116,8 +107,7 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {existing} is not writable")
+    writable_folder(out, existing)
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: resume continues the run in --out, "
                           "overwrite replaces it")
@@ -136,11 +126,26 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
                           f"or choose another --out")
 
 
+def writable_folder(out: Path, existing: Path) -> None:
+    """ConfigError naming --out unless a folder can be made in ``existing`` (``out`` or the
+    nearest folder above it that exists).  Tried for real: permission bits say nothing of a
+    read-only file system, or of /proc, to root."""
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {existing} is not writable")
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".ppo-rlhf-probe-").cleanup()
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot write in {existing} ({error.strerror or error})") from None
+
+
 def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
     """Make ``out`` ready for writing: the previous run's files removed (with ``overwrite``) and
     what killed runs left unfinished cleaned up.  Returns notices to print."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
     notices = []
     if overwrite or holds_no_work(out):
         why = "--overwrite" if overwrite else "it stopped before its first step"

@@ -75,9 +75,21 @@ def _model_config(path: Path, what: str):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
     except (ValueError, OSError) as error:  # an unknown model_type, or a config.json that is not JSON
         raise ModelError(f"{what} at {path}: transformers cannot read its config.json: {error}") from None
+    check_heads(config, path / "config.json")
+    return config
+
+
+def check_heads(config, where) -> None:
+    """ModelError naming ``where`` if the attention heads cannot share the width evenly, which
+    transformers reports only as a ValueError while building the model.  A config with its own
+    ``head_dim`` (Llama and its kin) sets the head size apart from the width and is not checked."""
+    heads, width = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+    if heads and width and width % heads and getattr(config, "head_dim", None) is None:
+        raise ModelError(f"{where}: its {heads} attention heads do not divide its width {width} (hidden_size), so "
+                         f"the heads cannot share it; fix num_attention_heads or hidden_size (n_head, n_embd)")
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -110,7 +122,13 @@ def max_positions(config) -> int | None:
 
 def check_tokenizer(tokenizer, where, chat_template: bool = False, needs_eos: bool = True) -> None:
     """Refuse a tokenizer that cannot do what the stage asks of it: without EOS a response could
-    never end (and SFT could not teach one to); ``--chat-template`` needs a chat template."""
+    never end (and SFT could not teach one to); without a pad token (load_tokenizer pads with EOS
+    when there is none) rows of different lengths cannot be batched; ``--chat-template`` needs a
+    chat template."""
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
+        raise ModelError(f"{where}: its tokenizer has no pad token and no EOS token to pad with, so rows of "
+                         f"different lengths cannot be batched; set pad_token (or eos_token) in its "
+                         f"tokenizer_config.json (tokenizer.pad_token = ...; tokenizer.save_pretrained)")
     if needs_eos and tokenizer.eos_token_id is None:
         raise ModelError(f"{where}: its tokenizer has no EOS token, so a response could never end; set eos_token "
                          f"in its tokenizer_config.json (e.g. tokenizer.eos_token = '</s>'; tokenizer.save_pretrained)")
@@ -177,6 +195,24 @@ def load_sequence_classifier(path: str | Path, dtype: torch.dtype | str | None =
                          f"train one with `ppo-rlhf rm --model {path}`, or give --reward-fn")
     return from_pretrained(AutoModelForSequenceClassification, path, f"{_describe(path, config)}, which "
                            f"AutoModelForSequenceClassification cannot load", dtype=dtype)
+
+
+def check_scratch_model(config) -> None:
+    """The shape options of a model built from scratch (``n_layer``, ``n_head``, ``n_embd``,
+    ``dropout`` of sft and rm): refused with ``--model``, where they would do nothing, and
+    otherwise checked as GPT-2 needs them (each head gets n_embd / n_head of the width)."""
+    import dataclasses
+
+    from ppo_rlhf.config import check
+
+    if config.model is not None:
+        for field in dataclasses.fields(config):
+            if field.name in ("n_layer", "n_head", "n_embd", "dropout"):
+                check(getattr(config, field.name) == field.default, field.name,
+                      "left out with --model (it shapes a model built from scratch)", getattr(config, field.name))
+        return
+    check(config.n_embd % config.n_head == 0, "n_head", f"a divisor of n_embd ({config.n_embd}): each head gets "
+                                                        f"n_embd / n_head of the width", config.n_head)
 
 
 def _gpt2_config(tokenizer, n_layer: int, n_head: int, n_embd: int, n_positions: int, dropout: float, **extra):

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory
-from ppo_rlhf.config import check, option
+from ppo_rlhf.config import ConfigError, above, between, check, option
 from ppo_rlhf.models.loading import ModelError
 from ppo_rlhf.models.value import (
     VALUE_HEAD,
@@ -52,18 +52,15 @@ class LoraOptions:
     """The LoRA fields shared by every stage that can train adapters (``rm`` and ``ppo``)."""
 
     lora: bool = option(False, "train LoRA adapters on one frozen base instead of the full model (peft)")
-    lora_r: int = option(16, "LoRA rank")
-    lora_alpha: float = option(32.0, "LoRA alpha: the adapter's update is scaled by alpha / r")
+    lora_r: int = option(16, "LoRA rank", range=above(0))
+    lora_alpha: float = option(32.0, "LoRA alpha: the adapter's update is scaled by alpha / r", range=above(0))
     lora_dropout: float = option(0.0, "dropout on the LoRA path; ppo keeps it on in its training passes (rollouts "
                                       "and old/ref passes run in eval mode), so > 0 makes the first PPO ratio "
-                                      "differ from 1 there")
+                                      "differ from 1 there", range=between(0, 1, high_open=True))
     lora_target_modules: str = option("all-linear", "modules to adapt: 'all-linear' (every linear layer but the "
                                                     "output head) or comma-separated module names, e.g. q_proj,v_proj")
 
     def validate_lora(self) -> None:
-        check(self.lora_r > 0, "lora_r", "> 0", self.lora_r)
-        check(self.lora_alpha > 0, "lora_alpha", "> 0", self.lora_alpha)
-        check(0.0 <= self.lora_dropout < 1.0, "lora_dropout", "0 <= x < 1", self.lora_dropout)
         check(bool(self.lora_target_modules.strip()), "lora_target_modules", "'all-linear' or module names",
               self.lora_target_modules)
 
@@ -78,6 +75,31 @@ class LoraOptions:
             # GPT-2 stores its linear layers transposed (Conv1D); peft needs to be told.
             fan_in_fan_out=model is not None and uses_conv1d(model),
         )
+
+
+def with_adapter(options: LoraOptions, model: nn.Module, task_type: str, adapter_name: str = "default"):
+    """``get_peft_model`` with the options' adapter; ``--lora-target-modules`` naming no module of
+    the model (peft's NoMatchingPeftModuleError, a ValueError) becomes a ConfigError that names
+    the flag and the model's linear layers."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, options.lora_config(task_type, model), adapter_name=adapter_name)
+    except ValueError as error:
+        if "target" not in str(error).lower():
+            raise
+        raise ConfigError(f"--lora-target-modules {options.lora_target_modules!r} matches no layer of the model "
+                          f"that LoRA can adapt; its linear layers are named {', '.join(linear_layer_names(model))} "
+                          f"(or give 'all-linear')") from None
+
+
+def linear_layer_names(model: nn.Module, most: int = 12) -> list[str]:
+    """The distinct last parts of the model's linear layers' names (q_proj, c_attn, ...)."""
+    from transformers.pytorch_utils import Conv1D
+
+    names = dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                          if isinstance(module, (nn.Linear, Conv1D)))
+    return list(names)[:most]
 
 
 def uses_conv1d(model: nn.Module) -> bool:
@@ -337,7 +359,12 @@ def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None
         model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=num_labels, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-    merged = PeftModel.from_pretrained(model, path).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(model, path).merge_and_unload()
+    except (ValueError, RuntimeError) as error:  # layers it names are missing, or of other shapes
+        reason = str(error).strip().splitlines()[0]
+        raise ModelError(f"adapter {path} does not fit the base {base} ({reason}); give the base it was trained on "
+                         f"(it records {record.get('base_model_name_or_path')})") from None
     merged.name_or_path = str(path)
     return merged
 

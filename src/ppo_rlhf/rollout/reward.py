@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import os
 import sys
 import traceback
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import ConfigError, check, option
+from ppo_rlhf.config import ConfigError, above, any_number, at_least, option
 from ppo_rlhf.models.loading import max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -233,9 +234,10 @@ def import_module(module_name: str):
         path = Path(module_name)
         if not path.is_file():
             raise ImportError(f"no file {path}")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
+        name = _file_module_name(path)
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module  # so what it defines can be pickled and found again
+        sys.modules[name] = module  # so what it defines can be pickled and found again
         spec.loader.exec_module(module)
         return module
     try:
@@ -246,6 +248,25 @@ def import_module(module_name: str):
             raise
         sys.path.append(cwd)
         return importlib.import_module(module_name)
+
+
+def _file_module_name(path: Path) -> str:
+    """The name a reward file is registered under in ``sys.modules``: its stem, unless that names
+    another module (``json.py``, ``torch.py``): then a name of its own, so that the real module is
+    not replaced for everything imported after it (docs/design.md, "Rewards")."""
+    name = path.stem
+    other = sys.modules.get(name)
+    if other is None:
+        try:
+            other = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            other = None
+    if other is None:
+        return name
+    origin = getattr(other, "__file__", None) or getattr(other, "origin", None)
+    if origin and os.path.exists(origin) and Path(origin).resolve() == path.resolve():
+        return name  # the same file, loaded again
+    return f"ppo_rlhf_reward_file_{name}"
 
 
 def load_function(dotted_path: str):
@@ -266,23 +287,28 @@ def load_function(dotted_path: str):
     return function
 
 
-def _not_numbers(scores) -> str:
-    """What a reward returned instead of a list of numbers, for the message."""
-    if isinstance(scores, (list, tuple)):
-        bad = next((s for s in scores if not isinstance(s, (int, float))), None)
-        return f"a {type(scores).__name__} holding {bad!r}"
-    return type(scores).__name__
+def _real(score) -> bool:
+    """A real number: int, float, bool (True is 1, False 0) or a numpy scalar of them; never text."""
+    return isinstance(score, numbers.Real)
 
 
 def validated_scores(scores, count: int, what: str) -> torch.Tensor:
     """``scores`` as a (count,) float32 tensor, or RewardError naming ``what`` gave them (e.g.
-    "reward function mod:f"): one finite real number per response, whichever reward it came from."""
-    try:
-        if isinstance(scores, (str, bytes, dict)):
-            raise TypeError
-        scores = [float(s) for s in scores]
-    except (TypeError, ValueError):
-        raise RewardError(f"{what} must return a list of numbers, got {_not_numbers(scores)}") from None
+    "reward function mod:f"): one finite real number per response, whichever reward it came from.
+
+    A list or tuple of real numbers, or a 1-D numpy array or tensor; booleans count as 1 and 0 (a
+    check's pass or fail).  Refused (docs/design.md, "Rewards"): anything else -- a dict, a string,
+    a set (no order), a generator (no length until consumed), one number -- and items that are
+    not real numbers: numbers as text, None, nested lists, complex numbers."""
+    if isinstance(scores, torch.Tensor) or type(scores).__module__ == "numpy":
+        scores = scores.tolist() if getattr(scores, "ndim", 0) == 1 else scores
+    if not isinstance(scores, (list, tuple)):
+        raise RewardError(f"{what} must return a list of numbers, one per response, got {type(scores).__name__}")
+    bad = [s for s in scores if not _real(s)]
+    if bad:
+        raise RewardError(f"{what} must return a list of numbers, one per response, got a {type(scores).__name__} "
+                          f"holding {bad[0]!r} ({type(bad[0]).__name__})")
+    scores = [float(s) for s in scores]
     if len(scores) != count:
         raise RewardError(f"{what} returned {len(scores)} scores for {count} responses")
     bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
@@ -323,6 +349,12 @@ def check_columns(rewards, rows: list[dict], source: str) -> None:
 RESPONSES, TRL_RESPONSES = "responses", "completions"
 PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids")
 NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerState to give
+
+
+# What a reward function may raise and be reported for: any error, and SystemExit (sys.exit in
+# the function would otherwise end the run with the function's exit code and no word of why).
+# KeyboardInterrupt is left alone: Ctrl-C stops the run at its next safe point.
+USER_ERRORS = (Exception, SystemExit)
 
 
 class FunctionReward(ScoringReward):
@@ -432,7 +464,7 @@ class FunctionReward(ScoringReward):
             scores = self._call(batch)
             if inspect.isawaitable(scores):
                 scores = await scores
-        except Exception as error:  # noqa: BLE001 -- the user's function, named with where it raised
+        except USER_ERRORS as error:  # the user's function, named with where it raised
             raise self._raised(error) from None
         return validated_scores(scores, len(batch.prompts), f"reward function {self.name}")
 
@@ -441,7 +473,7 @@ class FunctionReward(ScoringReward):
             return run_coroutine(self.score_async(batch))
         try:
             scores = self._call(batch)
-        except Exception as error:  # noqa: BLE001 -- the user's function, named with where it raised
+        except USER_ERRORS as error:  # the user's function, named with where it raised
             raise self._raised(error) from None
         return validated_scores(scores, len(batch.prompts), f"reward function {self.name}")
 
@@ -517,28 +549,21 @@ class RewardOptions:
     reward_url: str | None = option(None, "score through an HTTP endpoint: POST {prompts, responses, columns} -> "
                                           "{scores}; one more reward, named 'url'")
     reward_weights: list[float] = option([], "weight of each reward in the score, in the order reward model, "
-                                             "functions, URL (empty: 1 each); the score is the weighted sum")
-    reward_timeout: float = option(60.0, "seconds to wait for the reward URL's answer to one request")
+                                             "functions, URL (empty: 1 each); the score is the weighted sum",
+                                             range=any_number())
+    reward_timeout: float = option(60.0, "seconds to wait for the reward URL's answer to one request", range=above(0))
     reward_retries: int = option(3, "retries of a reward URL request that timed out, could not connect, or got "
-                                    "HTTP 429 / 5xx (another 4xx fails at once)")
-    reward_backoff: float = option(1.0, "seconds before the first retry of a reward URL request, doubled at each")
+                                    "HTTP 429 / 5xx (another 4xx fails at once)", range=at_least(0))
+    reward_backoff: float = option(1.0, "seconds before the first retry of a reward URL request, doubled at each",
+                                   range=at_least(0))
 
     def reward_count(self) -> int:
         """How many rewards were asked for (a task's rule, used when none is, not counted)."""
         return bool(getattr(self, "reward_model", None)) + len(self.reward_fn) + bool(self.reward_url)
 
     def validate_rewards(self) -> None:
-        try:  # lists come from YAML as numbers, from the command line as strings ("1,0.5")
-            self.reward_weights = [float(weight) for weight in self.reward_weights]
-        except (TypeError, ValueError):
-            check(False, "reward_weights", "comma-separated numbers, e.g. 1,0.5", self.reward_weights)
-        check(all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "finite numbers",
-              self.reward_weights)
         rewards = self.reward_count() or 1  # none given: the task's rule, if there is a task
         if self.reward_weights and len(self.reward_weights) != rewards:
             raise ConfigError(f"invalid value for 'reward_weights': {len(self.reward_weights)} weights "
                               f"{self.reward_weights} for {rewards} reward(s); give one weight per reward, in the "
                               f"order reward model, functions, URL")
-        check(self.reward_timeout > 0, "reward_timeout", "> 0", self.reward_timeout)
-        check(self.reward_retries >= 0, "reward_retries", ">= 0", self.reward_retries)
-        check(self.reward_backoff >= 0, "reward_backoff", ">= 0", self.reward_backoff)

@@ -14,7 +14,7 @@ from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
-from ppo_rlhf.config import ConfigError, build_config, check, load_yaml, option, to_dict
+from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, build_config, load_yaml, option, to_dict
 from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.stages.reward import run_reward
@@ -65,19 +65,14 @@ class DemoConfig:
                          choices=("model", "rule"))
     critic: str = option("separate", "critic: separate model from the RM's trunk, or a value head on the actor (shared)",
                          choices=("shared", "separate"))
-    sft_steps: int | None = option(None, "SFT steps (default: the task preset)")
-    rm_steps: int | None = option(None, "reward-model steps (default: the task preset)")
-    ppo_iterations: int | None = option(None, "PPO iterations (default: the task preset)")
+    sft_steps: int | None = option(None, "SFT steps (default: the task preset)", range=above(0))
+    rm_steps: int | None = option(None, "reward-model steps (default: the task preset)", range=above(0))
+    ppo_iterations: int | None = option(None, "PPO iterations (default: the task preset)", range=above(0))
     stages_config: str | None = option(None, "YAML with optional 'sft', 'rm' and 'ppo' sections overriding any stage field")
-    show_samples: int = option(6, "prompts to print with their responses before and after PPO")
-    seed: int = option(0, "random seed for every stage")
+    show_samples: int = option(6, "prompts to print with their responses before and after PPO", range=at_least(0))
+    seed: int = option(0, "random seed for every stage", range=SEEDS)
     num_threads: int = option(0, "torch CPU threads (0: torch's default, one per core); use 1 when another job "
-                                 "holds a core: tiny models then slow down badly with more threads")
-
-    def validate(self) -> None:
-        for key in ("sft_steps", "rm_steps", "ppo_iterations"):
-            value = getattr(self, key)
-            check(value is None or value > 0, key, "> 0", value)
+                                 "holds a core: tiny models then slow down badly with more threads", range=THREADS)
 
 
 def stage_configs(config: DemoConfig) -> tuple[SFTConfig, RewardConfig, PPOConfig]:

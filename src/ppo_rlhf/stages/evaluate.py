@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import ConfigError, check, option, to_dict
+from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, option, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
@@ -34,22 +34,22 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
     reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
-    size: int = option(2000, "prompts to evaluate")
-    max_length: int = option(256, "longest prompt + response in tokens")
-    max_new_tokens: int = option(128, "longest response in tokens")
+    size: int = option(2000, "prompts to evaluate", range=above(0))
+    max_length: int = option(256, "longest prompt + response in tokens", range=above(1))
+    max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
-    temperature: float = option(1.0, "sampling temperature")
-    show: int = option(5, "print this many prompts with their responses")
+    temperature: float = option(1.0, "sampling temperature", range=above(0))
+    show: int = option(5, "print this many prompts with their responses", range=at_least(0))
     out: str | None = option(None, "write summary.json here (default: print only)")
-    seed: int = option(0, "random seed (sampling)")
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+    seed: int = option(0, "random seed (sampling)", range=SEEDS)
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
     def validate(self) -> None:
         self.validate_hardware()
         self.validate_task()
         self.validate_rewards()
-        check(self.size > 0, "size", "> 0", self.size)
-        check(self.temperature > 0, "temperature", "> 0", self.temperature)
+        check(self.do_sample or self.temperature == 1.0, "temperature",
+              "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
 
 

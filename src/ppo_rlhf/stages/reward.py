@@ -16,7 +16,7 @@ from ppo_rlhf.data import drop_rows, load_rows
 from ppo_rlhf.formats import preference_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
-from ppo_rlhf.models.lora import save_adapter
+from ppo_rlhf.models.lora import save_adapter, with_adapter
 from ppo_rlhf.distributed import on_main_process
 from ppo_rlhf.sharding import whole_weights
 from ppo_rlhf.run_folder import start_run_folder
@@ -53,10 +53,8 @@ def run_reward(config: RewardConfig) -> dict:
         tokenizer = load_tokenizer(config.model)
         model = load_classifier_from(config.model, num_labels, tokenizer, config.load_dtype)
         if config.lora:
-            from peft import get_peft_model
-
             # SEQ_CLS: peft trains the new score head in full beside the adapter and saves it with it.
-            model = get_peft_model(model, config.lora_config("SEQ_CLS", model))
+            model = with_adapter(config, model, "SEQ_CLS")
     else:
         tokenizer = task.tokenizer if task is not None else None
         if tokenizer is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppo_rlhf.config import ConfigError, check, option
+from ppo_rlhf.config import SEEDS, ConfigError, above, at_least, check, option
 
 TASKS = ("doubling", "reasoning-gym:NAME")
 REASONING_GYM = "reasoning-gym:"
@@ -28,18 +28,15 @@ class TaskOptions:
     task: str | None = option(None, "task supplying prompts, reward and metric when --prompts is empty: doubling "
                                     "(built in), or reasoning-gym:NAME (pip install -e '.[tasks]'), whose prompts go "
                                     "through the model's chat template and whose answers its own checker scores")
-    task_size: int = option(10000, "reasoning-gym: training problems generated")
-    task_eval_size: int = option(200, "reasoning-gym: held-out problems, none of them a training one")
-    task_seed: int | None = option(None, "reasoning-gym: seed of the problem generator (empty: --seed)")
+    task_size: int = option(10000, "reasoning-gym: training problems generated", range=above(0))
+    task_eval_size: int = option(200, "reasoning-gym: held-out problems, none of them a training one", range=above(0))
+    task_seed: int | None = option(None, "reasoning-gym: seed of the problem generator (empty: --seed)", range=SEEDS)
     task_config: str = option("", "reasoning-gym: the generator's settings, 'key=value,...' (values read as YAML)")
     format_reward: float = option(0.0, "reasoning-gym: added to the score of a response that puts its answer in "
-                                       "<answer>...</answer>")
+                                       "<answer>...</answer>", range=at_least(0))
 
     def validate_task(self) -> None:
         check_task_name(self.task)
-        check(self.task_size > 0, "task_size", "> 0", self.task_size)
-        check(self.task_eval_size > 0, "task_eval_size", "> 0", self.task_eval_size)
-        check(self.format_reward >= 0, "format_reward", ">= 0", self.format_reward)
         if self.task is not None and self.task.startswith(REASONING_GYM):
             from ppo_rlhf.tasks.reasoning_gym import parse_task_config
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ppo_rlhf.config import check, option
+from ppo_rlhf.config import SEEDS, above, any_number, at_least, between, check, option
 from ppo_rlhf.run_folder import RunFolderOptions
 
 
@@ -18,51 +18,66 @@ class GymPPOConfig(RunFolderOptions):
     """Defaults follow CleanRL's ppo.py; the presets below follow the RL Baselines3 Zoo."""
 
     env_id: str = option("CartPole-v1", "gymnasium environment id; Discrete or Box actions, flat Box observations", flag="--env")
-    seed: int = option(1, "seeds torch and the envs (env i gets seed + i); on one thread the same seed gives the same run")
-    total_steps: int = option(100_000, "environment steps over all envs; rounded down to whole rollouts of num_envs * num_steps")
+    seed: int = option(1, "seeds torch and the envs (env i gets seed + i); on one thread the same seed gives the same run",
+                       range=SEEDS)
+    total_steps: int = option(100_000, "environment steps over all envs; rounded down to whole rollouts of num_envs * num_steps",
+                              range=at_least(1))
     out_dir: str | None = option(None, "run folder; default runs/gym/<env>-seed<seed>", flag="--out")
     # --- rollouts
-    num_envs: int = option(4, "parallel envs (SyncVectorEnv, one process); more envs = more decorrelated batches, fewer updates")
-    num_steps: int = option(128, "steps per env per rollout; the batch is num_envs * num_steps samples")
-    gamma: float = option(0.99, "discount; 1 / (1 - gamma) is roughly the horizon the critic looks ahead")
-    lam: float = option(0.95, "GAE lambda: 1 = Monte-Carlo returns (high variance), 0 = one-step TD (high bias)")
+    num_envs: int = option(4, "parallel envs (SyncVectorEnv, one process); more envs = more decorrelated batches, fewer updates",
+                           range=at_least(1))
+    num_steps: int = option(128, "steps per env per rollout; the batch is num_envs * num_steps samples",
+                            range=at_least(1))
+    gamma: float = option(0.99, "discount; 1 / (1 - gamma) is roughly the horizon the critic looks ahead",
+                          range=between(0, 1, low_open=True))
+    lam: float = option(0.95, "GAE lambda: 1 = Monte-Carlo returns (high variance), 0 = one-step TD (high bias)",
+                        range=between(0, 1))
     # --- update
-    ppo_epochs: int = option(4, "passes over each batch; more reuses data harder and risks moving the policy too far")
-    mini_batch_size: int = option(128, "samples per gradient step; must divide num_envs * num_steps")
-    lr: float = option(2.5e-4, "Adam learning rate (Adam eps 1e-5)")
+    ppo_epochs: int = option(4, "passes over each batch; more reuses data harder and risks moving the policy too far",
+                             range=at_least(1))
+    mini_batch_size: int = option(128, "samples per gradient step; must divide num_envs * num_steps", range=at_least(1))
+    lr: float = option(2.5e-4, "Adam learning rate (Adam eps 1e-5)", range=above(0))
     anneal_lr: bool = option(True, "decay lr linearly to 0 over the run (SB3 zoo's 'lin_<lr>')")
-    clip_ratio: float = option(0.2, "PPO clip epsilon: the policy ratio is clipped to [1 - eps, 1 + eps]")
+    clip_ratio: float = option(0.2, "PPO clip epsilon: the policy ratio is clipped to [1 - eps, 1 + eps]",
+                               range=between(0, 1, low_open=True, high_open=True))
     anneal_clip: bool = option(False, "decay clip_ratio linearly to 0 over the run too (SB3 zoo's 'lin_0.2')")
     cliprange_value: float | None = option(
         0.2, "clip each value prediction to old value +- this; 'none' disables.  In return units: "
-        "with large unscaled returns it slows the critic badly")
-    vf_coef: float = option(0.5, "weight of the value loss; ours is 0.5 * squared error, so 1.0 here equals SB3's 0.5")
-    entropy_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes")
-    max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this")
+        "with large unscaled returns it slows the critic badly", range=above(0))
+    vf_coef: float = option(0.5, "weight of the value loss; ours is 0.5 * squared error, so 1.0 here equals SB3's 0.5",
+                            range=at_least(0))
+    entropy_coef: float = option(0.01, "weight of the entropy bonus; 0 lets the policy become deterministic as fast as it likes",
+                                 range=at_least(0))
+    max_grad_norm: float = option(0.5, "clip the global gradient norm (actor and critic together) to this",
+                                  range=above(0))
     norm_adv: bool = option(True, "whiten advantages per minibatch (mean 0, std 1)")
     max_approx_kl: float | None = option(
         None, "stop this iteration's remaining minibatches once a minibatch's approx_kl exceeds this (SB3's target_kl, "
-        "which stops at 1.5x its value; the language-model trainer's option of the same name); 'none' disables")
+        "which stops at 1.5x its value; the language-model trainer's option of the same name); 'none' disables",
+        range=above(0))
     # --- network
-    hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear")
+    hidden_sizes: list[int] = option([64, 64], "hidden layer widths of the actor and of the critic (separate MLPs); empty = linear",
+                                     range=at_least(1))
     activation: str = option("tanh", "hidden activation", choices=("tanh", "relu"))
-    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions only); state-independent")
+    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions only); state-independent",
+                                 range=any_number())
     # --- normalisation (mostly for continuous control)
     norm_obs: bool = option(False, "normalise observations by running mean/std (clipped to +-10); the stats are saved with the policy")
     norm_reward: bool = option(False, "scale rewards by the running std of the discounted return (like SB3's VecNormalize)")
     # --- evaluation and machine
-    eval_episodes: int = option(100, "episodes of deterministic evaluation of the saved policy at the end; 0 skips it")
-    threads: int = option(1, "torch CPU threads; tiny MLPs run fastest on one")
+    eval_episodes: int = option(100, "episodes of deterministic evaluation of the saved policy at the end; 0 skips it",
+                                range=at_least(0))
+    threads: int = option(1, "torch CPU threads; tiny MLPs run fastest on one", range=at_least(1))
     # --- checkpoints and divergence
     save_every: int = option(
         0, "every N iterations, write a resumable checkpoint (RUN/checkpoints/last) and restart the envs from a seed "
         "derived from the iteration, cutting the episodes in flight as a time limit would: an env's state cannot be "
         "saved in general, so a resumed run restarts them the same way and equals a straight run.  0: no checkpoints, "
-        "envs never restarted")
+        "envs never restarted", range=at_least(0))
     resume: bool = option(False, "continue the run in --out from RUN/checkpoints/last (its settings must match but "
                                  "for total_steps, lr, evaluation episodes and threads)")
     max_bad_steps: int = option(5, "stop after this many updates or rollouts in a row with a non-finite loss, gradient "
-                                   "norm, env reward or observation (each is skipped)")
+                                   "norm, env reward or observation (each is skipped)", range=at_least(1))
 
     # What a resume may change.  Not save_every: it decides where the envs restart.
     may_change_on_resume: ClassVar[frozenset] = frozenset({
@@ -77,32 +92,12 @@ class GymPPOConfig(RunFolderOptions):
         return self.total_steps // self.batch_size
 
     def validate(self) -> None:
-        for key in ("seed", "eval_episodes", "save_every"):
-            check(getattr(self, key) >= 0, key, "an integer >= 0", getattr(self, key))
-        for key in ("num_envs", "num_steps", "ppo_epochs", "mini_batch_size", "threads", "max_bad_steps"):
-            check(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
         check(self.total_steps >= self.batch_size, "total_steps",
               f"at least one rollout, num_envs * num_steps = {self.batch_size}", self.total_steps)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of num_envs * num_steps = {self.batch_size}", self.mini_batch_size)
         check(self.mini_batch_size >= 2 or not self.norm_adv, "mini_batch_size",
               "at least 2 when norm_adv whitens advantages per minibatch", self.mini_batch_size)
-        check(self.lr > 0, "lr", "a number > 0", self.lr)
-        check(0 < self.gamma <= 1, "gamma", "0 < gamma <= 1", self.gamma)
-        check(0 <= self.lam <= 1, "lam", "0 <= lam <= 1", self.lam)
-        check(0 < self.clip_ratio < 1, "clip_ratio", "0 < clip_ratio < 1", self.clip_ratio)
-        check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "a number > 0 or none",
-              self.cliprange_value)
-        check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "a number > 0 or none",
-              self.max_approx_kl)
-        for key in ("vf_coef", "entropy_coef"):
-            check(getattr(self, key) >= 0, key, "a number >= 0", getattr(self, key))
-        check(self.max_grad_norm > 0, "max_grad_norm", "a number > 0", self.max_grad_norm)
-        try:  # lists come from YAML as ints, from the command line as strings ("64,64")
-            self.hidden_sizes = [int(size) for size in self.hidden_sizes]
-        except ValueError:
-            check(False, "hidden_sizes", "comma-separated integers, e.g. 64,64", self.hidden_sizes)
-        check(all(size >= 1 for size in self.hidden_sizes), "hidden_sizes", "widths >= 1", self.hidden_sizes)
 
     def resolved_out_dir(self) -> Path:
         return Path(self.out_dir or f"runs/gym/{self.env_id}-seed{self.seed}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ppo_rlhf.config import ConfigError, check, option
+from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, any_number, at_least, between, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
@@ -78,17 +78,21 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     out: str = option("runs/ppo", "run folder")
     # --- rollout
     batch_size: int = option(64, "sequences per PPO iteration (rollout batch): batch_size / samples_per_prompt "
-                                 "prompts, each sampled samples_per_prompt times (so a multiple of it)")
+                                 "prompts, each sampled samples_per_prompt times (so a multiple of it)", range=above(0))
     samples_per_prompt: int = option(1, "responses sampled for each prompt of the batch (K), in adjacent rows; "
-                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)")
-    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit")
-    max_new_tokens: int = option(128, "longest response in tokens")
+                                        "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)",
+                                        range=above(0))
+    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit",
+                             range=above(1))
+    max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
                                    "debugging mode in which every copy of a prompt gets the same response and "
                                    "nothing is explored (it warns at start)")
-    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs")
+    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs",
+                                range=above(0))
     # --- reward shaping
-    kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)")
+    kl_coef: float = option(0.3, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if --target-kl)",
+                            range=at_least(0))
     kl_in: str = option("reward", "where the KL to the reference goes: reward (r[t] = -kl_coef * kl[t], PPO's "
                                   "classic) or loss (+ kl_coef * mean(kl), differentiated directly, as GRPO does)",
                         choices=KL_PLACEMENTS)
@@ -96,23 +100,24 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                                             "reward; k3, k2 or full (exact over the vocabulary) in the loss; "
                                             "empty: k1 in the reward, k3 in the loss",
                                       choices=(None, *KL_ESTIMATORS))
-    target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed")
-    kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%")
+    target_kl: float | None = option(None, "adapt kl_coef toward this KL per response (Ziegler et al.); empty: fixed",
+                                     range=above(0))
+    kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%", range=above(0))
     missing_eos_penalty: float | None = option(None, "subtracted from the score of responses that never emit EOS, "
-                                                     "as in TRL (>= 0; empty: no penalty)")
-    score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)")
+                                                     "as in TRL (>= 0; empty: no penalty)", range=at_least(0))
+    score_clip: float | None = option(None, "clip scores to [-x, x] (empty: no clipping)", range=above(0))
     score_norm: bool = option(False, "normalise scores by their running mean and std")
     overlong_buffer: int | None = option(None, "DAPO's soft overlong punishment: over the last L tokens before "
                                                "max_new_tokens the score loses up to overlong_penalty, linearly "
-                                               "(empty: off)")
+                                               "(empty: off)", range=above(0))
     overlong_penalty: float | None = option(None, f"the most --overlong-buffer takes off a score, at max_new_tokens "
-                                                  f"(empty: {OVERLONG_PENALTY:g} with a buffer)")
+                                                  f"(empty: {OVERLONG_PENALTY:g} with a buffer)", range=above(0))
     dynamic_sampling: bool = option(False, "DAPO's dynamic sampling: drop the prompt groups whose K scores are all "
                                            "equal (no signal for a group baseline) and sample more prompts until the "
                                            "batch is full (group estimators: grpo, dr-grpo, rloo)")
     max_resample_rounds: int | None = option(None, f"dynamic sampling: extra rounds of sampling at most per "
                                                    f"iteration; after them the batch is completed with dropped "
-                                                   f"groups (empty: {MAX_RESAMPLE_ROUNDS})")
+                                                   f"groups (empty: {MAX_RESAMPLE_ROUNDS})", range=at_least(0))
     # --- advantage estimation
     estimator: str = option(
         "gae", "advantage estimator; only the advantage changes, rollout, reward, KL and clipped loss stay. "
@@ -123,11 +128,12 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                "reward (--kl-in reward); GRPO k3 in the loss (--kl-in loss --kl-coef 0.04); Dr. GRPO none "
                "(--kl-coef 0).  --kl-in is kept as given",
         choices=ESTIMATORS)
-    gamma: float = option(1.0, "discount per token")
+    gamma: float = option(1.0, "discount per token", range=between(0, 1))
     lam: float = option(1.0, "GAE lambda (gae only).  1: every token's advantage is the response's return minus "
                              "the critic's value, so a score given at the end reaches every token from the first "
                              "iteration; below 1 the critic's (at first untrained) values stand in for the rest, and "
-                             "only the last ~1/(1 - lam) tokens hear the score until the critic has learned")
+                             "only the last ~1/(1 - lam) tokens hear the score until the critic has learned",
+                             range=between(0, 1))
     whiten_advantages: bool | None = option(None, "whiten advantages over the response tokens of the batch; empty: as "
                                                   "the estimator's paper (gae and reinforce++ yes, the group and "
                                                   "greedy baselines no)")
@@ -141,69 +147,76 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
         choices=(None, *LOSS_AGGREGATIONS))
     rollout_micro_batch_size: int | None = option(None, "rows per forward pass of the rollout's old, reference and "
                                                         "critic passes (their logits are (rows, T, vocabulary)); "
-                                                        "empty: the whole batch at once.  Same results, less memory")
+                                                        "empty: the whole batch at once.  Same results, less memory",
+                                                        range=above(0))
     # --- update
-    ppo_epochs: int = option(4, "passes over each rollout batch")
-    mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size")
+    ppo_epochs: int = option(4, "passes over each rollout batch", range=above(0))
+    mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size", range=above(0))
     train_micro_batch_size: int | None = option(None, "rows per forward/backward pass within a minibatch, the "
                                                       "gradients accumulated over them (per process); must divide "
                                                       "mini_batch_size; empty: the whole minibatch.  Same step, "
-                                                      "less memory")
+                                                      "less memory", range=above(0))
     lr: float | None = option(None, f"learning rate of the actor (AdamW); empty: for a full model {FULL_MODEL_LR:g} x "
                                     f"{REFERENCE_WIDTH} / the model's hidden width (1.3e-5 for a 576-wide 135M model, "
                                     f"1.9e-6 for a 4096-wide 7B, at most {LORA_LR:g}), {LORA_LR:g} with --lora (an "
-                                    f"adapter needs larger steps to move); the value used is printed and recorded")
+                                    f"adapter needs larger steps to move); the value used is printed and recorded",
+                                    range=above(0))
     critic_lr: float | None = option(None, "learning rate of the critic (value head, or separate critic); empty: lr "
-                                           "(gae only)")
+                                           "(gae only)", range=above(0))
     critic_warmup: int = option(0, "first N iterations train only the critic, so early advantages are not noise "
-                                   "(gae only)")
-    weight_decay: float = option(0.0, "AdamW weight decay")
+                                   "(gae only)", range=at_least(0))
+    weight_decay: float = option(0.0, "AdamW weight decay", range=at_least(0))
     adam_eps: float = option(1e-8, "AdamW epsilon; larger values damp the full-size steps Adam takes on parameters "
-                                   "whose gradients are tiny noise")
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this")
+                                   "whose gradients are tiny noise", range=above(0))
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
     max_bad_steps: int = option(5, "skip a minibatch step with a non-finite loss or gradient norm (and an iteration "
-                                   "with a non-finite score); stop after this many in a row")
+                                   "with a non-finite score); stop after this many in a row", range=at_least(1))
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); sets both "
-                                    "bounds unless clip_ratio_low / clip_ratio_high are given")
-    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)")
+                                    "bounds unless clip_ratio_low / clip_ratio_high are given", range=above(0))
+    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)",
+                                          range=between(0, 1, low_open=True, high_open=True))
     clip_ratio_high: float | None = option(None, "upper clip range, ratio <= 1 + x (empty: clip_ratio); DAPO's "
                                                  "clip-higher uses 0.28 with 0.2 below, so unlikely tokens with a "
                                                  "positive advantage can gain probability and the entropy does not "
-                                                 "collapse")
+                                                 "collapse", range=above(0))
     dual_clip: float | None = option(None, "dual-clip PPO: for a negative advantage the loss is at most -C x A "
-                                           "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)")
+                                           "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)",
+                                           range=above(1))
     ratio_level: str = option("token", "token: PPO's per-token ratio; sequence: GSPO's, one ratio per response "
                                        "(exp of its mean token log-ratio), clipped per response and applied to every "
                                        "token of it (the GSPO paper clips at 3e-4 / 4e-4: set clip_ratio_low / "
                                        "_high; critic-free estimators only)", choices=RATIO_LEVELS)
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
-                                               "(rollout policy -> current) exceeds this; empty: never")
+                                               "(rollout policy -> current) exceeds this; empty: never", range=above(0))
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
-                                                "gae only)")
-    vf_coef: float | None = option(None, f"weight of the value loss (gae only); empty: {VF_COEF:g}")
+                                                "gae only)", range=above(0))
+    vf_coef: float | None = option(None, f"weight of the value loss (gae only); empty: {VF_COEF:g}", range=at_least(0))
     entropy_coef: float = option(0.0, "weight of the entropy bonus (loss -= entropy_coef * entropy); negative: an "
                                       "entropy penalty that sharpens the policy (the built-in task's preset: -1.0, ramped in "
-                                      "over 100 iterations by entropy_warmup)")
+                                      "over 100 iterations by entropy_warmup)", range=any_number())
     entropy_warmup: int = option(0, "iterations over which entropy_coef ramps linearly from 0 to its value (0: at its "
                                     "value from the first iteration); a penalty then sharpens only a policy that has "
-                                    "had time to explore")
+                                    "had time to explore", range=at_least(0))
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
                                          "(all but --lora-dropout, which is kept)")
     # --- schedule
-    iterations: int = option(200, "PPO iterations (rollout + update)")
-    eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)")
-    eval_size: int = option(2000, "held-out prompts per evaluation")
-    show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json")
+    iterations: int = option(200, "PPO iterations (rollout + update)", range=above(0))
+    eval_every: int = option(10, "evaluate on held-out prompts every N iterations (0: only at the end)",
+                             range=at_least(0))
+    eval_size: int = option(2000, "held-out prompts per evaluation", range=above(0))
+    show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json",
+                               range=at_least(0))
     sample_every: int = option(10, "every N iterations, print a few training rollouts (prompt, response, score) and "
-                                   "add them to samples.jsonl and TensorBoard (0: never)")
+                                   "add them to samples.jsonl and TensorBoard (0: never)", range=at_least(0))
     eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
-    save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)")
+    save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)",
+                             range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but for "
                                  "iterations, evaluation, saving and learning rates)")
-    seed: int = option(0, "random seed")
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+    seed: int = option(0, "random seed", range=SEEDS)
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
     def validate(self) -> None:
         self.validate_lora()
@@ -214,54 +227,29 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
         if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows
             check(not self.lora, "lora", "off under an FSDP launch (ppo-rlhf shards full models; LoRA on one base "
                                          "runs data parallel: configs/accelerate/gpus_ddp.yaml)", self.lora)
-        check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
         self.validate_estimator()
-        check(self.mini_batch_size > 0, "mini_batch_size", "> 0", self.mini_batch_size)
         check(self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
               f"a divisor of batch_size ({self.batch_size})", self.mini_batch_size)
-        check(self.rollout_micro_batch_size is None or self.rollout_micro_batch_size > 0, "rollout_micro_batch_size",
-              "> 0 or empty", self.rollout_micro_batch_size)
-        check(self.train_micro_batch_size is None or (self.train_micro_batch_size > 0 and
-                                                      self.mini_batch_size % self.train_micro_batch_size == 0),
+        check(self.train_micro_batch_size is None or self.mini_batch_size % self.train_micro_batch_size == 0,
               "train_micro_batch_size", f"a divisor of mini_batch_size ({self.mini_batch_size}) or empty",
               self.train_micro_batch_size)
         if self.lr is None and self.lora:  # resolved here, so config.yaml records the value used
             self.lr = LORA_LR
         # A full model's default needs its width: the trainer resolves it (resolve_lr).
-        check(self.lr is None or self.lr > 0, "lr", "> 0", self.lr)
-        check(self.adam_eps > 0, "adam_eps", "> 0", self.adam_eps)
-        check(self.critic_lr is None or self.critic_lr > 0, "critic_lr", "> 0 or empty", self.critic_lr)
-        check(self.critic_warmup >= 0, "critic_warmup", ">= 0", self.critic_warmup)
-        check(self.entropy_warmup >= 0, "entropy_warmup", ">= 0", self.entropy_warmup)
         self.validate_loss_variants()
-        check(self.max_approx_kl is None or self.max_approx_kl > 0, "max_approx_kl", "> 0 or empty", self.max_approx_kl)
-        check(self.cliprange_value is None or self.cliprange_value > 0, "cliprange_value", "> 0 or empty", self.cliprange_value)
-        check(self.kl_coef >= 0, "kl_coef", ">= 0", self.kl_coef)
         try:
             check_kl_placement(self.kl_in, self.kl_estimator)
         except ValueError as error:
             raise ConfigError(f"invalid value for 'kl_estimator': {self.kl_estimator!r} with kl_in "
                               f"{self.kl_in!r}; {error}") from None
-        check(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or empty", self.target_kl)
-        check(self.kl_horizon > 0, "kl_horizon", "> 0", self.kl_horizon)
-        check(0 <= self.gamma <= 1, "gamma", "0 <= gamma <= 1", self.gamma)
-        check(0 <= self.lam <= 1, "lam", "0 <= lam <= 1", self.lam)
-        check(self.temperature > 0, "temperature", "> 0", self.temperature)
-        check(self.max_new_tokens > 0, "max_new_tokens", "> 0", self.max_new_tokens)
+        # Options that would do nothing in the mode chosen are refused by name (docs/design.md, "Configuration").
+        check(self.target_kl is None or self.kl_coef > 0, "target_kl",
+              "left out with kl_coef 0 (the adaptive controller scales kl_coef, and 0 stays 0)", self.target_kl)
+        check(self.critic_model is None or self.critic == "separate", "critic_model",
+              f"left out unless --critic separate (critic {self.critic} builds no model of its own)", self.critic_model)
+        check(self.show_samples == 0 or self.eval_prompts is not None or self.task is not None, "show_samples",
+              "0 without held-out prompts (--eval-prompts, or a --task's)", self.show_samples)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
-        check(self.ppo_epochs > 0, "ppo_epochs", "> 0", self.ppo_epochs)
-        check(self.vf_coef is None or self.vf_coef >= 0, "vf_coef", ">= 0", self.vf_coef)
-        check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
-        check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
-        check(self.iterations > 0, "iterations", "> 0", self.iterations)
-        check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
-        check(self.show_samples >= 0, "show_samples", ">= 0", self.show_samples)
-        check(self.sample_every >= 0, "sample_every", ">= 0", self.sample_every)
-        check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
-        check(self.missing_eos_penalty is None or self.missing_eos_penalty >= 0, "missing_eos_penalty",
-              ">= 0 or empty (it is subtracted from the score)", self.missing_eos_penalty)
-        check(self.score_clip is None or self.score_clip > 0, "score_clip", "> 0 or empty", self.score_clip)
-        check(self.num_threads >= 0, "num_threads", ">= 0", self.num_threads)
         self.validate_rewards()
 
     def require_a_reward(self) -> None:
@@ -274,7 +262,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     def validate_estimator(self) -> None:
         """Samples per prompt, critic settings and paper defaults for the advantage estimator."""
         k = self.samples_per_prompt
-        check(k > 0, "samples_per_prompt", "> 0", k)
         if self.estimator in GROUP_ESTIMATORS:
             check(k >= 2, "samples_per_prompt", f">= 2 with estimator {self.estimator} (its baseline is the other "
                                                 f"responses to the same prompt)", k)
@@ -298,28 +285,21 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
     def validate_loss_variants(self) -> None:
         """Clip bounds, dual clip, sequence ratio, dynamic sampling and overlong shaping
         (docs/design.md, "Policy-loss variants"): ranges, and the combinations that make no sense."""
-        check(self.clip_ratio > 0, "clip_ratio", "> 0", self.clip_ratio)
-        check(self.clip_ratio_low is None or 0 < self.clip_ratio_low < 1, "clip_ratio_low",
-              "0 < x < 1 (the ratio's lower bound 1 - x must stay above 0) or empty", self.clip_ratio_low)
-        check(self.clip_ratio_high is None or self.clip_ratio_high > 0, "clip_ratio_high", "> 0 or empty",
-              self.clip_ratio_high)
+        check(self.clip_low < 1, "clip_ratio_low" if self.clip_ratio_low is not None else "clip_ratio",
+              "below 1 for the lower clip range (the ratio's lower bound 1 - x must stay above 0); set "
+              "clip_ratio_low to widen only the upper one", self.clip_low)
         check(self.clip_high >= self.clip_low, "clip_ratio_high",
               f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
               f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
-        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip",
-              "> 1 or empty (the bound -C x A must lie beyond the clipped branch, which reaches -(1 - low) x A)",
-              self.dual_clip)
         check(self.ratio_level == "token" or not uses_critic(self.estimator), "ratio_level",
               "token with estimator gae: the critic gives each token its own advantage, and one ratio per "
               "response would weigh every token by the response's mean advantage instead; use a critic-free "
               "estimator (grpo, dr-grpo, rloo, reinforce++, remax) for GSPO", self.ratio_level)
-        check(self.overlong_buffer is None or 0 < self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
+        check(self.overlong_buffer is None or self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
               f"1..max_new_tokens ({self.max_new_tokens}) or empty: the penalty grows over the last L tokens "
               f"before the limit", self.overlong_buffer)
         check(self.overlong_penalty is None or self.overlong_buffer is not None, "overlong_penalty",
               "left out without --overlong-buffer (it is the most that buffer takes off a score)", self.overlong_penalty)
-        check(self.overlong_penalty is None or self.overlong_penalty > 0, "overlong_penalty", "> 0 or empty",
-              self.overlong_penalty)
         if self.overlong_buffer is not None and self.overlong_penalty is None:  # resolved: config.yaml records it
             self.overlong_penalty = OVERLONG_PENALTY
         if self.dynamic_sampling:
@@ -327,8 +307,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, T
                   f"off with estimator {self.estimator}: a group of equal scores carries no signal only under a "
                   f"group baseline ({', '.join(GROUP_ESTIMATORS)}); with a critic, a greedy baseline or none, its "
                   f"advantages are not 0", self.dynamic_sampling)
-            check(self.max_resample_rounds is None or self.max_resample_rounds >= 0, "max_resample_rounds",
-                  ">= 0 or empty", self.max_resample_rounds)
             if self.max_resample_rounds is None:
                 self.max_resample_rounds = MAX_RESAMPLE_ROUNDS
         else:

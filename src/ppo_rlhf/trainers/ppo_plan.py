@@ -6,6 +6,10 @@ explore nothing, and a reward that gives every response the same score has nothi
 
 from __future__ import annotations
 
+import dataclasses
+
+from ppo_rlhf.config import flag_name
+from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 
@@ -100,6 +104,12 @@ def plan_warnings(config: PPOConfig) -> list[str]:
     if not config.do_sample:
         warnings.append("greedy rollouts (--no-do-sample): every copy of a prompt gets the same response and nothing "
                         "is explored, so PPO barely learns; this is a debugging mode (drop --no-do-sample to sample)")
+    if not config.lora:  # the LoRA shape options do nothing on a full model (docs/design.md, "Configuration")
+        unused = [flag_name(f) for f in dataclasses.fields(LoraOptions)
+                  if f.name != "lora" and getattr(config, f.name) != f.default]
+        if unused:
+            warnings.append(f"{', '.join(unused)} given without --lora: they shape LoRA adapters, and this run trains "
+                            f"the full model (add --lora, or drop them)")
     return warnings
 
 

@@ -18,12 +18,13 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import check, option
+from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, check, option
 from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -56,7 +57,7 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                         "at each sequence's last token (Bradley-Terry); divergence, DeepSpeed-Chat's: "
                                         "the same averaged over the tokens from the first one where the two sequences "
                                         "differ to the end of the longer", choices=RM_LOSSES)
-    num_labels: int = option(3, "classes for classification mode (pairwise always has one output)")
+    num_labels: int = option(3, "classes for classification mode (pairwise always has one output)", range=at_least(1))
     out: str = option("runs/rm", "run folder")
     prompt_field: str = option("prompt", "pairwise: field holding the prompt")
     chosen_field: str = option("chosen", "pairwise: field holding the preferred response")
@@ -65,26 +66,28 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
                                         "with the tokenizer's chat template, as ppo --chat-template will")
     text_field: str = option("text", "classification: field holding the text (EOS is appended unless it ends with one)")
     label_field: str = option("label", "classification: field holding the class index")
-    steps: int = option(300, "optimizer steps")
-    batch_size: int = option(64, "rows per step (a pair counts once)")
-    lr: float = option(2e-3, "peak learning rate (AdamW), cosine-decayed")
-    warmup_steps: int = option(20, "linear warm-up steps")
-    weight_decay: float = option(0.01, "AdamW weight decay")
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this")
-    max_length: int = option(256, "longest sequence in tokens; longer rows lose their start")
-    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy")
-    n_layer: int = option(4, "layers of a model built from scratch")
-    n_head: int = option(4, "attention heads of a model built from scratch")
-    n_embd: int = option(64, "width of a model built from scratch")
-    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)")
+    steps: int = option(300, "optimizer steps", range=above(0))
+    batch_size: int = option(64, "rows per step (a pair counts once)", range=above(0))
+    lr: float = option(2e-3, "peak learning rate (AdamW), cosine-decayed", range=above(0))
+    warmup_steps: int = option(20, "linear warm-up steps", range=at_least(0))
+    weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
+    max_length: int = option(256, "longest sequence in tokens; longer rows lose their start", range=above(1))
+    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy",
+                                  range=between(0, 1, high_open=True))
+    n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
+    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
+    n_embd: int = option(64, "width of a model built from scratch", range=above(0))
+    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
+                            range=between(0, 1, high_open=True))
     save_every: int = option(100, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
-                                  "last (0: none)")
+                                  "last (0: none)", range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
                                  "for steps, saving, the learning rate and threads)")
     max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
-                                   "(each is skipped)")
-    seed: int = option(0, "random seed")
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+                                   "(each is skipped)", range=at_least(1))
+    seed: int = option(0, "random seed", range=SEEDS)
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
     # What a resume may change (as for sft): anything else would make it another run.
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
@@ -99,16 +102,9 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
         if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows
             check(not self.lora, "lora", "off under an FSDP launch (ppo-rlhf shards full fine-tuning; LoRA trains "
                                          "data parallel: configs/accelerate/gpus_ddp.yaml)", self.lora)
-        check(self.steps > 0, "steps", "> 0", self.steps)
-        check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
-        check(self.lr > 0, "lr", "> 0", self.lr)
-        check(0.0 <= self.dropout < 1.0, "dropout", "0 <= dropout < 1", self.dropout)
-        check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
-        check(self.num_labels >= 1, "num_labels", ">= 1", self.num_labels)
+        check_scratch_model(self)
         check(self.rm_loss == "last-token" or self.mode == "pairwise", "rm_loss",
               "last-token in classification mode (divergence compares a chosen with a rejected sequence)", self.rm_loss)
-        check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
-        check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
 
     @property
     def required_fields(self) -> dict[str, FieldCheck]:

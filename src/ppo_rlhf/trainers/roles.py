@@ -39,6 +39,7 @@ from ppo_rlhf.models.lora import (
     add_adapter_from,
     read_adapter,
     score_head_from,
+    with_adapter,
 )
 from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward, ScoringReward
 from ppo_rlhf.rollout.reward_http import UrlReward
@@ -80,11 +81,9 @@ def load_roles(config: PPOConfig, task, functions: list | None = None, reward=No
 
 
 def load_single_base_roles(config: PPOConfig, task, functions: list | None = None, given_reward=None) -> Roles:
-    from peft import get_peft_model
-
     base = load_causal_lm(config.model, config.load_dtype)
     tokenizer = load_tokenizer(config.model)
-    actor = get_peft_model(base, config.lora_config("CAUSAL_LM", base), adapter_name=POLICY)
+    actor = with_adapter(config, base, "CAUSAL_LM", adapter_name=POLICY)
     reward_adapter = None  # (LoRA config, LoRA weights) of a reward adapter trained on this base
     if given_reward is not None:
         reward = as_reward(given_reward, config, tokenizer, task)

@@ -16,11 +16,12 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import check, option
+from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, option
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -43,29 +44,32 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     completion_field: str = option("completion", "field of the data rows holding the completion to learn")
     chat_template: bool = option(False, "format each prompt (a user message, or a list of chat messages) with the "
                                         "tokenizer's chat template; the completion is the assistant's reply")
-    steps: int = option(1500, "optimizer steps")
-    batch_size: int = option(256, "sequences per step")
-    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up")
-    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak")
-    warmup_steps: int = option(50, "linear warm-up steps")
-    weight_decay: float = option(0.01, "AdamW weight decay")
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this")
-    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut")
-    n_layer: int = option(4, "layers of a model built from scratch")
-    n_head: int = option(4, "attention heads of a model built from scratch")
-    n_embd: int = option(64, "width of a model built from scratch")
-    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)")
-    eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)")
+    steps: int = option(1500, "optimizer steps", range=above(0))
+    batch_size: int = option(256, "sequences per step", range=above(0))
+    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up",
+                       range=above(0))
+    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak", range=between(0, 1))
+    warmup_steps: int = option(50, "linear warm-up steps", range=at_least(0))
+    weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
+    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut", range=above(1))
+    n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
+    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
+    n_embd: int = option(64, "width of a model built from scratch", range=above(0))
+    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
+                            range=between(0, 1, high_open=True))
+    eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)", range=at_least(0))
     eval_fraction: float = option(0.05, "with --data: fraction of the rows held out (never trained on) for the "
-                                        "held-out completion loss and next-token accuracy")
+                                        "held-out completion loss and next-token accuracy",
+                                        range=between(0, 1, high_open=True))
     save_every: int = option(500, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
-                                  "last (0: none)")
+                                  "last (0: none)", range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
                                  "for steps, evaluation, saving, the learning rate and threads)")
     max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
-                                   "(each is skipped)")
-    seed: int = option(0, "random seed")
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)")
+                                   "(each is skipped)", range=at_least(1))
+    seed: int = option(0, "random seed", range=SEEDS)
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
     # What a resume may change: how long (the cosine schedule follows the new total), how often it
     # evaluates and saves, the peak learning rate, threads, the guard.  Anything else would make
@@ -78,18 +82,7 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     def validate(self) -> None:
         self.validate_hardware()
         sharding_from_launch()  # an FSDP launch: a setting ppo-rlhf does not follow is named at start
-        check(self.steps > 0, "steps", "> 0", self.steps)
-        check(self.batch_size > 0, "batch_size", "> 0", self.batch_size)
-        check(self.lr > 0, "lr", "> 0", self.lr)
-        check(0.0 <= self.dropout < 1.0, "dropout", "0 <= dropout < 1", self.dropout)
-        check(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
-        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "0 <= x <= 1", self.min_lr_ratio)
-        check(self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
-        check(self.max_length > 1, "max_length", "> 1", self.max_length)
-        check(self.eval_every >= 0, "eval_every", ">= 0", self.eval_every)
-        check(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "0 <= x < 1", self.eval_fraction)
-        check(self.save_every >= 0, "save_every", ">= 0", self.save_every)
-        check(self.max_bad_steps >= 1, "max_bad_steps", ">= 1", self.max_bad_steps)
+        check_scratch_model(self)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
