@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
-from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_process, rank, shard, world_size
+from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
@@ -283,7 +283,7 @@ def run_ppo(config: PPOConfig, config_record: dict | None = None, show_samples: 
         start = time.perf_counter()
         # Every process draws the same batch and rolls out its own part of it.
         def draw() -> list[dict]:
-            return shard(draw_batch(train_rows, config, rng))
+            return batch_for_rank(draw_batch(train_rows, config, rng))
 
         metrics = trainer.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
         train_seconds += time.perf_counter() - start

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import check, option
 from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
-from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.lora import LoraOptions
@@ -267,7 +267,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         # Several processes: each its equal part of the batch, its mean loss scaled by 1 / processes,
         # the gradients summed (docs/design.md, "Scale").
         with accelerator.autocast():
-            loss, correct = examples.loss_and_correct(model, shard(batch))
+            loss, correct = examples.loss_and_correct(model, batch_for_rank(batch))
         loss = loss / world_size() if world_size() > 1 else loss
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)

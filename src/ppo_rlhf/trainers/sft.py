@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import check, option
 from ppo_rlhf.data import DataError
-from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -254,7 +254,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         cursor += config.batch_size
         # Several processes: each computes its part of the batch, its loss scaled by its share of
         # the batch's completion tokens, and the gradients are summed (docs/design.md, "Scale").
-        mine = shard(batch)
+        mine = batch_for_rank(batch)
         share = (labels[mine, 1:] != -100).sum().item() / (labels[batch, 1:] != -100).sum().item() \
             if world_size() > 1 else 1.0
         # Trim the rows to their longest: shorter tensors, same loss.
