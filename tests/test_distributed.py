@@ -5,7 +5,6 @@ each process gathers the rows (``gather_rows``) and computes on the whole batch 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -15,17 +14,12 @@ import torch.multiprocessing as mp
 from ppo_rlhf.core import masked_mean, masked_var, masked_whiten
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.distributed import batch_for_rank, gather_rows
+from zoo import free_port
 
 torch.manual_seed(0)
 VALUES = torch.randn(4, 6, dtype=torch.float64)
 MASK = (torch.rand(4, 6) > 0.3).long()
 MASK[:, 0] = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, results) -> None:
