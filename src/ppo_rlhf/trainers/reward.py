@@ -27,6 +27,7 @@ from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_attended, last_token_scores, token_scores
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
@@ -40,7 +41,7 @@ RM_LOSSES = ("last-token", "divergence")
 
 
 @dataclass
-class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
+class RewardConfig(RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions):
     """``--lora``: train a LoRA adapter and a score head on the frozen ``--model``; PPO with
     ``--lora`` on the same base then runs the reward from that one base."""
 
@@ -90,7 +91,7 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
-        "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
+        "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps", "report_to"})
 
     def validate(self) -> None:
         self.validate_lora()

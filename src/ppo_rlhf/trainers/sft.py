@@ -22,6 +22,7 @@ from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_fo
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
@@ -31,7 +32,7 @@ from ppo_rlhf.trainers.resume import Checkpoints
 
 
 @dataclass
-class SFTConfig(RunFolderOptions, HardwareOptions):
+class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
     model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
                                     "Face cache) with prompt and completion, or conversations, or Alpaca rows; empty: "
@@ -73,7 +74,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
-        "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
+        "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps",
+        "report_to"})
 
     def validate(self) -> None:
         self.validate_hardware()
