@@ -157,6 +157,21 @@ def same_tensors(a: Path, b: Path) -> None:
         assert torch.equal(straight[key], resumed[key]), key
 
 
+def actor_weights(run_folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a PPO run's full-model actor."""
+    return AutoModelForCausalLM.from_pretrained(Path(run_folder) / "checkpoints" / "actor").state_dict()
+
+
+def same_actor_as_straight_run(straight_run: Path, resumed_run: Path, start_model: Path) -> None:
+    """A resumed PPO run's actor equals the straight run's, to float round-off, and it moved from
+    ``start_model`` (else the comparison would prove nothing)."""
+    straight, resumed = actor_weights(straight_run), actor_weights(resumed_run)
+    start = AutoModelForCausalLM.from_pretrained(start_model).state_dict()
+    assert any(not torch.equal(straight[k], v) for k, v in start.items()), "the actor did not move"
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], atol=1e-6, rtol=1e-5, msg=key)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
