@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import build_config
-from ppo_rlhf.trainers.gym_ppo import GymPPOConfig, config_with_preset, train
+from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset
+from ppo_rlhf.trainers.gym_ppo import train
 
 # Kept with the results so that the tuning behind the preset is on record (not recomputed here).
 PENDULUM_HISTORY = (

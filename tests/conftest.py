@@ -1,4 +1,5 @@
-"""Session fixtures: the tiny model zoo (tests/zoo.py) and pairwise reward models trained on it."""
+"""Session fixtures: the tiny model zoo (tests/zoo.py), pairwise reward models trained on it, and a
+tiny SFT model of the built-in task."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from zoo import ARCHS, LEFT_PADDED, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, build_model, run, write_jsonl
+from zoo import ARCHS, LEFT_PADDED, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, TINY, build_model, run, write_jsonl
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +43,11 @@ def reward_models(zoo):
              "--eval-fraction", 0.25, "--out", zoo["root"] / f"rm_{arch}", *THREADS])
         out[arch] = zoo["root"] / f"rm_{arch}"
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_model(tmp_path_factory):
+    """A policy of the built-in task to start PPO from: 4 SFT steps of the TINY model."""
+    out = tmp_path_factory.mktemp("sft") / "run"
+    run(["sft", "--task", "doubling", "--steps", 4, "--batch-size", 16, "--eval-every", 0, "--out", out, *TINY])
+    return out / "checkpoints" / "sft"

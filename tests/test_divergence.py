@@ -16,8 +16,8 @@ import ppo_rlhf.trainers.sft as sft_trainer
 from ppo_rlhf.cli import main
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.guard import DivergenceError, DivergenceGuard, require_finite
+from zoo import TINY
 
-TINY = ["--n-layer", 2, "--n-head", 2, "--n-embd", 32, "--num-threads", 1]
 NAN = float("nan")
 
 
@@ -118,32 +118,24 @@ def test_a_gym_env_with_nan_rewards_stops_the_run_and_saves_no_policy(tmp_path, 
 
 
 # ---------------------------------------------------------------- PPO
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft") / "run"
-    assert main([str(a) for a in ["sft", "--task", "doubling", "--steps", 4, "--batch-size", 16, "--eval-every", 0,
-                                  "--out", out, *TINY]]) == 0
-    return out / "checkpoints" / "sft"
-
-
 def ppo_args(model, out, *extra):
     return ["ppo", "--task", "doubling", "--model", model, "--out", out, "--batch-size", 8, "--mini-batch-size", 4,
             "--ppo-epochs", 1, "--max-new-tokens", 7, "--max-length", 19, "--eval-every", 0, "--eval-size", 8,
             "--iterations", 6, "--save-every", 1, "--num-threads", 1, *extra]
 
 
-def test_ppo_with_huge_scores_stops_naming_the_iteration_and_saves_nothing_non_finite(sft_model, tmp_path, capsys):
+def test_ppo_with_huge_scores_stops_naming_the_iteration_and_saves_nothing_non_finite(tiny_sft_model, tmp_path, capsys):
     reward = tmp_path / "huge.py"
     # Finite scores, but their squares overflow float32: the value loss is inf from the first step.
     reward.write_text("def huge(prompts, responses):\n    return [1e30 * (i % 2) for i in range(len(responses))]\n")
     out = tmp_path / "ppo"
-    err = diverges(ppo_args(sft_model, out, "--reward-fn", f"{reward}:huge"), capsys)
+    err = diverges(ppo_args(tiny_sft_model, out, "--reward-fn", f"{reward}:huge"), capsys)
     assert "training diverged at iteration 3: non-finite loss" in err and "5 times in a row" in err
     assert not (out / "checkpoints" / "actor").exists()
     assert not (out / "checkpoints" / "last").exists() or all_finite(out / "checkpoints" / "last")
 
 
-def test_ppo_skips_a_bad_step_and_goes_on(sft_model, tmp_path, monkeypatch):
+def test_ppo_skips_a_bad_step_and_goes_on(tiny_sft_model, tmp_path, monkeypatch):
     import ppo_rlhf.trainers.ppo as ppo_trainer
 
     real_policy_loss, calls = ppo_trainer.policy_loss, []
@@ -155,6 +147,6 @@ def test_ppo_skips_a_bad_step_and_goes_on(sft_model, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ppo_trainer, "policy_loss", once_nan)
     out = tmp_path / "ppo"
-    assert main([str(a) for a in ppo_args(sft_model, out, "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward")]) == 0
+    assert main([str(a) for a in ppo_args(tiny_sft_model, out, "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward")]) == 0
     skipped = [r["skipped_steps"] for r in read_metrics(out / "metrics.jsonl") if "skipped_steps" in r]
     assert skipped[-1] == 1 and all_finite(out / "checkpoints" / "actor")

@@ -14,17 +14,8 @@ import torch
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import ConfigError, build_config, load_yaml
 from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy
-from ppo_rlhf.trainers.gym_ppo import (
-    PRESETS,
-    GymPPOConfig,
-    Rollout,
-    RolloutCollector,
-    compute_advantages,
-    config_with_preset,
-    evaluate_policy,
-    make_envs,
-    train,
-)
+from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_preset
+from ppo_rlhf.trainers.gym_ppo import Rollout, RolloutCollector, compute_advantages, evaluate_policy, make_envs, train
 
 REPO = Path(__file__).resolve().parents[1]
 

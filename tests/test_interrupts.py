@@ -12,27 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from ppo_rlhf.cli import main
 from ppo_rlhf.interrupts import resume_command
 from ppo_rlhf.runlog import read_metrics
+from zoo import RULE, TINY, run, same_tensors
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TINY = ["--n-layer", 2, "--n-head", 2, "--n-embd", 32, "--num-threads", 1]
-RULE = ["--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"]
-
-
-def run(args) -> None:
-    assert main([str(a) for a in args]) == 0, args
-
-
-def same_tensors(a: Path, b: Path) -> None:
-    straight, resumed = load_file(str(a)), load_file(str(b))
-    assert straight.keys() == resumed.keys()
-    for key in straight:
-        assert torch.equal(straight[key], resumed[key]), key
 
 
 def interrupt_once_logged(args: list, out: Path, signum=signal.SIGINT, env: dict | None = None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import os
-import socket
 from pathlib import Path
 import subprocess
 import sys
@@ -16,15 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from ppo_rlhf.cli import main
+from zoo import free_port
 
 # No dropout: each process draws its own dropout masks, so runs with it agree in distribution only.
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--dropout", "0", "--num-threads", "1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(args: list, processes: int, timeout: int = 240) -> subprocess.CompletedProcess:

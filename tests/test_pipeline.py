@@ -8,17 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from ppo_rlhf.cli import main
 from ppo_rlhf.runlog import read_metrics
+from zoo import TINY, run
 
 SPEC_METRICS = ["score", "kl", "kl_coef", "pg_loss", "abs_pg_loss", "ppo_ratio", "ppo_ratio_clamped", "clipfrac",
                 "approx_kl", "entropy", "vf_loss", "vf_clipfrac", "explained_variance", "response_length",
                 "time/generate", "time/score", "time/train", "tokens_per_s"]
-TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--num-threads", "1"]
-
-
-def run(args):
-    assert main([str(a) for a in args]) == 0, args
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 import ppo_rlhf.trainers.gym_ppo as gym_ppo
 import ppo_rlhf.trainers.reward as reward_trainer
 import ppo_rlhf.trainers.sft as sft_trainer
 from ppo_rlhf.cli import main
 from ppo_rlhf.runlog import read_metrics
-from zoo import THREADS
+from zoo import THREADS, TINY, run, run_failing, same_tensors
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TINY = ["--n-layer", 2, "--n-head", 2, "--n-embd", 32, "--num-threads", 1]
 
 
 class Crash(Exception):
@@ -41,22 +38,6 @@ def crash_at(monkeypatch, owner, name: str, call: int) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, crashing)
-
-
-def run(args) -> None:
-    assert main([str(a) for a in args]) == 0, args
-
-
-def fails(args, capsys) -> str:
-    assert main([str(a) for a in args]) == 2, args
-    return capsys.readouterr().err
-
-
-def same_tensors(a: Path, b: Path) -> None:
-    straight, resumed = load_file(str(a)), load_file(str(b))
-    assert straight.keys() == resumed.keys()
-    for key in straight:
-        assert torch.equal(straight[key], resumed[key]), key
 
 
 def logged_steps(out: Path) -> list[int]:
@@ -97,12 +78,12 @@ def test_sft_resumes_to_the_weights_of_a_straight_run(tmp_path, monkeypatch, cap
 
 def test_sft_resume_prints_where_and_refuses_another_run(tmp_path, capsys):
     out = tmp_path / "sft"
-    err = fails(sft_args(out, "--resume"), capsys)
+    err = run_failing(sft_args(out, "--resume"), capsys)
     assert "nothing to resume" in err and "drop --resume" in err
     run(sft_args(out))
-    err = fails(sft_args(out, "--resume", "--batch-size", 8, "--warmup-steps", 1), capsys)
+    err = run_failing(sft_args(out, "--resume", "--batch-size", 8, "--warmup-steps", 1), capsys)
     assert "batch_size: 16 -> 8" in err and "warmup_steps: 50 -> 1" in err
-    assert "after step 6, past the 4 asked for" in fails(sft_args(out, "--resume", "--steps", 4), capsys)
+    assert "after step 6, past the 4 asked for" in run_failing(sft_args(out, "--resume", "--steps", 4), capsys)
     capsys.readouterr()
     run(sft_args(out, "--resume", "--steps", 8))  # longer is allowed: the same run, continued
     assert f"resumed from {out / 'checkpoints' / 'last'} after step 6 of 8" in capsys.readouterr().out
@@ -132,7 +113,7 @@ def test_pairwise_lora_rm_resumes_to_the_same_adapter(zoo, tmp_path, monkeypatch
         crash_at(patch, reward_trainer._Examples, "loss_and_correct", 4)
         with pytest.raises(Crash):
             main([str(a) for a in args(tmp_path / "resumed")])
-    err = fails(args(tmp_path / "resumed", "--resume", "--lora-r", 8), capsys)
+    err = run_failing(args(tmp_path / "resumed", "--resume", "--lora-r", 8), capsys)
     assert "lora_r: 4 -> 8" in err
     run(args(tmp_path / "resumed", "--resume"))
     same_tensors(tmp_path / "straight" / "checkpoints" / "reward" / "adapter_model.safetensors",
@@ -158,10 +139,10 @@ def test_gym_resumes_to_the_weights_of_a_straight_run(tmp_path, monkeypatch, cap
 
 def test_gym_resume_refuses_another_run(tmp_path, capsys):
     out = tmp_path / "gym"
-    err = fails(gym_args(out, "--resume"), capsys)
+    err = run_failing(gym_args(out, "--resume"), capsys)
     assert "nothing to resume" in err
     run(gym_args(out))
-    err = fails(gym_args(out, "--resume", "--save-every", 3, "--gamma", 0.9), capsys)
+    err = run_failing(gym_args(out, "--resume", "--save-every", 3, "--gamma", 0.9), capsys)
     assert "save_every: 2 -> 3" in err and "gamma: 0.98 -> 0.9" in err
 
 
@@ -176,25 +157,50 @@ KILLED = {
 }
 
 
-def kill_after_first_checkpoint(args, killed: Path) -> None:
-    """Start the run in its own process and SIGKILL it once its first checkpoint is written."""
-    command = [sys.executable, "-m", "ppo_rlhf.cli", *map(str, args), "--out", str(killed)]
+# Run in the process to be killed: the command, held still as it starts its second checkpoint (so
+# its folder holds the first one and steps logged after it) until the test kills it.  The test
+# waits on that hold, not on a file the run writes: a run that finished first would be a race.
+HELD_AT_SECOND_CHECKPOINT = """
+import contextlib, sys, threading
+from pathlib import Path
+import ppo_rlhf.checkpoint as checkpoint
+write, started = checkpoint.atomic_directory, []
+@contextlib.contextmanager
+def held(destination):
+    if Path(destination).name == "last":
+        if started:
+            Path(sys.argv[1]).touch()
+            threading.Event().wait()
+        started.append(destination)
+    with write(destination) as staging:
+        yield staging
+checkpoint.atomic_directory = held
+from ppo_rlhf.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def kill_at_second_checkpoint(args, killed: Path) -> None:
+    """Start the run in its own process and SIGKILL it where it starts its second checkpoint."""
+    held = killed.parent / "held"
+    command = [sys.executable, "-c", HELD_AT_SECOND_CHECKPOINT, str(held), *map(str, args), "--out", str(killed)]
     process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not (killed / "checkpoints" / "last" / "trainer_state.pt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+    while not held.exists():
+        assert process.poll() is None, "the run ended before its second checkpoint"
+        assert time.monotonic() < deadline, "no second checkpoint in time"
         time.sleep(0.02)
-    assert process.poll() is None, "the run finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    assert (killed / "checkpoints" / "last" / "trainer_state.pt").exists()
 
 
 @pytest.mark.parametrize("stage", sorted(KILLED))
 def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
     args, weights = KILLED[stage]
     killed = tmp_path / "killed"
-    kill_after_first_checkpoint(args, killed)
+    kill_at_second_checkpoint(args, killed)
     run([*args, "--out", tmp_path / "straight"])
     run([*args, "--out", killed, "--resume"])
     same_tensors(tmp_path / "straight" / weights, killed / weights)
@@ -203,14 +209,14 @@ def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
 
 @pytest.mark.parametrize("mode", [[], ["--lora", "--lora-r", 4]], ids=["full", "lora"])
 def test_a_killed_ppo_run_resumes_to_the_weights_of_a_straight_run(zoo, mode, tmp_path):
-    """The same for PPO, full model (value head) and LoRA, killed at whatever iteration it had
-    reached after its first checkpoint (every 2 iterations)."""
+    """The same for PPO, full model (value head) and LoRA, killed as it starts its second
+    checkpoint (iteration 4; checkpoints every 2 iterations)."""
     reward = zoo["root"] / "ppo_rlhf_test_rewards.py"  # by path: the killed run is another process
     args = ["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", f"{reward}:length_score",
             "--iterations", 30, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 4,
             "--max-length", 32, "--save-every", 2, *mode, *THREADS]
     killed = tmp_path / "killed"
-    kill_after_first_checkpoint(args, killed)
+    kill_at_second_checkpoint(args, killed)
     run([*args, "--out", tmp_path / "straight"])
     run([*args, "--out", killed, "--resume"])
     weights = "checkpoints/actor/" + ("adapter_model.safetensors" if mode else "model.safetensors")

@@ -16,9 +16,11 @@ logits by logit_scale) and gemma2 (caps them with final_logit_softcapping).
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, GemmaConfig, GPT2Config, GraniteConfig,
                           LlamaConfig, PreTrainedTokenizerFast, Qwen2Config)
@@ -35,6 +37,9 @@ GEMMA_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 
 ARCHS = ("gpt2", "llama", "qwen2", "granite", "gemma")
 LEFT_PADDED = "llama_left"
 THREADS = ["--num-threads", 1]
+# The built-in task's model, tiny enough for a test to train it in seconds; its rule reward.
+TINY = ["--n-layer", 2, "--n-head", 2, "--n-embd", 32, *THREADS]
+RULE = ["--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward"]
 REWARDS_MODULE = "ppo_rlhf_test_rewards"
 REWARDS_SOURCE = '''
 import math
@@ -142,3 +147,32 @@ def weights_changed(before: Path, after: Path) -> bool:
     old = AutoModelForCausalLM.from_pretrained(before).state_dict()
     new = AutoModelForCausalLM.from_pretrained(after).state_dict()
     return any(not torch.equal(old[k], v) for k, v in new.items() if k in old)
+
+
+def same_tensors(a: Path, b: Path) -> None:
+    """Two safetensors files hold exactly the same tensors."""
+    straight, resumed = load_file(str(a)), load_file(str(b))
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
+
+
+def actor_weights(run_folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a PPO run's full-model actor."""
+    return AutoModelForCausalLM.from_pretrained(Path(run_folder) / "checkpoints" / "actor").state_dict()
+
+
+def same_actor_as_straight_run(straight_run: Path, resumed_run: Path, start_model: Path) -> None:
+    """A resumed PPO run's actor equals the straight run's, to float round-off, and it moved from
+    ``start_model`` (else the comparison would prove nothing)."""
+    straight, resumed = actor_weights(straight_run), actor_weights(resumed_run)
+    start = AutoModelForCausalLM.from_pretrained(start_model).state_dict()
+    assert any(not torch.equal(straight[k], v) for k, v in start.items()), "the actor did not move"
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], atol=1e-6, rtol=1e-5, msg=key)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -56,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_gym(args: argparse.Namespace) -> int:
     from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset, preset_for_env
     from ppo_rlhf.run_folder import check_out_spares_inputs
+    from ppo_rlhf.trackers import check_trackers
     from ppo_rlhf.trainers.gym_ppo import train
 
     values = load_yaml(args.config) if args.config else {}
@@ -64,6 +65,7 @@ def run_gym(args: argparse.Namespace) -> int:
     preset = preset_for_env(values.get("env_id", GymPPOConfig.env_id)) if args.preset == "auto" else args.preset
     config = config_from_args(GymPPOConfig, args, config_with_preset(preset or "none", values))
     check_out_spares_inputs(config, {"--config": args.config})
+    check_trackers(config.report_to)  # a tracker not installed: stopped before anything loads
     print(f"ppo-rlhf gym: {config.env_id} (preset: {preset or 'none'}), {config.num_iterations} iterations of "
           f"{config.batch_size} steps -> {config.resolved_out_dir()}")
     summary = train(config)

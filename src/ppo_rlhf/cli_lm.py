@@ -11,6 +11,7 @@ import json
 from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
 from ppo_rlhf.distributed import is_main_process
 from ppo_rlhf.run_folder import check_out_spares_inputs
+from ppo_rlhf.trackers import ReportOptions, check_trackers
 
 
 def _stage(subparsers, name: str, config_cls, runner, help_text: str, printer=None):
@@ -23,6 +24,8 @@ def _stage(subparsers, name: str, config_cls, runner, help_text: str, printer=No
         yaml_values = load_yaml(args.config) if args.config else {}
         config = config_from_args(config_cls, args, yaml_values)
         check_out_spares_inputs(config, {"--config": args.config})
+        if isinstance(config, ReportOptions):
+            check_trackers(config.report_to)  # a tracker not installed: stopped before anything loads
         summary = runner(config)
         if is_main_process():  # several processes: one summary
             (printer or _print_summary)(summary)

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from ppo_rlhf.hub import hub_dataset_rows, looks_like_hub_id
+
 # A field checker: the complaint about a value ("must be a string, got int 5"), or None if it is fine.
 FieldCheck = Callable[[Any], "str | None"]
 
@@ -133,12 +135,13 @@ def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck
     set in the local cache (hub.py), checked for ``required`` fields: a tuple of names, or a dict
     of name -> checker of the value (None: any value).  ``convert``: turns the shapes people bring
     into the stage's own rows first (formats.py)."""
-    from ppo_rlhf.hub import hub_dataset_rows, looks_like_hub_id
-
     name, path = str(path), Path(path)
     rows = None
     if not path.exists():
-        rows = hub_dataset_rows(name, split) if looks_like_hub_id(name) else None
+        try:
+            rows = hub_dataset_rows(name, split) if looks_like_hub_id(name) else None
+        except ValueError as error:  # a split it does not have
+            raise DataError(str(error)) from None
         if rows is None:
             raise FileNotFoundError(f"data not found: {path} is not a file or folder here"
                                     + (f", nor a data set in the local Hugging Face cache (HF_HOME); ppo-rlhf reads "

@@ -29,8 +29,8 @@ def is_main_process() -> bool:
 
 
 def sum_across_processes(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` summed over every process (a new tensor; the input is left alone).  The core's
-    ``sum_across`` hook: whole-batch statistics from each process's part of the batch."""
+    """``tensor`` summed over every process (a new tensor; the input is left alone): the sums a
+    trainer's logged numbers need over each process's part of a batch (its loss, its correct pairs)."""
     if not is_distributed():
         return tensor
     total = tensor.detach().clone()
@@ -53,7 +53,7 @@ def end_processes() -> None:
         dist.destroy_process_group()
 
 
-def shard(items: list, of_rank: int | None = None, processes: int | None = None) -> list:
+def batch_for_rank(items: list, of_rank: int | None = None, processes: int | None = None) -> list:
     """This process's contiguous part of a global batch; the parts of all ranks, in rank order,
     are the batch itself (so N processes see exactly what one process would)."""
     of_rank = rank() if of_rank is None else of_rank

@@ -48,17 +48,16 @@ def local_model(name: str | None, flag: str) -> str | None:
 
 def hub_dataset_rows(name: str, split: str) -> list[dict] | None:
     """The rows of split ``split`` of the Hub data set ``name`` from the local cache: a data set
-    ``load_dataset`` prepared before, or the data files of a cached snapshot; None if neither."""
+    ``load_dataset`` prepared before, or the data files of a cached snapshot; None if neither.
+    A split the data set does not have is a ``ValueError`` naming it (data.py reports it as bad data)."""
     import datasets
-
-    from ppo_rlhf.data import DataError
 
     offline, datasets.config.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE, True
     try:
         try:
             dataset = datasets.load_dataset(name, split=split)
         except ValueError as error:  # a split it does not have
-            raise DataError(f"{name}: {str(error).splitlines()[0]} (--data-split)") from None
+            raise ValueError(f"{name}: {str(error).splitlines()[0]} (--data-split)") from None
         except Exception:  # noqa: BLE001 -- not prepared in the cache: try the snapshot's own files
             snapshot = cached_snapshot(name, "dataset")
             if snapshot is None:
@@ -66,7 +65,7 @@ def hub_dataset_rows(name: str, split: str) -> list[dict] | None:
             try:
                 dataset = datasets.load_dataset(str(snapshot), split=split)
             except ValueError as error:
-                raise DataError(f"{name}: {str(error).splitlines()[0]} (--data-split)") from None
+                raise ValueError(f"{name}: {str(error).splitlines()[0]} (--data-split)") from None
     finally:
         datasets.config.HF_HUB_OFFLINE = offline
     return [dict(row, _source=f"{name}[{split}][{i}]") for i, row in enumerate(dataset)]

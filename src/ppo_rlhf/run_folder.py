@@ -21,10 +21,12 @@ from ppo_rlhf.config import ConfigError, check_config, flag_name, option
 from ppo_rlhf.runlog import read_metrics
 
 # What a stage writes into its run folder; a folder holding any of these holds a run.
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png", "config.yaml", "samples.jsonl")
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png", "config.yaml", "samples.jsonl",
+               "trackers.json")
 # What a run writes before its first training step (its settings, the step-0 evaluation, an empty
-# TensorBoard log): a folder holding only these holds no work, and a new run may take it over.
-STARTUP_OUTPUTS = frozenset({"config.yaml", "metrics.jsonl", "tb"})
+# TensorBoard log, its trackers' run ids): a folder holding only these holds no work, and a new run
+# may take it over.
+STARTUP_OUTPUTS = frozenset({"config.yaml", "metrics.jsonl", "tb", "trackers.json"})
 
 
 @dataclass
@@ -164,6 +166,7 @@ def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
 MAY_CHANGE_ON_RESUME = frozenset({
     "out", "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "eval_split", "show_samples", "save_every",
     "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every", "max_bad_steps",
+    "report_to",  # where the metrics also go (trackers.py): the same run continued
     "rollout_micro_batch_size", "train_micro_batch_size",  # how the same sums are split into passes
     "reward_timeout", "reward_retries", "reward_backoff",  # how patiently the same scores are fetched
 })

@@ -1,11 +1,13 @@
 """A run folder: the resolved config, ``metrics.jsonl``, TensorBoard events, a PNG of the main
-curves and ``summary.json``.  Every trainer writes the same layout.
+curves and ``summary.json``.  Every trainer writes the same layout; the trackers ``--report-to``
+names get the metrics too (trackers.py).
 
     RUN/
       config.yaml        the resolved configuration (defaults + YAML + flags)
       metrics.jsonl      one JSON object per logged step
       samples.jsonl      training rollouts (prompt, response, score) every few iterations
-      tb/                TensorBoard events (``tensorboard --logdir RUN/tb``)
+      tb/                TensorBoard events (``tensorboard --logdir RUN/tb``), with --report-to tensorboard
+      trackers.json      the runs of the other trackers (W&B, MLflow, Trackio), continued by --resume
       curves.png         the main curves, redrawn at the end of the run
       summary.json       final evaluation and the paths of the checkpoints
 """
@@ -20,22 +22,27 @@ from typing import Any, Iterable
 import yaml
 
 from ppo_rlhf.checkpoint import atomic_write_json, atomic_write_text, strict_json
+from ppo_rlhf.trackers import open_trackers, tracker_names
 
 
 class RunLog:
-    """Appends metrics to ``metrics.jsonl`` and TensorBoard; draws curves; writes the summary."""
+    """Appends metrics to ``metrics.jsonl`` and the trackers; draws curves; writes the summary."""
 
-    def __init__(self, out_dir: str | Path, config: dict[str, Any] | None = None, tensorboard: bool = True,
+    def __init__(self, out_dir: str | Path, config: dict[str, Any] | None = None, report_to: str | None = None,
                  resume_after: int | None = None):
-        """``resume_after``: the step a resumed run continues after; TensorBoard events of later
-        steps (written before the kill, about to be written again) are purged."""
+        """``report_to``: the trackers besides ``metrics.jsonl`` (trackers.py); None: the config's
+        ``report_to`` (``--report-to``), TensorBoard if it has none.  ``resume_after``: the step a
+        resumed run continues after; TensorBoard events of later steps (written before the kill,
+        about to be written again) are purged, and the other trackers continue their runs."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if config is not None:
             atomic_write_text(self.out_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
         self.metrics_path = self.out_dir / "metrics.jsonl"
+        names = tracker_names((config or {}).get("report_to", "tensorboard") if report_to is None else report_to)
+        self._trackers = open_trackers(names, self.out_dir, config, resumed=resume_after is not None)
         self._tb = None
-        if tensorboard:
+        if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter  # heavy import, only when used
 
             purge_step = None if resume_after is None else resume_after + 1
@@ -50,6 +57,8 @@ class RunLog:
                 self._tb.add_scalar(key, value, step)
         with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
+        for tracker in self._trackers:
+            tracker.log(step, {key: value for key, value in record.items() if key != "step"})
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         """Training rollouts (prompt, response, score): ``samples.jsonl`` and TensorBoard's text tab."""
@@ -74,6 +83,9 @@ class RunLog:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for tracker in self._trackers:
+            tracker.finish()
+        self._trackers = []
 
 
 class SilentRunLog(RunLog):
@@ -81,7 +93,8 @@ class SilentRunLog(RunLog):
     the same calls, nothing written."""
 
     def __init__(self, out_dir: str | Path, *args, **kwargs):
-        self.out_dir, self.metrics_path, self._tb = Path(out_dir), Path(out_dir) / "metrics.jsonl", None
+        self.out_dir, self.metrics_path = Path(out_dir), Path(out_dir) / "metrics.jsonl"
+        self._tb, self._trackers = None, []
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         pass
@@ -96,13 +109,14 @@ class SilentRunLog(RunLog):
         pass
 
 
-def open_run_log(out_dir: str | Path, config: dict[str, Any] | None = None, tensorboard: bool = True,
+def open_run_log(out_dir: str | Path, config: dict[str, Any] | None = None, report_to: str | None = None,
                  resume_after: int | None = None) -> RunLog:
-    """The run log of this process: the real one in the main process, a silent one in the others."""
+    """The run log of this process: the real one in the main process (the one process that writes
+    the run folder and reports to the trackers), a silent one in the others."""
     from ppo_rlhf.distributed import is_main_process
 
     cls = RunLog if is_main_process() else SilentRunLog
-    return cls(out_dir, config, tensorboard=tensorboard, resume_after=resume_after)
+    return cls(out_dir, config, report_to=report_to, resume_after=resume_after)
 
 
 def _cell(text: Any) -> str:

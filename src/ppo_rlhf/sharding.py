@@ -91,7 +91,7 @@ def shard(model: nn.Module, settings: ShardingSettings) -> nn.Module:
     """``model`` sharded in place over the processes (returned for convenience): one FSDP unit
     per decoder layer, the rest in the root; gradients summed, not averaged.  Call it after the
     model is on its device and its trained weights are float32, before building the optimizer."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     if not is_distributed():
         raise ConfigError("accelerate launch: an FSDP config needs several processes (num_processes > 1)")
@@ -150,7 +150,7 @@ def gathered(model: nn.Module | None):
     """The whole of every sharded unit inside ``model``, in every process, for the duration
     (evaluation, generation, saving): gathered once, so that processes may run different numbers
     of forward passes, and the parameters are plain whole tensors (read them through
-    ``named_parameters`` or ``models.loading.unique_state_dict``: a sharded module's
+    ``named_parameters`` or ``unique_state_dict``: a sharded module's
     ``state_dict()`` still gives its shards).  Writes to them are not kept (load with
     :func:`load_whole_state`).  Nothing for a model without sharded units."""
     from torch.distributed.fsdp import FSDPModule
@@ -190,11 +190,22 @@ def whole_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return whole
 
 
+def unique_state_dict(model) -> dict[str, torch.Tensor]:
+    """What ``model.state_dict()`` holds, each tensor once (of tied weights, such as GPT-2's
+    embedding and head, the first name, as transformers writes them), read from the parameters
+    and persistent buffers themselves: inside :func:`gathered` those are the whole tensors,
+    where a sharded model's ``state_dict()`` would give its shards."""
+    state = {name: parameter.detach() for name, parameter in model.named_parameters()}
+    for module_name, module in model.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set:
+                state[f"{module_name}.{name}" if module_name else name] = buffer
+    return state
+
+
 def whole_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict for ``save_pretrained``, each tensor once, sharded ones gathered
     whole to the main process (see :func:`whole_tensors`)."""
-    from ppo_rlhf.models.loading import unique_state_dict
-
     return whole_tensors(unique_state_dict(model))
 
 

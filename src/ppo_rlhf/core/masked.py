@@ -1,27 +1,17 @@
-"""Statistics over the positions a mask selects, in one process or across several.
+"""Statistics over the positions a mask selects.
 
 Language-model batches are ragged: each response stops at its own EOS and the rest is padding.
 Every mean, variance and whitening in PPO must ignore that padding, or a batch with long
 padding tails would shrink the losses and bias the advantage statistics.  ``mask=None`` means
 "every position counts" (the gym trainer's case).
 
-With several processes each holding part of a batch, the statistics of the *whole* batch are
-what PPO needs (N processes with batch B/N must train like one with batch B).  ``sum_across``
-is a function that sums a tensor over the processes (``ppo_rlhf.distributed.sum_across_processes``);
-the sums and counts go through it, so one implementation serves both cases.
+With several processes, these run on the whole batch, gathered first, in every process alike
+(docs/design.md, "Scale: many processes"): no statistic needs its own all-reduce.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
-
-SumAcross = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over the processes
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 def keep_masked(values: torch.Tensor, mask: torch.Tensor | None, fill: float = 0.0) -> torch.Tensor:
@@ -36,58 +26,49 @@ def keep_masked(values: torch.Tensor, mask: torch.Tensor | None, fill: float = 0
     return torch.where(mask.bool(), values, torch.full((), fill, dtype=values.dtype, device=values.device))
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None,
-                sum_across: SumAcross | None = None) -> torch.Tensor:
-    """Mean of ``values`` over the positions ``mask`` selects (in every process, with ``sum_across``).
+def masked_mean(values: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over the positions ``mask`` selects.
 
     Masked-out positions may hold anything, even inf or NaN: they are replaced before summing
     so they can never leak into the result.
     """
-    if mask is None and sum_across is None:
-        return values.mean() if dim is None else values.mean(dim=dim)
-    sum_across = sum_across or _local
     if mask is None:
-        mask = torch.ones_like(values)
+        return values.mean() if dim is None else values.mean(dim=dim)
     values = keep_masked(values, mask)
     mask = mask.to(values.dtype)
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     total = values.sum() if dim is None else values.sum(dim=dim)
-    return sum_across(total) / sum_across(count).clamp(min=1.0)
+    return total / count.clamp(min=1.0)
 
 
-def masked_var(values: torch.Tensor, mask: torch.Tensor | None, unbiased: bool = True,
-               sum_across: SumAcross | None = None) -> torch.Tensor:
+def masked_var(values: torch.Tensor, mask: torch.Tensor | None, unbiased: bool = True) -> torch.Tensor:
     """Variance over the masked positions, with Bessel's correction by default.
 
     Raises ``ValueError`` when the mask selects no position (or only one, with ``unbiased``):
     a silent 0 or NaN there would whiten advantages into garbage.
     """
-    local_count = torch.tensor(float(values.numel() if mask is None else mask.sum().item()), dtype=torch.float64,
-                               device=values.device)
-    count = int((sum_across or _local)(local_count).item())
+    count = int(values.numel() if mask is None else mask.sum().item())
     needed = 2 if unbiased else 1
     if count < needed:
         raise ValueError(
             f"masked_var needs at least {needed} selected position(s), the mask selects {count}; "
             "check that the responses are not all empty"
         )
-    mean = masked_mean(values, mask, sum_across=sum_across)
-    variance = masked_mean((values - mean) ** 2, mask, sum_across=sum_across)
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
     if unbiased:
         variance = variance * count / (count - 1)
     return variance
 
 
-def masked_whiten(
-    values: torch.Tensor, mask: torch.Tensor | None, shift_mean: bool = True, eps: float = 1e-8,
-    sum_across: SumAcross | None = None,
-) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor | None, shift_mean: bool = True, eps: float = 1e-8
+                  ) -> torch.Tensor:
     """Scale ``values`` to unit variance over the masked positions (and mean 0 if ``shift_mean``).
 
     Masked-out positions come back as 0.
     """
-    mean = masked_mean(values, mask, sum_across=sum_across)
-    variance = masked_var(values, mask, sum_across=sum_across)
+    mean = masked_mean(values, mask)
+    variance = masked_var(values, mask)
     whitened = (values - mean) * torch.rsqrt(variance + eps)
     if not shift_mean:
         whitened = whitened + mean

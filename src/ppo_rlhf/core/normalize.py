@@ -27,16 +27,14 @@ class RunningMoments:
         self.var = torch.ones(shape, dtype=torch.float64)
         self.count = eps  # a tiny prior count keeps the first update finite
 
-    def update(self, batch: torch.Tensor, sum_across=None) -> None:
-        """Merge ``batch`` in; ``sum_across`` (see core/masked.py): the batch is the union of every
-        process's part, so each process keeps the same statistics."""
-        sum_across = sum_across or (lambda tensor: tensor)
+    def update(self, batch: torch.Tensor) -> None:
+        """Merge ``batch`` in (with several processes: the whole batch, gathered, in each)."""
         batch = batch.detach().to(torch.float64).reshape(-1, *self.mean.shape)
-        count = sum_across(torch.tensor(float(batch.shape[0]), dtype=torch.float64, device=batch.device))
-        batch_mean = sum_across(batch.sum(dim=0)) / count
-        batch_var = sum_across((batch - batch_mean).square().sum(dim=0)) / count
+        count = batch.shape[0]
+        batch_mean = batch.sum(dim=0) / count
+        batch_var = (batch - batch_mean).square().sum(dim=0) / count
         self.mean, self.var, self.count = merge_moments(
-            self.mean, self.var, self.count, batch_mean.cpu(), batch_var.cpu(), count.item()
+            self.mean, self.var, self.count, batch_mean.cpu(), batch_var.cpu(), count
         )
 
     @property

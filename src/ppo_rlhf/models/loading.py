@@ -10,8 +10,10 @@ import json
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory
+from ppo_rlhf.sharding import unique_state_dict
 
 
 class ModelError(ValueError):
@@ -33,10 +35,90 @@ def is_adapter_only(path: str | Path) -> bool:
     return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
 
 
-def load_adapter_as_model(path, kind: str, dtype=None):
-    from ppo_rlhf.models.lora import load_adapter_as_model as load
+# ------------------------------------------------------------------ adapter folders, read as models
+# (written by ``models/lora.py``; read here so that loading any model folder needs nothing above it)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
-    return load(path, kind, dtype)
+
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_record(path: str | Path) -> dict:
+    """The adapter's ``adapter_config.json`` as a dict (peft type, task type, base folder)."""
+    return json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+
+
+def adapter_base_path(path: str | Path) -> Path:
+    """The base model folder an adapter was trained on, as recorded in its config."""
+    base = adapter_record(path).get("base_model_name_or_path")
+    if not base:
+        raise FileNotFoundError(f"adapter {path} does not record its base model (base_model_name_or_path)")
+    return Path(base)
+
+
+def read_adapter(path: str | Path):
+    """(LoraConfig, LoRA weights, other weights) of an adapter folder.  "Other" holds what peft
+    saved beside the LoRA matrices, such as a reward adapter's score head."""
+    from peft import PeftConfig
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = PeftConfig.from_pretrained(path)
+    state = load_file(str(path / ADAPTER_WEIGHTS))
+    lora = {k: v for k, v in state.items() if "lora_" in k}
+    other = {k: v for k, v in state.items() if "lora_" not in k}
+    return config, lora, other
+
+
+def score_head_from(other_weights: dict, path: str | Path) -> nn.Linear:
+    """The score head saved in a reward adapter folder (peft's ``modules_to_save``)."""
+    weight_keys = [k for k in other_weights if k.endswith("score.weight")]
+    if not weight_keys:
+        raise ValueError(f"{path} holds no score head (score.weight): is it a reward adapter from `ppo-rlhf rm --lora`?")
+    weight = other_weights[weight_keys[0]]
+    bias = other_weights.get(weight_keys[0][: -len("weight")] + "bias")
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)  # (K, H) weight
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        if bias is not None:
+            head.bias.copy_(bias)
+    return head
+
+
+def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None = None, base: str | Path | None = None):
+    """Base + adapter merged into one plain ``transformers`` model.  ``kind``: "causal_lm" or
+    "classifier" (the adapter's score head is loaded as the classifier's head).  ``base``: the
+    base folder, if not the one the adapter records."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    path = Path(path)
+    record = adapter_record(path)
+    if record.get("peft_type") != "LORA":
+        raise ModelError(f"{path} holds a {record.get('peft_type')} adapter; ppo-rlhf loads LoRA adapters")
+    is_reward = record.get("task_type") == "SEQ_CLS"
+    if is_reward != (kind == "classifier"):
+        wanted, found = ("a reward", "a causal-LM") if kind == "classifier" else ("a causal-LM", "a reward")
+        raise ModelError(f"{path} holds {found} adapter (task_type {record.get('task_type')}), not {wanted} adapter")
+    base = Path(base) if base is not None else adapter_base_path(path)
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"adapter {path} was trained on {base}, which is not a model folder (no config.json)")
+    if kind == "classifier":
+        _, _, other = read_adapter(path)
+        num_labels = score_head_from(other, path).out_features
+        model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=num_labels, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    try:
+        merged = PeftModel.from_pretrained(model, path).merge_and_unload()
+    except (ValueError, RuntimeError) as error:  # layers it names are missing, or of other shapes
+        reason = str(error).strip().splitlines()[0]
+        raise ModelError(f"adapter {path} does not fit the base {base} ({reason}); give the base it was trained on "
+                         f"(it records {record.get('base_model_name_or_path')})") from None
+    merged.name_or_path = str(path)
+    return merged
 
 
 # Any one of these says a folder holds a tokenizer.
@@ -245,19 +327,6 @@ def build_sequence_classifier(tokenizer, num_labels: int, n_layer=4, n_head=4, n
     torch.manual_seed(seed)
     config = _gpt2_config(tokenizer, n_layer, n_head, n_embd, n_positions, dropout, num_labels=num_labels)
     return GPT2ForSequenceClassification(config)
-
-
-def unique_state_dict(model) -> dict[str, torch.Tensor]:
-    """What ``model.state_dict()`` holds, each tensor once (of tied weights, such as GPT-2's
-    embedding and head, the first name, as transformers writes them), read from the parameters
-    and persistent buffers themselves: inside ``sharding.gathered`` those are the whole tensors,
-    where a sharded model's ``state_dict()`` would give its shards."""
-    state = {name: parameter.detach() for name, parameter in model.named_parameters()}
-    for module_name, module in model.named_modules():
-        for name, buffer in module.named_buffers(recurse=False):
-            if name not in module._non_persistent_buffers_set:
-                state[f"{module_name}.{name}" if module_name else name] = buffer
-    return state
 
 
 def write_model_folder(model, folder: Path, state_dict: dict | None = None, dtype: torch.dtype | None = None) -> None:

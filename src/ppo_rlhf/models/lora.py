@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,16 @@ from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory
 from ppo_rlhf.config import ConfigError, above, between, check, option
-from ppo_rlhf.models.loading import ModelError
+from ppo_rlhf.models.loading import (
+    ADAPTER_WEIGHTS,
+    ModelError,
+    adapter_base_path,
+    adapter_record,
+    load_adapter_as_model,
+    load_tokenizer,
+    read_adapter,
+    save_pretrained_atomic,
+)
 from ppo_rlhf.models.value import (
     VALUE_HEAD,
     Critic,
@@ -43,8 +51,6 @@ from ppo_rlhf.models.value import (
 # peft asks transformers a deprecated question on every wrap; the user can do nothing about it.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 @dataclass
@@ -109,23 +115,6 @@ def uses_conv1d(model: nn.Module) -> bool:
 
 
 # ------------------------------------------------------------------ adapter folders
-def is_adapter_folder(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def adapter_record(path: str | Path) -> dict:
-    """The adapter's ``adapter_config.json`` as a dict (peft type, task type, base folder)."""
-    return json.loads((Path(path) / ADAPTER_CONFIG).read_text())
-
-
-def adapter_base_path(path: str | Path) -> Path:
-    """The base model folder an adapter was trained on, as recorded in its config."""
-    base = adapter_record(path).get("base_model_name_or_path")
-    if not base:
-        raise FileNotFoundError(f"adapter {path} does not record its base model (base_model_name_or_path)")
-    return Path(base)
-
-
 def save_adapter(peft_model, adapter_name: str, path: str | Path, tokenizer=None, extra: dict | None = None) -> Path:
     """One adapter as a standard peft folder at ``path`` (not in a sub-folder named after the
     adapter, as ``save_pretrained`` would put it), written atomically.  ``extra``: more
@@ -146,20 +135,6 @@ def save_adapter(peft_model, adapter_name: str, path: str | Path, tokenizer=None
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
     return path
-
-
-def read_adapter(path: str | Path):
-    """(LoraConfig, LoRA weights, other weights) of an adapter folder.  "Other" holds what peft
-    saved beside the LoRA matrices, such as a reward adapter's score head."""
-    from peft import PeftConfig
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config = PeftConfig.from_pretrained(path)
-    state = load_file(str(path / ADAPTER_WEIGHTS))
-    lora = {k: v for k, v in state.items() if "lora_" in k}
-    other = {k: v for k, v in state.items() if "lora_" not in k}
-    return config, lora, other
 
 
 def add_adapter_from(peft_model, adapter_name: str, config, lora_weights: dict) -> None:
@@ -319,60 +294,8 @@ class AdapterRewardModel(nn.Module):
         self.config = peft_model.get_base_model().config
 
 
-def score_head_from(other_weights: dict, path: str | Path) -> nn.Linear:
-    """The score head saved in a reward adapter folder (peft's ``modules_to_save``)."""
-    weight_keys = [k for k in other_weights if k.endswith("score.weight")]
-    if not weight_keys:
-        raise ValueError(f"{path} holds no score head (score.weight): is it a reward adapter from `ppo-rlhf rm --lora`?")
-    weight = other_weights[weight_keys[0]]
-    bias = other_weights.get(weight_keys[0][: -len("weight")] + "bias")
-    head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)  # (K, H) weight
-    with torch.no_grad():
-        head.weight.copy_(weight)
-        if bias is not None:
-            head.bias.copy_(bias)
-    return head
-
-
-# ------------------------------------------------------------------ full models from adapters
-def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None = None, base: str | Path | None = None):
-    """Base + adapter merged into one plain ``transformers`` model.  ``kind``: "causal_lm" or
-    "classifier" (the adapter's score head is loaded as the classifier's head).  ``base``: the
-    base folder, if not the one the adapter records."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    path = Path(path)
-    record = adapter_record(path)
-    if record.get("peft_type") != "LORA":
-        raise ModelError(f"{path} holds a {record.get('peft_type')} adapter; ppo-rlhf loads LoRA adapters")
-    is_reward = record.get("task_type") == "SEQ_CLS"
-    if is_reward != (kind == "classifier"):
-        wanted, found = ("a reward", "a causal-LM") if kind == "classifier" else ("a causal-LM", "a reward")
-        raise ModelError(f"{path} holds {found} adapter (task_type {record.get('task_type')}), not {wanted} adapter")
-    base = Path(base) if base is not None else adapter_base_path(path)
-    if not (base / "config.json").is_file():
-        raise FileNotFoundError(f"adapter {path} was trained on {base}, which is not a model folder (no config.json)")
-    if kind == "classifier":
-        _, _, other = read_adapter(path)
-        num_labels = score_head_from(other, path).out_features
-        model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=num_labels, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-    try:
-        merged = PeftModel.from_pretrained(model, path).merge_and_unload()
-    except (ValueError, RuntimeError) as error:  # layers it names are missing, or of other shapes
-        reason = str(error).strip().splitlines()[0]
-        raise ModelError(f"adapter {path} does not fit the base {base} ({reason}); give the base it was trained on "
-                         f"(it records {record.get('base_model_name_or_path')})") from None
-    merged.name_or_path = str(path)
-    return merged
-
-
 def merge_adapter_folder(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
     """Fold an adapter into its base and save a full model folder (with the tokenizer)."""
-    from ppo_rlhf.models.loading import load_tokenizer, save_pretrained_atomic
-
     adapter = Path(adapter)
     kind = "classifier" if adapter_record(adapter).get("task_type") == "SEQ_CLS" else "causal_lm"
     model = load_adapter_as_model(adapter, kind, base=base)

@@ -15,6 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.models.loading import from_pretrained, is_adapter_only, load_adapter_as_model, write_model_folder
+from ppo_rlhf.sharding import load_whole_state, shard, shard_unit, unique_state_dict
+
 VALUE_HEAD = "value_head.safetensors"  # a critic folder's value head, beside its trunk or adapter
 
 
@@ -83,8 +87,6 @@ class Critic(nn.Module):
         raise NotImplementedError
 
     def shard(self, settings) -> None:
-        from ppo_rlhf.config import ConfigError
-
         raise ConfigError(f"FSDP: a {type(self).__name__} cannot be sharded; allowed critics under an FSDP launch: "
                           f"shared (a value head on the actor) or separate (a model of its own)")
 
@@ -106,16 +108,12 @@ def values_of_own_pass(critic: nn.Module, sequences) -> torch.Tensor:
 def save_value_head(head: ValueHead, path: Path) -> None:
     from safetensors.torch import save_file
 
-    from ppo_rlhf.models.loading import unique_state_dict
-
     # unique_state_dict: inside sharding.gathered, the whole head rather than this process's shard
     save_file({k: v.contiguous() for k, v in unique_state_dict(head).items()}, str(path / VALUE_HEAD))
 
 
 def load_value_head(head: ValueHead, path: Path) -> None:
     from safetensors.torch import load_file
-
-    from ppo_rlhf.sharding import load_whole_state
 
     load_whole_state(head, load_file(str(path / VALUE_HEAD)))  # the head may be sharded
 
@@ -171,8 +169,6 @@ class ModelCritic(Critic):
     def from_pretrained_trunk(cls, path: str | Path, dtype: torch.dtype | str = "auto") -> "ModelCritic":
         from transformers import AutoModel
 
-        from ppo_rlhf.models.loading import from_pretrained, is_adapter_only, load_adapter_as_model
-
         path = Path(path)
         if is_adapter_only(path):  # a reward adapter: its base with the adapter merged in
             return cls(load_adapter_as_model(path, "classifier", dtype).base_model)
@@ -207,8 +203,6 @@ class ModelCritic(Critic):
         """Trunk as a standard HF folder, value head beside it as safetensors; the tokenizer
         says which token ids the critic reads.  ``dtype``: the trunk is cast to it first (the
         end of a run: a bf16 trunk goes back out in bf16); the head stays float32."""
-        from ppo_rlhf.models.loading import write_model_folder
-
         path = Path(path)
         write_model_folder(self.backbone, path, dtype=dtype)
         save_value_head(self.value_head, path)
@@ -219,14 +213,10 @@ class ModelCritic(Critic):
         """Load weights written by :meth:`save` into this critic."""
         from transformers import AutoModel
 
-        from ppo_rlhf.sharding import load_whole_state
-
         load_whole_state(self.backbone, AutoModel.from_pretrained(path).state_dict())
         load_value_head(self.value_head, Path(path))
 
     def shard(self, settings) -> None:
         """The trunk per decoder layer, the head as a unit of its own (it is called on its own)."""
-        from ppo_rlhf.sharding import shard, shard_unit
-
         shard(self.backbone, settings)
         shard_unit(self.value_head, settings)

@@ -99,7 +99,7 @@ def run_eval(config: EvalConfig) -> dict:
                **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
     if config.out:
         start_run_folder(config.out, config.overwrite)
-        run_log = RunLog(Path(config.out), to_dict(config), tensorboard=False)
+        run_log = RunLog(Path(config.out), to_dict(config), report_to="none")
         run_log.write_summary(summary)
         run_log.close()
     return summary

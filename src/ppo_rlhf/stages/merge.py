@@ -13,7 +13,8 @@ from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.config import ConfigError, check, option
-from ppo_rlhf.models.lora import ADAPTER_CONFIG, is_adapter_folder, merge_adapter_folder
+from ppo_rlhf.models.loading import ADAPTER_CONFIG, is_adapter_folder
+from ppo_rlhf.models.lora import merge_adapter_folder
 from ppo_rlhf.run_folder import check_out_spares_inputs
 
 

@@ -11,10 +11,11 @@ from typing import Any, ClassVar
 
 from ppo_rlhf.config import SEEDS, above, any_number, at_least, between, check, option
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trackers import ReportOptions
 
 
 @dataclass
-class GymPPOConfig(RunFolderOptions):
+class GymPPOConfig(RunFolderOptions, ReportOptions):
     """Defaults follow CleanRL's ppo.py; the presets below follow the RL Baselines3 Zoo."""
 
     env_id: str = option("CartPole-v1", "gymnasium environment id; Discrete or Box actions, flat Box observations", flag="--env")
@@ -81,7 +82,7 @@ class GymPPOConfig(RunFolderOptions):
 
     # What a resume may change.  Not save_every: it decides where the envs restart.
     may_change_on_resume: ClassVar[frozenset] = frozenset({
-        "total_steps", "lr", "eval_episodes", "threads", "resume", "overwrite", "out_dir", "max_bad_steps"})
+        "total_steps", "lr", "eval_episodes", "threads", "resume", "overwrite", "out_dir", "max_bad_steps", "report_to"})
 
     @property
     def batch_size(self) -> int:

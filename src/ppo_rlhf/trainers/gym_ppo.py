@@ -34,7 +34,7 @@ from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.trainers.guard import DivergenceGuard, require_finite
 from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy, space_spec
-from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_preset  # noqa: F401 -- re-exported
+from ppo_rlhf.trainers.gym_config import GymPPOConfig
 from ppo_rlhf.trainers.resume import check_resume_settings, open_checkpoints, resumable
 
 

@@ -11,6 +11,7 @@ from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.reward import RewardOptions
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.sharding import sharding_from_launch
 from ppo_rlhf.tasks import TaskOptions
 from ppo_rlhf.trainers.estimators import (
@@ -50,7 +51,7 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 
 @dataclass
-class PPOConfig(RewardOptions, RunFolderOptions, LoraOptions, HardwareOptions, TaskOptions):
+class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions, TaskOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""

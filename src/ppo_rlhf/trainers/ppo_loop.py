@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.checkpoint import atomic_directory
 from ppo_rlhf.config import to_dict
-from ppo_rlhf.distributed import gather_objects, is_main_process, on_main_process, rank, shard, world_size
+from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models import save_pretrained_atomic
@@ -183,7 +183,7 @@ class PPOLoop:
             start = time.perf_counter()
 
             def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
-                return shard(draw_batch(train_rows, config, prompt_rng))
+                return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
 
             metrics = self.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
             progress.train_seconds += time.perf_counter() - start

@@ -234,8 +234,7 @@ class Checkpoints:
             with atomic_directory(last_checkpoint(self.out)) as staging:
                 save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(staging / TRAINED))
                 atomic_write_json(staging / RUN_CONFIG, self.settings)
-                torch.save({"step": done, "optimizer": optimizer_state, "rng": random_states[0],
-                            "rng_by_process": random_states,
+                torch.save({"step": done, "optimizer": optimizer_state, "rng_by_process": random_states,
                             "scaler": scaler.state_dict() if scaler is not None else None,
                             METRICS_ROWS: metric_rows(self.out), **state},
                            staging / TRAINER_STATE)
@@ -255,7 +254,7 @@ class Checkpoints:
         scaler = getattr(accelerator, "scaler", None)
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
-        mine = saved.get("rng_by_process", [saved["rng"]])[rank()]  # the world size was checked at start
+        mine = saved["rng_by_process"][rank()]  # the world size was checked at start
         restore_rng_states(mine, accelerator.device if accelerator is not None else torch.device("cpu"))
         return saved
 

@@ -21,13 +21,14 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, check, option
 from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
-from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_attended, last_token_scores, token_scores
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
@@ -41,7 +42,7 @@ RM_LOSSES = ("last-token", "divergence")
 
 
 @dataclass
-class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
+class RewardConfig(RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions):
     """``--lora``: train a LoRA adapter and a score head on the frozen ``--model``; PPO with
     ``--lora`` on the same base then runs the reward from that one base."""
 
@@ -93,7 +94,7 @@ class RewardConfig(RunFolderOptions, LoraOptions, HardwareOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
-        "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
+        "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps", "report_to"})
 
     def validate(self) -> None:
         self.validate_lora()
@@ -263,7 +264,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
         # Several processes: each its equal part of the batch, its mean loss scaled by 1 / processes,
         # the gradients summed (docs/design.md, "Scale").
         with accelerator.autocast():
-            loss, correct = examples.loss_and_correct(model, shard(batch))
+            loss, correct = examples.loss_and_correct(model, batch_for_rank(batch))
         loss = loss / world_size() if world_size() > 1 else loss
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)

@@ -31,16 +31,15 @@ from ppo_rlhf.models import (
     same_vocabulary,
 )
 from ppo_rlhf.models.value import ValueHead
-from ppo_rlhf.models.loading import TOKENIZER_FILES, is_adapter_only, require_model_folder
-from ppo_rlhf.models.lora import (
-    AdapterCritic,
-    AdapterRewardModel,
+from ppo_rlhf.models.loading import (
+    TOKENIZER_FILES,
     adapter_base_path,
-    add_adapter_from,
+    is_adapter_only,
     read_adapter,
+    require_model_folder,
     score_head_from,
-    with_adapter,
 )
+from ppo_rlhf.models.lora import AdapterCritic, AdapterRewardModel, add_adapter_from, with_adapter
 from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward, ScoringReward
 from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.trainers.estimators import uses_critic

@@ -18,11 +18,12 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, option
 from ppo_rlhf.data import DataError
-from ppo_rlhf.distributed import is_main_process, rank, shard, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions, train_in_float32
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.run_folder import RunFolderOptions
+from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
@@ -32,7 +33,7 @@ from ppo_rlhf.trainers.resume import Checkpoints
 
 
 @dataclass
-class SFTConfig(RunFolderOptions, HardwareOptions):
+class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
     model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
                                     "Face cache) with prompt and completion, or conversations, or Alpaca rows; empty: "
@@ -77,7 +78,8 @@ class SFTConfig(RunFolderOptions, HardwareOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
-        "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps"})
+        "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps",
+        "report_to"})
 
     def validate(self) -> None:
         self.validate_hardware()
@@ -247,7 +249,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
         cursor += config.batch_size
         # Several processes: each computes its part of the batch, its loss scaled by its share of
         # the batch's completion tokens, and the gradients are summed (docs/design.md, "Scale").
-        mine = shard(batch)
+        mine = batch_for_rank(batch)
         share = (labels[mine, 1:] != -100).sum().item() / (labels[batch, 1:] != -100).sum().item() \
             if world_size() > 1 else 1.0
         # Trim the rows to their longest: shorter tensors, same loss.
