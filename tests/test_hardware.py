@@ -66,7 +66,7 @@ def frozen_dtypes(monkeypatch):
     seen: dict[str, set[torch.dtype]] = {"ref": set(), "reward": set()}
     make_experience = PPOTrainer.make_experience
 
-    def recording(self, rows):
+    def recording(self, rows, draw_more=None):
         if self.ref is not None:
             seen["ref"].update(p.dtype for p in self.ref.parameters())
         else:
@@ -74,7 +74,7 @@ def frozen_dtypes(monkeypatch):
         reward_model = getattr(self.reward, "model", None)
         if reward_model is not None and not isinstance(reward_model, AdapterRewardModel):
             seen["reward"].update(p.dtype for p in reward_model.parameters())
-        return make_experience(self, rows)
+        return make_experience(self, rows, draw_more)
 
     monkeypatch.setattr(PPOTrainer, "make_experience", recording)
     return seen

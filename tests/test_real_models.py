@@ -434,7 +434,7 @@ def test_a_response_ends_at_the_chat_models_end_of_turn(zoo):
     end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
     seen = {}
 
-    def metric(prompts, responses, finished):
+    def metric(prompts, responses, finished, rows):
         seen["finished"] = finished
         return {}
 
