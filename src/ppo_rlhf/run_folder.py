@@ -43,8 +43,9 @@ class RunFolderOptions:
 
 def check_out_spares_inputs(config: Any, extra_inputs: dict[str, str | None] | None = None) -> None:
     """Refuse an ``--out`` that would put a run where it can destroy what it reads: the same path
-    as an input, a folder holding one (``--overwrite`` deletes what a run wrote there, and the
-    run writes over it), or a folder inside one (a model folder, a dataset saved to disk).
+    as an input, a folder holding one where the run writes (``checkpoints/``, ``config.yaml``, ...:
+    ``--overwrite`` deletes them, and the run writes over them), or a folder inside one (a model
+    folder, a dataset saved to disk).
 
     The inputs are the fields the config class names in ``input_paths`` (``--model``,
     ``--data``, ...) and ``extra_inputs`` (``{"--config": file}``); paths compare after
@@ -72,7 +73,9 @@ def check_out_spares_inputs(config: Any, extra_inputs: dict[str, str | None] | N
         if path == out:
             raise ConfigError(f"--out {given} is {flag} {value}: the run would write over (with --overwrite: "
                               f"delete) what it reads; choose another --out")
-        if out in path.parents and not getattr(config, "resume", False):
+        # Inside --out, only what a run writes there is in danger (RUN_OUTPUTS: checkpoints/, ...,
+        # which --overwrite deletes); the demo keeps its SFT and reward-model runs in sft/ and rm/.
+        if out in path.parents and path.relative_to(out).parts[0] in RUN_OUTPUTS and not getattr(config, "resume", False):
             raise ConfigError(f"--out {given} holds {flag} {value}: the run writes into that folder (with "
                               f"--overwrite it deletes what a run wrote there); choose an --out outside it")
         if path in out.parents:
