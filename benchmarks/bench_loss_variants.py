@@ -116,7 +116,7 @@ def report(results: dict) -> str:
             f"| {spread([r['s_per_iteration'] for r in runs], digits=3)} "
             f"| {spread(first_entropy, digits=3)} -> {spread(last_entropy, digits=3)} "
             f"| {spread([r['tokens_per_kept_sample'] for r in runs], digits=2)}"
-            + (f" ({dropped} groups dropped over the seeds, {sum(r['filled_groups'] for r in runs)} refilled)"
+            + (f" ({dropped:.0f} groups dropped over the seeds, {sum(r['filled_groups'] for r in runs):.0f} refilled)"
                if dropped else "") + " |")
     lines += ["", "![loss variants](loss_variants.png)", ""]
     return "\n".join(lines)
@@ -130,9 +130,15 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--quick", action="store_true", help="3 iterations each, 100 held-out prompts")
     parser.add_argument("--note", default="idle machine", help="what else ran on the machine")
+    parser.add_argument("--report-only", action="store_true", help="redo the table and plot from results/loss_variants.json")
     parser.add_argument("--num-threads", type=int, default=0,
                         help="torch threads per run (0: torch's default); 1 when other work shares the cores")
     args = parser.parse_args()
+    if args.report_only:
+        results = json.loads((HERE / "results" / "loss_variants.json").read_text())
+        plot(results, HERE / "results" / "loss_variants.png")
+        (HERE / "results" / "loss_variants.md").write_text(report(results))
+        return print(report(results))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.log"
