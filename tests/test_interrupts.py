@@ -114,7 +114,7 @@ def test_an_interrupted_gym_run_resumes_from_its_last_checkpoint_to_a_straight_r
     # Checkpoints every iteration: the stop names the last one, and --resume from it reaches the
     # straight run's policy exactly (gym saves nothing at the stop itself: interrupts.py).
     def args(out, *extra):
-        return ["gym", "--env", "CartPole-v1", "--total-steps", 150 * 256, "--save-every", 1, "--eval-episodes", 0,
+        return ["gym", "--env", "CartPole-v1", "--total-steps", 40 * 256, "--save-every", 1, "--eval-episodes", 0,
                 "--seed", 3, "--out", out, *extra]
 
     stopped = tmp_path / "stopped"
