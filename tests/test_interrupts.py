@@ -110,6 +110,22 @@ def test_an_interrupted_gym_run_names_its_last_checkpoint(tmp_path):
     assert "no checkpoint to resume from" in result.stderr, result.stderr
 
 
+def test_an_interrupted_gym_run_resumes_from_its_last_checkpoint_to_a_straight_run(tmp_path):
+    # Checkpoints every iteration: the stop names the last one, and --resume from it reaches the
+    # straight run's policy exactly (gym saves nothing at the stop itself: interrupts.py).
+    def args(out, *extra):
+        return ["gym", "--env", "CartPole-v1", "--total-steps", 40 * 256, "--save-every", 1, "--eval-episodes", 0,
+                "--seed", 3, "--out", out, *extra]
+
+    stopped = tmp_path / "stopped"
+    result = interrupt_once_logged(args(stopped), stopped)
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr
+    assert "--resume" in result.stderr, result.stderr
+    run(args(stopped, "--resume"))
+    run(args(tmp_path / "straight"))
+    same_tensors(tmp_path / "straight" / "policy" / "model.safetensors", stopped / "policy" / "model.safetensors")
+
+
 def test_the_resume_command_drops_overwrite_and_adds_resume():
     assert resume_command(["sft", "--out", "runs/a b", "--overwrite"]) == "ppo-rlhf sft --out 'runs/a b' --resume"
     assert resume_command(["ppo", "--resume"]) == "ppo-rlhf ppo --resume"

@@ -106,6 +106,18 @@ def test_an_in_memory_model_with_a_python_reward(zoo, tmp_path):
     assert (tmp_path / "run" / "summary.json").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
+def test_a_model_object_of_the_wrong_kind_is_named(ppo_settings, zoo, reward_models):
+    from ppo_rlhf.models import ModelError, load_sequence_classifier
+
+    tokenizer = load_tokenizer(zoo["llama"])
+    classifier = load_sequence_classifier(reward_models["llama"] / "checkpoints" / "reward")
+    config = PPOConfig(prompts=str(zoo["prompts"]), out="unused", iterations=1, **BUDGET)
+    for wrong in (classifier, {"weights": 1}):
+        with pytest.raises(ModelError, match=f"model= must be a causal language model.*got a {type(wrong).__name__}"):
+            PPOTrainer(config, reward=lambda prompts, responses: [0.0] * len(responses), model=wrong,
+                       tokenizer=tokenizer)
+
+
 def test_rewards_given_both_ways_are_refused(ppo_settings, zoo):
     model, tokenizer = load_causal_lm(zoo["llama"]), load_tokenizer(zoo["llama"])
     with pytest.raises(ConfigError, match="given twice"):

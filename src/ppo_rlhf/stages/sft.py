@@ -57,15 +57,7 @@ def run_sft(config: SFTConfig) -> dict:
         check_fits(model, tokenizer, longest, config.model, f"--max-length {config.max_length}")
     else:
         rows = task.sft_rows()
-    evaluator = None
-    if task is not None:
-        evaluator = Evaluator(tokenizer, task.eval_rows(), task.metric, max_prompt_length=task.max_prompt_length,
-                              max_new_tokens=task.max_new_tokens)
-    elif config.eval_fraction > 0:
-        rows, held_out = split_held_out(rows, config.eval_fraction, config.seed)
-        if held_out:
-            evaluator = HeldOutLoss(tokenizer, held_out, config, stop_token_ids(tokenizer, model))
-            print(f"sft: {len(held_out)} of the rows held out for the held-out loss (--eval-fraction)")
+    rows, evaluator = sft_evaluator(config, task, model, tokenizer, rows)
     for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)
     checkpoints = open_checkpoints(config, out, config.steps, "step")
@@ -90,3 +82,17 @@ def run_sft(config: SFTConfig) -> dict:
     run_log.write_summary(summary)
     run_log.close()
     return summary
+
+
+def sft_evaluator(config: SFTConfig, task, model, tokenizer, rows: list[dict]) -> tuple[list[dict], object]:
+    """(the rows to train on, the evaluator): the task's held-out prompts and metric, or on a
+    user's data the completion loss of --eval-fraction of the rows, held out (None: no evaluation)."""
+    if task is not None:
+        return rows, Evaluator(tokenizer, task.eval_rows(), task.metric, max_prompt_length=task.max_prompt_length,
+                               max_new_tokens=task.max_new_tokens)
+    if config.eval_fraction > 0:
+        rows, held_out = split_held_out(rows, config.eval_fraction, config.seed)
+        if held_out:
+            print(f"sft: {len(held_out)} of the rows held out for the held-out loss (--eval-fraction)")
+            return rows, HeldOutLoss(tokenizer, held_out, config, stop_token_ids(tokenizer, model))
+    return rows, None

@@ -39,3 +39,20 @@ def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, ma
     longest = min(max(lengths), max_prompt_length) + max_new_tokens
     check_fits(model, tokenizer, longest, where, f"the longest prompt, at most --max-length minus --max-new-tokens = "
                                                  f"{max_prompt_length} tokens, plus --max-new-tokens {max_new_tokens}")
+
+
+def prepare_to_train(model, config, accelerator, what: str):
+    """``model`` ready for a trainer that trains it whole (sft, rm): its trained weights in float32,
+    on the accelerator's device (default: the one ``config`` asks for), split over the processes
+    of an FSDP launch (before the optimizer sees it), and each process's dropout seeded apart.
+    Returns the accelerator."""
+    from ppo_rlhf.distributed import rank
+    from ppo_rlhf.hardware import train_in_float32
+    from ppo_rlhf.sharding import shard_if_launched
+
+    accelerator = accelerator or config.accelerator(shards=True)
+    train_in_float32(model, what)
+    model.to(accelerator.device)
+    shard_if_launched(model)
+    torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
+    return accelerator

@@ -284,20 +284,8 @@ def restart_seed(config: GymPPOConfig, iteration: int) -> int:
 
 def train(config: GymPPOConfig) -> dict[str, Any]:
     """Train, save the policy to RUN/policy, evaluate it, write the run folder; returns the summary."""
-    config.validate()
-    torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
-    out_dir = config.resolved_out_dir()
-    check_run_folder(out_dir, config.overwrite, config.resume, resumable=resumable(out_dir))
-    if config.resume:
-        check_resume_settings(config, out_dir)
-    envs = make_envs(config.env_id, config.num_envs)  # an unknown env stops here, before anything is removed
-    for notice in start_run_folder(out_dir, config.overwrite):
-        print(notice)
-    checkpoints = open_checkpoints(config, out_dir, config.num_iterations, "iteration", config.batch_size)
+    out_dir, envs, checkpoints, log = open_gym_run(config)
     first_iteration = checkpoints.step
-    log = RunLog(out_dir, to_dict(config), resume_after=first_iteration * config.batch_size if config.resume else None)
-
     agent = ActorCritic(space_spec(envs.single_observation_space, envs.single_action_space),
                         config.hidden_sizes, config.activation, config.log_std_init)
     # fused: one kernel for the whole parameter update instead of a dozen per tensor (~4x faster here)
@@ -329,30 +317,11 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
         env_steps += config.batch_size
         metrics: dict[str, Any] = {"env_steps": env_steps}
         if not guard.skip(done, reward=rollout.rewards, observation=rollout.obs):
-            # 3. advantages and returns, then flatten (T, N) -> (B,)
-            advantages, returns = compute_advantages(rollout, config.gamma, config.lam)
-            b_obs = rollout.obs.flatten(0, 1)  # (B, obs_dim)
-            b_actions = rollout.actions.flatten(0, 1)  # (B,) or (B, act_dim)
-            b_logprobs, b_values = rollout.logprobs.flatten(), rollout.values.flatten()
-            b_advantages, b_returns = advantages.flatten(), returns.flatten()
-
-            # 4. update
-            stats = ppo_update(agent, optimizer, config, clip_ratio,
-                               b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, guard, done)
-            metrics.update(**stats, lr=lr, clip_ratio=clip_ratio,
-                           explained_variance=explained_variance(b_values, b_returns, None).item())
+            metrics.update(learn_from(rollout, agent, optimizer, config, clip_ratio, guard, done), lr=lr)
 
         # 5. log
         metrics.update(skipped_steps=guard.skipped, sps=env_steps / (time.perf_counter() - start_time))
-        if agent.continuous:
-            metrics["action_std"] = agent.log_std.exp().mean().item()
-        if collector.finished_returns:  # over the last (up to) 100 finished episodes
-            metrics["episodic_return"] = float(np.mean(collector.finished_returns))
-            metrics["episodic_length"] = float(np.mean(collector.finished_lengths))
-        log.log(env_steps, metrics)
-        if done % max(1, config.num_iterations // 10) == 0:
-            print(f"env_steps {env_steps:>9,}  return {metrics.get('episodic_return', float('nan')):8.1f}  "
-                  f"approx_kl {metrics.get('approx_kl', float('nan')):.4f}  sps {metrics['sps']:6.0f}", flush=True)
+        log_iteration(log, metrics, agent, collector, config, done)
 
         # 6. checkpoint, then the envs restart from a seed of this iteration's (in a resumed run too)
         if checkpoints.due(done, config.num_iterations):
@@ -364,9 +333,59 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
         # straight run does not, so a resume continues from the last scheduled one (interrupts.py).
         if stop_requested():
             raise RunInterrupted(done, "iteration", checkpoints.saved_step)
-    train_time = time.perf_counter() - start_time
     envs.close()
+    return finish_gym_run(config, out_dir, agent, collector, log, env_steps, time.perf_counter() - start_time)
 
+
+def open_gym_run(config: GymPPOConfig):
+    """(run folder, envs, checkpoints, run log): the folder checked (and, resuming, the settings),
+    the envs made (an unknown env stops here, before anything is removed), then the folder taken."""
+    config.validate()
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    out_dir = config.resolved_out_dir()
+    check_run_folder(out_dir, config.overwrite, config.resume, resumable=resumable(out_dir))
+    if config.resume:
+        check_resume_settings(config, out_dir)
+    envs = make_envs(config.env_id, config.num_envs)
+    for notice in start_run_folder(out_dir, config.overwrite):
+        print(notice)
+    checkpoints = open_checkpoints(config, out_dir, config.num_iterations, "iteration", config.batch_size)
+    log = RunLog(out_dir, to_dict(config), resume_after=checkpoints.step * config.batch_size if config.resume else None)
+    return out_dir, envs, checkpoints, log
+
+
+def learn_from(rollout, agent, optimizer, config: GymPPOConfig, clip_ratio: float, guard, done: int) -> dict:
+    """Stages 3-4 of an iteration: advantages and returns, flattened (T, N) -> (B,), then the update;
+    returns its statistics."""
+    advantages, returns = compute_advantages(rollout, config.gamma, config.lam)
+    b_obs = rollout.obs.flatten(0, 1)  # (B, obs_dim)
+    b_actions = rollout.actions.flatten(0, 1)  # (B,) or (B, act_dim)
+    b_logprobs, b_values = rollout.logprobs.flatten(), rollout.values.flatten()
+    b_advantages, b_returns = advantages.flatten(), returns.flatten()
+    stats = ppo_update(agent, optimizer, config, clip_ratio,
+                       b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns, guard, done)
+    return {**stats, "clip_ratio": clip_ratio,
+            "explained_variance": explained_variance(b_values, b_returns, None).item()}
+
+
+def log_iteration(log: RunLog, metrics: dict, agent, collector, config: GymPPOConfig, done: int) -> None:
+    """Stage 5: the policy's spread and the returns of the last (up to) 100 finished episodes,
+    logged; a line on the console every tenth of the run."""
+    if agent.continuous:
+        metrics["action_std"] = agent.log_std.exp().mean().item()
+    if collector.finished_returns:
+        metrics["episodic_return"] = float(np.mean(collector.finished_returns))
+        metrics["episodic_length"] = float(np.mean(collector.finished_lengths))
+    log.log(metrics["env_steps"], metrics)
+    if done % max(1, config.num_iterations // 10) == 0:
+        print(f"env_steps {metrics['env_steps']:>9,}  return {metrics.get('episodic_return', float('nan')):8.1f}  "
+              f"approx_kl {metrics.get('approx_kl', float('nan')):.4f}  sps {metrics['sps']:6.0f}", flush=True)
+
+
+def finish_gym_run(config: GymPPOConfig, out_dir, agent, collector, log: RunLog, env_steps: int,
+                   train_time: float) -> dict[str, Any]:
+    """The policy saved (and scored from its files), the summary and the plots written."""
     require_finite(agent.state_dict(), "the policy")
     policy_dir = save_policy(out_dir / "policy", agent, config.env_id, collector.obs_rms)
     summary: dict[str, Any] = {

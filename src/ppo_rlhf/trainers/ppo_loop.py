@@ -36,8 +36,10 @@ from ppo_rlhf.trainers.ppo_plan import plan_lines, plan_warnings, score_spread_w
 from ppo_rlhf.trainers.ppo_setup import check_run_start, draw_batch, prompt_sets
 from ppo_rlhf.trainers.resume import Checkpoints, open_checkpoints
 
-CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance",
-          "kl_coef"]
+# Each panel drawn when its metric was logged: the built-in task's exact match, a reasoning task's
+# accuracy, a reward's held-out score.
+CURVES = ["score", "kl", "eval/score", "eval/exact_match", "eval_sampled/exact_match", "eval/accuracy",
+          "eval_sampled/accuracy", "pg_loss", "vf_loss", "entropy", "clipfrac", "explained_variance", "kl_coef"]
 
 
 def reward_curves(reward) -> list[str]:
@@ -48,8 +50,8 @@ def reward_curves(reward) -> list[str]:
 
 def eval_line(metrics: dict) -> str:
     """The held-out figures worth a line on the console."""
-    keys = [k for k in ("eval/exact_match", "eval_sampled/exact_match", "eval/score", "eval/response_length")
-            if k in metrics]
+    keys = [k for k in ("eval/exact_match", "eval_sampled/exact_match", "eval/accuracy", "eval_sampled/accuracy",
+                        "eval/score", "eval/response_length") if k in metrics]
     return ", ".join(f"{key} {metrics[key]:.4g}" for key in keys)
 
 

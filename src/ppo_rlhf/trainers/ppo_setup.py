@@ -16,7 +16,7 @@ from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.distributed import on_main_process, rank, world_size
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
-from ppo_rlhf.models import load_tokenizer
+from ppo_rlhf.models import ModelError, load_tokenizer
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.reward import check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -151,6 +151,10 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
     """An in-memory model given: the missing pieces around it.  The reference is a frozen copy of
     the model (None for a peft model: its base with adapters disabled), the tokenizer is
     ``config.model``'s, the reward the config's unless given."""
+    if not isinstance(model, torch.nn.Module) or getattr(model, "get_output_embeddings", lambda: None)() is None:
+        raise ModelError(f"model= must be a causal language model (an AutoModelForCausalLM, or a peft model around "
+                         f"one) or its folder; got a {type(model).__name__}, which has no output layer to sample "
+                         f"tokens from")
     if tokenizer is None:
         if config.model is None:
             raise ConfigError("no tokenizer: give tokenizer= with an in-memory model, or config.model")

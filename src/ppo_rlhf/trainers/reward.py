@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, check, option
 from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
-from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_for_rank, sum_across_processes, sum_gradients, world_size
-from ppo_rlhf.hardware import HardwareOptions, train_in_float32
+from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.models.lora import LoraOptions
@@ -31,7 +31,8 @@ from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.reward import REWARD_PADDING_SIDE, last_attended, last_token_scores, token_scores
-from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
+from ppo_rlhf.sharding import gathered, plain, sharding_from_launch
+from ppo_rlhf.trainers.common import prepare_to_train
 from ppo_rlhf.trainers.guard import DivergenceGuard
 from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.resume import Checkpoints
@@ -234,11 +235,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
     """Train ``model`` in place, its trained weights in float32 on the accelerator's device
     (default: the one ``config`` asks for); returns final train/held-out accuracy.
     ``checkpoints``: where to save resumable state, and the state a resumed run continues from."""
-    accelerator = accelerator or config.accelerator(shards=True)
-    train_in_float32(model, "reward model")
-    model.to(accelerator.device)
-    shard_if_launched(model)  # an FSDP launch: each process holds 1/N of it (before the optimizer sees it)
-    torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
+    accelerator = prepare_to_train(model, config, accelerator, "reward model")
     order = list(range(len(rows)))
     random.Random(config.seed).shuffle(order)
     n_eval = int(len(rows) * config.eval_fraction)

@@ -18,15 +18,16 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, option
 from ppo_rlhf.data import DataError
-from ppo_rlhf.distributed import batch_for_rank, is_main_process, rank, split_for_rank, sum_across_processes, sum_gradients, world_size
-from ppo_rlhf.hardware import HardwareOptions, train_in_float32
+from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import stop_token_ids
-from ppo_rlhf.sharding import gathered, plain, shard_if_launched, sharding_from_launch
+from ppo_rlhf.sharding import gathered, plain, sharding_from_launch
+from ppo_rlhf.trainers.common import prepare_to_train
 from ppo_rlhf.trainers.guard import DivergenceGuard
 from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.resume import Checkpoints
@@ -217,13 +218,9 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     """Train ``model`` in place, in float32 on the accelerator's device (default: the one
     ``config`` asks for); returns the list of evaluation records.  ``checkpoints``: where to save
     resumable state, and the state a resumed run continues from."""
-    accelerator = accelerator or config.accelerator(shards=True)
-    train_in_float32(model, "SFT model")
-    model.to(accelerator.device)
-    shard_if_launched(model)  # an FSDP launch: each process holds 1/N of it (before the optimizer sees it)
-    torch.manual_seed(config.seed + rank())  # dropout: each process draws its own masks
-    # (N, L) each, kept on the CPU; a batch moves to the device when it is used
-    input_ids, attention_mask, labels = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
+    accelerator = prepare_to_train(model, config, accelerator, "SFT model")
+    # (N, L) ids, mask and labels, kept on the CPU; a batch moves to the device when it is used
+    examples = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     optimizer = accelerator.prepare(optimizer)  # with fp16 autocast: loss scaling
@@ -247,21 +244,10 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             order, cursor = torch.randperm(len(rows), generator=generator), 0
         batch = order[cursor : cursor + config.batch_size]
         cursor += config.batch_size
-        # Several processes: each computes its part of the batch, its loss scaled by its share of
-        # the batch's completion tokens, and the gradients are summed (docs/design.md, "Scale").
-        mine = batch_for_rank(batch)
-        share = (labels[mine, 1:] != -100).sum().item() / (labels[batch, 1:] != -100).sum().item() \
-            if world_size() > 1 else 1.0
-        # Trim the rows to their longest: shorter tensors, same loss.
-        width = int(attention_mask[mine].sum(dim=1).max())
-        inputs = (t[mine, :width].to(accelerator.device) for t in (input_ids, attention_mask, labels))
-        with accelerator.autocast():
-            loss = share * completion_loss(model, *inputs)
         optimizer.zero_grad(set_to_none=True)
-        accelerator.backward(loss)
+        loss = sum_across_processes(backward_batch(model, examples, batch, accelerator))  # the whole batch's loss
         sum_gradients(trained)
         grad_norm = plain(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
-        loss = sum_across_processes(loss.detach())  # the whole batch's loss
         done = step + 1
         guard.step(optimizer, done, accelerator, loss=loss, grad_norm=grad_norm)
         last = done == config.steps
@@ -270,9 +256,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             record = {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"],
                       "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start}
             if evaluate_now:
-                with accelerator.autocast(), gathered(model):
-                    metrics, _ = evaluator(model)
-                model.train()
+                metrics = evaluate(evaluator, model, accelerator)
                 record.update(metrics)
                 evaluations.append({"step": done, **metrics})
             progress.set_postfix(loss=f"{record['loss']:.4f}")
@@ -288,3 +272,29 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     model.zero_grad(set_to_none=True)  # the last step's gradients: a model's worth of memory, not needed to save it
     model.eval()
     return evaluations
+
+
+def backward_batch(model, examples: tuple, batch: torch.Tensor, accelerator) -> torch.Tensor:
+    """The backward pass of this process's part of ``batch`` (row indices into the (N, L)
+    ``examples``); returns its loss.  Several processes: each part's loss is scaled by its share of
+    the batch's completion tokens, so the gradients summed over the processes, and the losses, are
+    the whole batch's (docs/design.md, "Scale")."""
+    input_ids, attention_mask, labels = examples
+    mine = batch_for_rank(batch)
+    share = (labels[mine, 1:] != -100).sum().item() / (labels[batch, 1:] != -100).sum().item() \
+        if world_size() > 1 else 1.0
+    # Trim the rows to their longest: shorter tensors, same loss.
+    width = int(attention_mask[mine].sum(dim=1).max())
+    inputs = (t[mine, :width].to(accelerator.device) for t in (input_ids, attention_mask, labels))
+    with accelerator.autocast():
+        loss = share * completion_loss(model, *inputs)
+    accelerator.backward(loss)
+    return loss.detach()
+
+
+def evaluate(evaluator, model, accelerator) -> dict[str, float]:
+    """The evaluator's metrics of ``model`` (sharded: gathered once for it), training mode restored."""
+    with accelerator.autocast(), gathered(model):
+        metrics, _ = evaluator(model)
+    model.train()
+    return metrics
