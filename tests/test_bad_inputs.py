@@ -541,6 +541,17 @@ def outcome(args: list[str]) -> tuple[int | None, str | None]:
         return None, traceback.format_exc()
 
 
+def assert_refused(args: list[str], expect, places: dict, capsys) -> None:
+    """The command exits 2, with no traceback, and its message holds every text of ``expect``."""
+    code, raised = outcome(args)
+    err = capsys.readouterr().err
+    assert raised is None, f"traceback:\n{raised}"
+    assert code == 2, f"exit {code} (ran on bad input); stderr: {err[-2000:]}"
+    assert "Traceback" not in err
+    for text in expect:
+        assert fill(text, places) in err, f"{fill(text, places)!r} not in: {err}"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_bad_input_is_named_and_stops_the_run(case: Bad, zoo, broken, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -554,13 +565,7 @@ def test_a_bad_input_is_named_and_stops_the_run(case: Bad, zoo, broken, tmp_path
         (tmp_path / "out").mkdir(exist_ok=True)
         kept = previous_run(tmp_path / "out")
         args.append("--overwrite")
-    code, raised = outcome(args)
-    err = capsys.readouterr().err
-    assert raised is None, f"traceback:\n{raised}"
-    assert code == 2, f"exit {code} (ran on bad input); stderr: {err[-2000:]}"
-    assert "Traceback" not in err
-    for text in case.expect:
-        assert fill(text, places) in err, f"{fill(text, places)!r} not in: {err}"
+    assert_refused(args, case.expect, places, capsys)
     for name, text in kept.items():
         assert (tmp_path / "out" / name).read_text() == text, f"{name} of the previous run was changed"
 

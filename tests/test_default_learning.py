@@ -13,6 +13,7 @@ in docs/design.md "Defaults that learn"): the width-scaled default learning rate
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -63,6 +64,10 @@ ITERATIONS = 30
 
 
 @pytest.mark.slow
+# About two minutes a case, spent to show what is already measured: run on demand (with the variable
+# set) when a default that could change it is tried; strict, so a fix shows as a failure to remove it.
+@pytest.mark.skipif(not os.environ.get("PPO_RLHF_KNOWN_GAPS"),
+                    reason="a known gap (issue 20), measured in docs/design.md: set PPO_RLHF_KNOWN_GAPS=1 to run it")
 @pytest.mark.xfail(strict=True, reason="issue 20: a 0/1 reward stays nearly flat with the defaults, full model and "
                                        "LoRA alike, held by the KL penalty (docs/design.md, 'Defaults that "
                                        "learn')")
