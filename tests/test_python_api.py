@@ -118,6 +118,11 @@ def test_a_model_object_of_the_wrong_kind_is_named(ppo_settings, zoo, reward_mod
                        tokenizer=tokenizer)
 
 
+def test_pieces_of_a_model_given_without_it_are_refused(ppo_settings, zoo):
+    with pytest.raises(ConfigError, match="tokenizer given without model="):
+        PPOTrainer(PPOConfig(**ppo_settings), tokenizer=load_tokenizer(zoo["llama"]))
+
+
 def test_rewards_given_both_ways_are_refused(ppo_settings, zoo):
     model, tokenizer = load_causal_lm(zoo["llama"]), load_tokenizer(zoo["llama"])
     with pytest.raises(ConfigError, match="given twice"):

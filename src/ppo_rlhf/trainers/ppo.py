@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ppo_rlhf.config import ConfigError
 from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
@@ -193,6 +194,12 @@ class PPOTrainer(PPOLoop):
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
                  critic: Critic | None = None, generator: Generator | None = None, accelerator=None):
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
+        if model is None:  # the pieces around a model of one's own, given without it, would be dropped
+            given = [name for name, part in (("ref", ref), ("tokenizer", tokenizer), ("critic", critic),
+                                             ("generator", generator), ("accelerator", accelerator)) if part is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} given without model=: give the model too, or leave them to "
+                                  f"the config's model (config.model)")
         if isinstance(model, (str, Path)):  # a folder (or a cached hub name) is the config's to load
             config.model, model = str(model), None
         if isinstance(tokenizer, (str, Path)):

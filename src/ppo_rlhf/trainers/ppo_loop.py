@@ -160,8 +160,7 @@ class PPOLoop:
         if not is_main_process():
             return
         config, out = self.config, Path(self.config.out)
-        print(f"ppo-rlhf ppo -> {out}" + (f" (resumed from {out / 'checkpoints' / 'last'}, after iteration "
-                                          f"{self.iteration} of {config.iterations})" if config.resume else ""))
+        print(f"ppo-rlhf ppo -> {out}")  # a resume has said where it continues from (trainers/resume.py)
         for line in plan_lines(config, self, self, n_prompts):
             print("  " + line)
         if world_size() > 1:
