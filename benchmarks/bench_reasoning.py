@@ -61,7 +61,8 @@ def pick(args) -> None:
     from ppo_rlhf.stages.evaluate import EvalConfig, run_eval
 
     rows = []
-    for name, settings in CANDIDATES.items():
+    for name in args.candidates:
+        settings = CANDIDATES[name]
         start = time.perf_counter()
         config = build_config(EvalConfig, {"model": args.model, "task": f"reasoning-gym:{name}", "task_config": settings,
                                            "task_eval_size": EVAL_SIZE, "size": EVAL_SIZE, "max_new_tokens": 64,
@@ -71,6 +72,10 @@ def pick(args) -> None:
                      "task_score": summary["task_score"], "answer_format": summary["answer_format"],
                      "seconds": time.perf_counter() - start, "samples": summary["samples"]})
         print(f"{name}: greedy accuracy {summary['accuracy']:.1%}", flush=True)
+        write_pick(args, rows)  # after each task: a long pick stopped half-way keeps what it measured
+
+
+def write_pick(args, rows: list[dict]) -> None:
     results = {"command": "python benchmarks/bench_reasoning.py " + " ".join(sys.argv[1:]),
                "machine": machine(args.num_threads), "date": time.strftime("%Y-%m-%d"), "note": args.note,
                "model": args.model, "tasks": rows}
@@ -97,6 +102,7 @@ def train_figures(out: Path) -> dict:
             "before": summary["before"].get("eval/accuracy"), "after": summary["after"].get("eval/accuracy"),
             "ppo_seconds": summary["ppo_seconds"],
             "s_per_iteration": statistics.median(r["time/iteration"] for r in records if "time/iteration" in r),
+            "iterations": sum(1 for r in records if "time/iteration" in r),
             "samples": summary.get("samples", [])[:3]}
 
 
@@ -105,8 +111,12 @@ def train(args) -> None:
     for task in args.tasks:
         for seed in args.seeds:
             for estimator in args.estimators:
-                print(f"{task}, {estimator}, seed {seed}", flush=True)
                 out = Path(args.out) / f"{task}-{estimator}-{seed}"
+                if args.report_only:
+                    if (out / "summary.json").is_file():
+                        runs.setdefault(task, {}).setdefault(estimator, []).append(train_figures(out))
+                    continue
+                print(f"{task}, {estimator}, seed {seed}", flush=True)
                 values = {**COMMON, **ESTIMATORS[estimator], "model": args.model, "task": f"reasoning-gym:{task}",
                           "task_config": CANDIDATES.get(task, ""), "seed": seed, "out": str(out),
                           "iterations": args.iterations, "eval_every": args.eval_every, "overwrite": True,
@@ -120,14 +130,14 @@ def train(args) -> None:
     (RESULTS / "reasoning_train.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     lines = ["# SmolLM2-135M-Instruct trained on reasoning-gym tasks", "", f"Command: `{results['command']}`  ",
              f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", "",
-             f"LoRA, {args.iterations} iterations of 16 sequences; held-out greedy accuracy on {EVAL_SIZE} problems "
+             f"LoRA, iterations of 16 sequences; held-out greedy accuracy on {EVAL_SIZE} problems "
              f"never trained on; mean (min-max) over seeds {args.seeds}. Settings: `{json.dumps(COMMON)}`.", "",
-             "| task | estimator | accuracy before | after | points gained | PPO minutes | s/iteration |",
-             "|---|---|---|---|---|---|---|"]
+             "| task | estimator | runs | iterations | accuracy before | after | points gained | PPO minutes | s/iteration |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for task, by_estimator in runs.items():
         for estimator, done in by_estimator.items():
             gains = [r["after"] - r["before"] for r in done]
-            lines.append(f"| {task} | {estimator} | {spread([r['before'] for r in done], 100, 1, '%')} "
+            lines.append(f"| {task} | {estimator} | {len(done)} | {spread([r['iterations'] for r in done])} | {spread([r['before'] for r in done], 100, 1, '%')} "
                          f"| {spread([r['after'] for r in done], 100, 1, '%')} | {spread(gains, 100, 1)} "
                          f"| {spread([r['ppo_seconds'] / 60 for r in done])} "
                          f"| {spread([r['s_per_iteration'] for r in done], digits=2)} |")
@@ -161,11 +171,16 @@ def main() -> None:
     parser.add_argument("phase", choices=("pick", "train"))
     parser.add_argument("--model", default="runs/smollm2-135m-instruct")
     parser.add_argument("--out", default="runs/bench_reasoning")
-    parser.add_argument("--tasks", nargs="+", default=["chain_sum", "leg_counting"])
+    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES),
+                        help="pick: the tasks to measure")
+    parser.add_argument("--tasks", nargs="+", default=["chain_sum", "leg_counting"], help="train: the tasks")
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--iterations", type=int, default=150, help="PPO iterations per run (about 30 minutes here)")
-    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-every", type=int, default=25,
+                        help="iterations between held-out evaluations (0: before and after only; one costs minutes)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train: the tables and plot from the run folders already finished")
     parser.add_argument("--num-threads", type=int, default=0)
     parser.add_argument("--note", default="idle machine")
     args = parser.parse_args()
