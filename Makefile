@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick trl-venv smollm2 example-smollm2 bench-lora clean
+.PHONY: install demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -55,6 +55,27 @@ bench-peers: install trl-venv
 bench-peers-quick: install trl-venv
 	$(PY) benchmarks/bench_peers.py --quick
 
+# TRL 1.16 (GRPOTrainer) in its own venv for benchmarks/bench_peers_grpo.py: torch==2.13.0 first, as
+# above; peft for LoRA (the version ppo-rlhf's venv resolves), reasoning-gym for the task's checker.
+TRL116_VENV  := .venv-trl116
+TRL116_STAMP := $(TRL116_VENV)/.installed
+$(TRL116_STAMP):
+	$(PYTHON) -m venv $(TRL116_VENV)
+	$(TRL116_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRL116_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TRL116_VENV)/bin/python -m pip install -q trl==1.16.0 reasoning-gym==0.1.25 peft==0.21.2
+	touch $(TRL116_STAMP)
+
+trl116-venv: $(TRL116_STAMP)
+
+# ppo-rlhf's GRPO against TRL 1.16's GRPOTrainer, SmolLM2 + LoRA on a reasoning-gym task:
+# benchmarks/results/peers_grpo.{md,json,png}
+bench-peers-grpo: install trl116-venv smollm2
+	$(PY) benchmarks/bench_peers_grpo.py
+
+bench-peers-grpo-quick: install trl116-venv smollm2
+	$(PY) benchmarks/bench_peers_grpo.py --quick
+
 bench-gym: install
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) benchmarks/bench_gym.py
@@ -77,4 +98,4 @@ bench-lora: smollm2
 	$(PY) benchmarks/bench_smollm2_vader.py
 
 clean:
-	rm -rf $(VENV) $(TRL_VENV) runs
+	rm -rf $(VENV) $(TRL_VENV) $(TRL116_VENV) runs

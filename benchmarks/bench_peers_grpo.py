@@ -1,0 +1,572 @@
+"""Peer benchmark: ppo-rlhf's GRPO against TRL 1.16's GRPOTrainer on a reasoning-gym task with
+SmolLM2-135M-Instruct and LoRA, same machine, same prompts, same reward code, one evaluator.
+Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6.
+
+    make smollm2 trl116-venv                              # once: the model folder, TRL's venv
+    python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 150 iterations
+    python benchmarks/bench_peers_grpo.py --quick         # validation: 1 seed, 4 iterations, 8 problems
+    python benchmarks/bench_peers_grpo.py --report-only   # redo the tables and plot from the run folders
+
+What runs (the settings are in SAME_WORK and the report lists what could not be matched):
+1. the task (default: the first task of benchmarks/results/reasoning_pick.json whose starting
+   accuracy is between 5% and 50%, else chain_sum with bench_reasoning.py's settings) is built by
+   ppo-rlhf's own code; for each seed, the prompt rows ppo-rlhf will draw (its draw_batch, the
+   seed's generator) go to a JSONL file in that order, as the chat-templated string and its ids;
+   TRL reads that file with shuffle_dataset off, so both systems train on the same prompts in the
+   same order;
+2. a loading check: the same token ids through both environments' model loading (max |logit
+   diff|), TRL's tokenisation of the prompt strings against ppo-rlhf's ids, and TRL's reward
+   function against ppo-rlhf's on the same responses;
+3. for each seed, both systems in turn, the order alternated from seed to seed; each run a fresh
+   process (benchmarks/peers/ppo_rlhf_grpo_run.py; benchmarks/peers/trl_grpo.py under
+   .venv-trl116) that times its iterations and saves its LoRA adapter every --eval-every
+   iterations outside the timing;
+4. one evaluator (ppo-rlhf's Evaluator and the task's metric, greedy, the same --eval-size
+   held-out problems, never trained on) judges every saved adapter; training seconds exclude it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+SYSTEMS = ("ppo-rlhf", "trl")
+NAMES = {"ppo-rlhf": "ppo-rlhf grpo", "trl": "TRL 1.16 GRPOTrainer"}
+DEFAULT_TASK, DEFAULT_TASK_CONFIG = "chain_sum", "min_terms=2,max_terms=3,min_digits=1,max_digits=2"
+TASK_SEED = 0  # the problem generator's seed: the same problems (and held-out split) for every run
+
+# The work both systems do per iteration (bench_reasoning.py's GRPO settings, the KL placed as TRL
+# places it): batch_size / k prompts sampled k times; mini_batch_size sequences per optimizer step,
+# ppo_epochs passes: (batch_size / mini_batch_size) x ppo_epochs optimizer steps per generation batch.
+SAME_WORK = {"k": 4, "batch_size": 16, "mini_batch_size": 8, "ppo_epochs": 1, "max_new_tokens": 64,
+             "temperature": 1.0, "lr": 3e-4, "beta": 0.04, "clip_ratio": 0.2, "max_grad_norm": 1.0,
+             "format_reward": 0.1, "max_length": 256,
+             # ppo-rlhf's LoRA defaults (models/lora.py LoraOptions)
+             "lora": {"r": 16, "alpha": 32.0, "dropout": 0.0, "target_modules": "all-linear"}}
+
+NOT_MATCHED = [
+    "Sampling streams: each system samples with its own generator (ppo-rlhf's TorchGenerator loop, TRL's "
+    "`model.generate`), so the responses differ from the first iteration on; the prompts, their order and the "
+    "distribution sampled from are the same.",
+    "Group std: TRL divides by (std + 1e-4), ppo-rlhf by (std + 1e-6) and sets a group of equal scores to exactly 0 "
+    "(TRL gets 0 there too, as the numerator is 0).",
+    "LoRA initialisation: both use peft's default (A Kaiming-uniform, B = 0, so both start at the base model), but "
+    "the A matrices are drawn from each process's own seeded stream, not the same numbers.",
+    "Minibatch order: both shuffle the generation batch before splitting it into optimizer steps, each with its "
+    "own generator.",
+    "Prompt length: ppo-rlhf cuts prompts to max_length - max_new_tokens (192) tokens from the left; TRL 1.16 does "
+    "not cut prompts. The task's prompts are far shorter, so neither cuts.",
+    "Old log-probs: both compute them in a separate pass before the update (with 2 optimizer steps per "
+    "generation batch TRL cannot take them from the first step's forward), so the work is the same.",
+]
+
+
+def ppo_rlhf_values(task: dict, work: dict, model: str, seed: int, iterations: int, threads: int, out: Path) -> dict:
+    lora = work["lora"]
+    return {"model": model, "lora": True, "lora_r": lora["r"], "lora_alpha": lora["alpha"],
+            "lora_dropout": lora["dropout"], "lora_target_modules": lora["target_modules"],
+            "task": f"reasoning-gym:{task['name']}", "task_config": task["config"], "task_size": task["size"],
+            "task_eval_size": task["eval_size"], "task_seed": task["seed"], "format_reward": task["format_reward"],
+            "estimator": "grpo", "samples_per_prompt": work["k"], "batch_size": work["batch_size"],
+            "mini_batch_size": work["mini_batch_size"], "ppo_epochs": work["ppo_epochs"],
+            "max_new_tokens": work["max_new_tokens"], "max_length": work["max_length"],
+            "temperature": work["temperature"], "lr": work["lr"], "max_grad_norm": work["max_grad_norm"],
+            "clip_ratio": work["clip_ratio"], "kl_in": "loss", "kl_estimator": "k3", "kl_coef": work["beta"],
+            "loss_aggregation": "sequence-mean", "whiten_advantages": False, "max_approx_kl": None,
+            "seed": seed, "iterations": iterations, "num_threads": threads, "out": str(out / "ppo"),
+            "overwrite": True, "eval_every": 0, "eval_sampled": False, "save_every": 0, "sample_every": 0}
+
+
+# ---------------------------------------------------------------- the task and its prompts
+def default_task() -> tuple[str, str, str]:
+    """(name, generator settings, why): the first task reasoning_pick.json found in 5-50%, else chain_sum."""
+    pick = RESULTS / "reasoning_pick.json"
+    if pick.is_file():
+        for row in json.loads(pick.read_text()).get("tasks", []):
+            if 0.05 <= row.get("accuracy", -1) <= 0.5:
+                return row["task"], row.get("task_config", ""), (f"the first task of reasoning_pick.json between 5% "
+                                                                 f"and 50% greedy ({row['accuracy']:.1%})")
+    return DEFAULT_TASK, DEFAULT_TASK_CONFIG, "bench_reasoning.py's first candidate (no reasoning_pick.json pick)"
+
+
+def make_task(task: dict):
+    from ppo_rlhf.tasks.reasoning_gym import make_task as make_reasoning_gym, parse_task_config
+
+    return make_reasoning_gym(task["name"], task["size"], task["eval_size"], task["seed"],
+                              parse_task_config(task["config"]), task["format_reward"])
+
+
+def write_prompt_files(task_settings: dict, work: dict, model: str, seeds: list[int], iterations: int,
+                       folder: Path) -> dict[int, Path]:
+    """Per seed, the prompts ppo-rlhf draws (one row per prompt, in draw order): the chat-templated
+    string TRL tokenises, the ids ppo-rlhf's rollout encodes, and the task index the reward reads."""
+    from types import SimpleNamespace
+
+    from ppo_rlhf.models import load_tokenizer
+    from ppo_rlhf.rollout.responses import apply_chat_template
+    from ppo_rlhf.trainers.ppo_setup import draw_batch
+
+    task, tokenizer = make_task(task_settings), load_tokenizer(model)
+    rows = task.prompt_rows()
+    draw = SimpleNamespace(samples_per_prompt=work["k"], batch_size=work["batch_size"])
+    files = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        rng = torch.Generator().manual_seed(seed)  # as PPOTrainer.train and ppo_rlhf_grpo_run.py draw
+        drawn = [row for _ in range(iterations) for row in draw_batch(rows, draw, rng)[:: work["k"]]]
+        texts = apply_chat_template(tokenizer, [row["prompt"] for row in drawn])
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]  # as ppo-rlhf's rollout encodes them
+        files[seed] = folder / f"prompts_seed{seed}.jsonl"
+        with open(files[seed], "w") as f:
+            for row, text, row_ids in zip(drawn, texts, ids):
+                f.write(json.dumps({"prompt": text, "prompt_ids": row_ids, "task_index": row["task_index"],
+                                    "answer": row["answer"]}) + "\n")
+    return files
+
+
+# ---------------------------------------------------------------- the loading check
+def logits_check(task_settings: dict, work: dict, model_dir: str, trl_python: str, work_dir: Path,
+                 n_prompts: int = 8) -> dict:
+    from ppo_rlhf.models import load_causal_lm, load_tokenizer
+    from ppo_rlhf.rollout.generation import TorchGenerator
+    from ppo_rlhf.rollout.responses import apply_chat_template, generate_responses
+    from ppo_rlhf.rollout.sequences import position_ids_from_mask, stop_token_ids
+
+    task, tokenizer = make_task(task_settings), load_tokenizer(model_dir)
+    policy = load_causal_lm(model_dir).eval()
+    rows = task.prompt_rows()[:n_prompts]
+    texts = apply_chat_template(tokenizer, [row["prompt"] for row in rows])
+    our_prompt_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    generator = TorchGenerator(stop_token_ids(tokenizer, policy), tokenizer.pad_token_id, work["max_new_tokens"],
+                               do_sample=True, seed=0)
+    out = generate_responses(policy, tokenizer, generator, [row["prompt"] for row in rows],
+                             work["max_length"] - work["max_new_tokens"], chat_template=True)
+    sequences = []
+    for i in range(len(rows)):
+        prompt = out.sequences.prompt_ids[i][out.sequences.prompt_mask[i].bool()]
+        response = out.sequences.response_ids[i][out.sequences.response_mask[i].bool()]
+        sequences.append(torch.cat([prompt, response]))
+    length = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for i, s in enumerate(sequences):  # right-padded, as TRL's forward passes take them
+        input_ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    task_index = [row["task_index"] for row in rows]
+    our_rewards = task.rule_reward(texts, out.texts, task_index)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    torch.save({"input_ids": input_ids, "attention_mask": mask, "prompts": texts, "responses": out.texts,
+                "task_index": task_index}, work_dir / "check_inputs.pt")
+    settings = {"model": model_dir, "inputs": str(work_dir / "check_inputs.pt"), "out": str(work_dir / "check_trl.pt"),
+                "task": task_settings}
+    (work_dir / "check.json").write_text(json.dumps(settings, indent=2) + "\n")
+    subprocess.run([trl_python, str(HERE / "peers" / "trl_grpo.py"), "check", "--settings", str(work_dir / "check.json")],
+                   check=True, env=subprocess_env(ppo_rlhf=False))
+    theirs = torch.load(work_dir / "check_trl.pt")
+    with torch.no_grad():
+        ours = policy(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    attended = mask.bool()
+    diff = (ours[attended] - theirs["logits"][attended]).abs().max().item()
+    ids_equal = theirs["prompt_ids"] == our_prompt_ids
+    rewards_equal = list(theirs["rewards"]) == list(our_rewards)
+    tolerance = 1e-4
+    result = {"sequences": len(sequences), "positions": int(attended.sum()), "logits_max_abs_diff": diff,
+              "logits_bitwise_equal": bool(torch.equal(ours[attended], theirs["logits"][attended])),
+              "prompt_ids_equal": ids_equal, "rewards_equal": rewards_equal, "rewards": our_rewards,
+              "tolerance": tolerance, "passed": diff <= tolerance and ids_equal and rewards_equal,
+              "trl_side": theirs["versions"],
+              "ppo_rlhf_side": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
+                                "peft": __import__("peft").__version__}}
+    print(f"loading check: logits max |diff| {diff:.2e}, prompt ids {'equal' if ids_equal else 'DIFFER'}, rewards "
+          f"{'equal' if rewards_equal else 'DIFFER'} -> {'passed' if result['passed'] else 'FAILED'}", flush=True)
+    return result
+
+
+# ---------------------------------------------------------------- the evaluator
+class Judge:
+    """ppo-rlhf's Evaluator with the task's metric, greedy, on the first eval_size held-out problems;
+    the same object judges every adapter of every run.  Iteration 0 (LoRA's B = 0: the base model,
+    the same for every run) is judged once."""
+
+    def __init__(self, task_settings: dict, work: dict, model_dir: str, eval_size: int):
+        from ppo_rlhf.evaluation import Evaluator
+        from ppo_rlhf.models import load_tokenizer
+
+        task = make_task(task_settings)
+        self.evaluator = Evaluator(load_tokenizer(model_dir), task.eval_rows()[:eval_size], task.metric,
+                                   max_prompt_length=work["max_length"] - work["max_new_tokens"],
+                                   max_new_tokens=work["max_new_tokens"], chat_template=True)
+        self.base = None
+
+    def __call__(self, run_dir: Path) -> list[dict]:
+        from ppo_rlhf.models import load_causal_lm
+
+        points = []
+        for folder in sorted((run_dir / "policies").iterdir()):
+            iteration = int(folder.name)
+            if iteration == 0 and self.base is not None:
+                points.append({"iteration": 0, **self.base})
+                continue
+            metrics, _ = self.evaluator(load_causal_lm(folder).eval())
+            metrics = {k: v for k, v in metrics.items() if not k.endswith("seconds")}
+            if iteration == 0:
+                self.base = metrics
+            points.append({"iteration": iteration, **metrics})
+        return points
+
+
+# ---------------------------------------------------------------- running
+def subprocess_env(ppo_rlhf: bool = True, threads: int = 1) -> dict:
+    """ppo-rlhf's sources on the path of its own runs only (trl_grpo.py adds the one pure-Python
+    module it imports itself); OMP threads as torch's."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT / "src"]
+    env["PYTHONPATH"] = os.pathsep.join(([str(ROOT / "src")] if ppo_rlhf else []) + paths)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Path, judge: Judge) -> Path:
+    run_dir = Path(args.out) / "runs" / f"{system}-seed{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    settings = {"out": str(run_dir), "save_every": args.eval_every, "seed": seed, "iterations": args.iterations,
+                "threads": args.threads, "prompts_file": str(prompts_file)}
+    if system == "ppo-rlhf":
+        settings["ppo"] = ppo_rlhf_values(task_settings, SAME_WORK, args.model, seed, args.iterations, args.threads,
+                                          run_dir)
+        command = [sys.executable, str(HERE / "peers" / "ppo_rlhf_grpo_run.py")]
+    else:
+        settings.update({"model": args.model, "prompts": str(prompts_file), "task": task_settings, "work": SAME_WORK})
+        command = [args.trl_python, str(HERE / "peers" / "trl_grpo.py"), "train"]
+    (run_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    with open(run_dir / "log.txt", "w") as log:
+        done = subprocess.run(command + ["--settings", str(run_dir / "settings.json")], env=subprocess_env(system == "ppo-rlhf", args.threads),
+                              stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode:
+        sys.exit(f"{system} seed {seed} failed (exit {done.returncode}); its log: {run_dir / 'log.txt'}")
+    process_seconds = time.perf_counter() - start
+    result = json.loads((run_dir / "result.json").read_text())
+    result.update({"system": system, "seed": seed, "process_seconds": process_seconds,
+                   "load_average_before": load_before, "load_average_after": os.getloadavg()})
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    start = time.perf_counter()
+    evaluations = judge(run_dir)
+    (run_dir / "evaluations.json").write_text(json.dumps(evaluations, indent=2) + "\n")
+    seconds = [r["time/iteration"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    print(f"  {system} seed {seed}: {statistics.median(seconds):.2f} s/iteration (median), train "
+          f"{sum(seconds):.0f} s, process {process_seconds:.0f} s, evaluation {time.perf_counter() - start:.0f} s; "
+          f"greedy accuracy {100 * evaluations[0]['eval/accuracy']:.1f}% -> {100 * evaluations[-1]['eval/accuracy']:.1f}%",
+          flush=True)
+    return run_dir
+
+
+# ---------------------------------------------------------------- figures
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_figures(run_dir: Path) -> dict:
+    iterations = read_jsonl(run_dir / "metrics.jsonl")
+    evaluations = json.loads((run_dir / "evaluations.json").read_text())
+    result = json.loads((run_dir / "result.json").read_text())
+    elapsed, seconds_at = 0.0, {0: 0.0}
+    for record in iterations:
+        elapsed += record["time/iteration"]
+        seconds_at[record["iteration"]] = elapsed
+    curve = [{"iteration": p["iteration"], "seconds": seconds_at[p["iteration"]], "accuracy": p["eval/accuracy"],
+              "task_score": p.get("eval/task_score"), "answer_format": p.get("eval/answer_format")} for p in evaluations]
+    same_prompts = None  # every iteration's prompts (task indices, K copies each) those of the prompt file
+    settings = json.loads((run_dir / "settings.json").read_text())
+    prompts_file = settings.get("prompts_file") or settings.get("prompts")
+    if result.get("task_indices") and prompts_file:
+        k = settings["work"]["k"] if "work" in settings else settings["ppo"]["samples_per_prompt"]
+        expected = [row["task_index"] for row in read_jsonl(Path(prompts_file)) for _ in range(k)]
+        got = [i for batch in result["task_indices"] for i in batch]
+        same_prompts = got == expected[: len(got)] and len(got) == len(iterations) * len(result["task_indices"][0])
+    split = {}
+    if "time/generate" in iterations[0]:
+        split = {k: statistics.median(r[f"time/{k}"] for r in iterations)
+                 for k in ("generate", "score", "forward", "train", "other")}
+    return {"system": result["system"], "seed": result["seed"], "iterations": len(iterations),
+            "threads": result.get("threads"), "load_average_before": result.get("load_average_before"),
+            "load_average_after": result.get("load_average_after"),
+            "first_batch_task_indices": result.get("first_batch_task_indices"), "versions": result.get("versions"),
+            "same_prompts_as_file": same_prompts,
+            "trl_config": result.get("trl_config"), "train_seconds": elapsed,
+            "s_per_iteration_median": statistics.median(r["time/iteration"] for r in iterations),
+            "s_per_iteration_all": [r["time/iteration"] for r in iterations], "split_median": split,
+            "cpu_s_per_iteration_median": (statistics.median(r["cpu/iteration"] for r in iterations)
+                                           if "cpu/iteration" in iterations[0] else None),
+            "update_steps": statistics.mean(r["update_steps"] for r in iterations),
+            "start_accuracy": curve[0]["accuracy"], "final_accuracy": curve[-1]["accuracy"], "curve": curve}
+
+
+def seconds_to_reach(curve: list[dict], target: float) -> float | None:
+    """Training seconds at the first evaluation (after iteration 0) at or above ``target``."""
+    point = next((p for p in curve if p["iteration"] > 0 and p["accuracy"] >= target), None)
+    return None if point is None else point["seconds"]
+
+
+def targets(runs: list[dict]) -> list[dict]:
+    """Per seed: ppo-rlhf's median s/iteration over TRL's, and the training seconds ppo-rlhf took to
+    reach TRL's final held-out accuracy, over TRL's total."""
+    rows = []
+    for seed in sorted({r["seed"] for r in runs}):
+        pair = {r["system"]: r for r in runs if r["seed"] == seed}
+        if set(pair) != set(SYSTEMS):
+            continue
+        ours, theirs = pair["ppo-rlhf"], pair["trl"]
+        reach = seconds_to_reach(ours["curve"], theirs["final_accuracy"])
+        rows.append({"seed": seed, "iteration_ratio": ours["s_per_iteration_median"] / theirs["s_per_iteration_median"],
+                     "trl_final_accuracy": theirs["final_accuracy"], "trl_seconds": theirs["train_seconds"],
+                     "ppo_rlhf_seconds_to_trl_final": reach,
+                     "time_ratio": None if reach is None else reach / theirs["train_seconds"],
+                     "same_prompts": ours["first_batch_task_indices"] == theirs["first_batch_task_indices"]
+                     and ours["same_prompts_as_file"] is not False and theirs["same_prompts_as_file"] is not False})
+    return rows
+
+
+def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    m = statistics.median(values)
+    if min(values) == max(values):
+        return f"{scale * m:.{digits}f}{unit}"
+    return f"{scale * m:.{digits}f}{unit} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
+
+
+def report(results: dict) -> str:
+    runs, task, work = results["runs"], results["task"], results["work"]
+    steps = work["batch_size"] // work["mini_batch_size"] * work["ppo_epochs"]
+    lines = ["# Peer benchmark: ppo-rlhf's GRPO and TRL 1.16's GRPOTrainer on a reasoning-gym task", "",
+             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ", f"Load: {results['load_note']}",
+             "", f"SmolLM2-135M-Instruct with LoRA, reasoning-gym `{task['name']}` (`{task['config'] or 'defaults'}`; "
+                 f"{task['why']}), {results['iterations']} iterations per run, seeds {', '.join(map(str, results['seeds']))}, "
+                 f"one torch thread per run unless the machine line says otherwise. Each iteration: "
+                 f"{work['batch_size'] // work['k']} prompts x K={work['k']} samples ({work['batch_size']} sequences, "
+                 f"at most {work['max_new_tokens']} new tokens, T={work['temperature']:g}), the task's own checker "
+                 f"(`score_answer` on the extracted answer) + {task['format_reward']:g} for an answer in <answer> tags, "
+                 f"group-normalised advantages, {steps} optimizer steps of {work['mini_batch_size']} sequences "
+                 f"(lr {work['lr']:g}, clip {work['clip_ratio']:g}, grad-norm clip {work['max_grad_norm']:g}), k3 KL to "
+                 f"the base model in the loss at beta {work['beta']:g}, per-token loss averaged over each response then "
+                 f"over responses (TRL `loss_type=grpo`, ppo-rlhf `sequence-mean`). LoRA r={work['lora']['r']}, "
+                 f"alpha={work['lora']['alpha']:g}, dropout {work['lora']['dropout']:g}, {work['lora']['target_modules']}.",
+             "", f"Held-out accuracy: one evaluator (ppo-rlhf's, greedy, {results['eval_size']} held-out problems never "
+                 f"trained on, every {results['eval_every']} iterations) for every saved adapter of both systems. "
+                 f"Seconds are training seconds: the sum of the timed iterations, evaluation and saving excluded. "
+                 f"Figures: median over seeds (range).", "",
+             "| system | s/iteration | CPU s/iteration | train s | accuracy before | final accuracy |",
+             "|---|---|---|---|---|---|"]
+    for system in SYSTEMS:
+        mine = [r for r in runs if r["system"] == system]
+        if mine:
+            lines.append(f"| {NAMES[system]} | {spread([r['s_per_iteration_median'] for r in mine], digits=3)} | "
+                         f"{spread([r.get('cpu_s_per_iteration_median') for r in mine], digits=3)} | "
+                         f"{spread([r['train_seconds'] for r in mine], digits=0)} | "
+                         f"{spread([r['start_accuracy'] for r in mine], 100, 1, '%')} | "
+                         f"{spread([r['final_accuracy'] for r in mine], 100, 1, '%')} |")
+    lines += ["", "CPU s/iteration: the run process's CPU seconds (all its threads) per iteration, median; with one "
+                  "thread per run it is close to the wall seconds of an idle machine, and less disturbed by other jobs "
+                  "than the wall seconds are (it still grows under contention, through caches and memory bandwidth).",
+              "", "## The issue's targets", "",
+              "1. ppo-rlhf's iteration no slower than TRL's on the same work (ratio of median s/iteration <= 1).",
+              "2. TRL's final held-out accuracy reached by ppo-rlhf in at most half TRL's training time "
+              "(read at ppo-rlhf's evaluation points after iteration 0, so the ratio's resolution is --eval-every "
+              "iterations; ratio <= 0.5). If TRL ends no higher than the shared starting accuracy, target 2 says "
+              "nothing: read it with the accuracies.", "",
+              "| seed | ppo-rlhf / TRL s/iteration | TRL final accuracy | TRL train s | ppo-rlhf s to reach it | "
+              "ratio | same prompts (every iteration) |", "|---|---|---|---|---|---|---|"]
+    for t in results["targets"]:
+        reach = "not reached" if t["ppo_rlhf_seconds_to_trl_final"] is None else f"{t['ppo_rlhf_seconds_to_trl_final']:.0f}"
+        ratio = "—" if t["time_ratio"] is None else f"{t['time_ratio']:.2f}"
+        lines.append(f"| {t['seed']} | {t['iteration_ratio']:.3f} | {100 * t['trl_final_accuracy']:.1f}% | "
+                     f"{t['trl_seconds']:.0f} | {reach} | {ratio} | {'yes' if t['same_prompts'] else 'NO'} |")
+    if results["targets"]:
+        ratios = [t["iteration_ratio"] for t in results["targets"]]
+        reached = [t["time_ratio"] for t in results["targets"] if t["time_ratio"] is not None]
+        lines += ["", f"Target 1 (iteration <= TRL's): **{'met' if max(ratios) <= 1 else 'not met'}** (ratios "
+                      f"{', '.join(f'{r:.3f}' for r in ratios)}). Target 2 (TRL's final accuracy in <= half its time): "
+                      f"**{'met' if len(reached) == len(ratios) and max(reached) <= 0.5 else 'not met'}** "
+                      f"({len(reached)}/{len(ratios)} seeds reached TRL's final accuracy"
+                      + (f", time ratios {', '.join(f'{r:.2f}' for r in reached)}" if reached else "") + ")."]
+    ours = [r for r in runs if r["system"] == "ppo-rlhf" and r["split_median"]]
+    if ours:
+        lines += ["", "ppo-rlhf's iteration split (median s): " + ", ".join(
+            f"{k} {statistics.median(r['split_median'][k] for r in ours):.2f}"
+            for k in ("generate", "score", "forward", "train", "other")) + "."]
+    check = results.get("logits_check")
+    if check:
+        lines += ["", "## Loading check", "",
+                  f"The base model loaded in each environment (ppo-rlhf: torch {check['ppo_rlhf_side']['torch']}, "
+                  f"transformers {check['ppo_rlhf_side']['transformers']}, peft {check['ppo_rlhf_side']['peft']}; TRL "
+                  f"side: torch {check['trl_side']['torch']}, transformers {check['trl_side']['transformers']}, trl "
+                  f"{check['trl_side']['trl']}, peft {check['trl_side']['peft']}) on the same {check['sequences']} "
+                  f"sampled prompt + response sequences ({check['positions']} positions): largest logit difference "
+                  f"{check['logits_max_abs_diff']:.1e} ({'bitwise equal' if check['logits_bitwise_equal'] else 'not bitwise equal'}); "
+                  f"TRL's tokenisation of the prompt strings gives {'the same' if check['prompt_ids_equal'] else 'DIFFERENT'} "
+                  f"ids as ppo-rlhf's rollout; TRL's reward function gives {'the same' if check['rewards_equal'] else 'DIFFERENT'} "
+                  f"rewards on those responses: **{'passed' if check['passed'] else 'FAILED'}**."]
+    lines += ["", "## Settings matched", "",
+              "Model and LoRA (r, alpha, dropout, all-linear targets; the reference is the base with the adapter off in "
+              "both), task, problems and held-out split, prompt strings and ids (chat template with ppo-rlhf's system "
+              "instruction), the prompts of each iteration and their order (TRL reads ppo-rlhf's draws, "
+              "`shuffle_dataset=False`), K, prompts per iteration, max new tokens, temperature (no top-k / top-p), "
+              "reward code (ppo-rlhf's `ReasoningGymTask.rule_reward`, imported in TRL's environment), learning rate "
+              "(constant, no warm-up), torch's fused AdamW (TRL's default `optim`, adamw_torch_fused; betas 0.9/0.999, eps "
+              "1e-8, weight decay 0), clip range, grad-norm clip, beta with k3 in the loss, loss aggregation, "
+              "group std scaling, optimizer steps per generation batch (TRL `per_device_train_batch_size="
+              f"{work['mini_batch_size']}`, `steps_per_generation={work['batch_size'] // work['mini_batch_size']}`, "
+              f"`num_iterations={work['ppo_epochs']}`, no accumulation; ppo-rlhf `batch_size={work['batch_size']}`, "
+              f"`mini_batch_size={work['mini_batch_size']}`, `ppo_epochs={work['ppo_epochs']}`), dropout off, "
+              "float32, no gradient checkpointing, one torch thread each.", "",
+              "## Settings not matched", ""]
+    lines += [f"- {note}" for note in NOT_MATCHED]
+    lines += ["", "## Runs (in the order run)", "",
+              "| system | seed | s/iteration | train s | accuracy (iteration: %) | load before → after |",
+              "|---|---|---|---|---|---|"]
+    for r in runs:
+        load = (f"{r['load_average_before'][0]:.1f} → {r['load_average_after'][0]:.1f}"
+                if r.get("load_average_before") else "")
+        curve = ", ".join(f"{p['iteration']}: {100 * p['accuracy']:.1f}" for p in r["curve"])
+        lines.append(f"| {NAMES[r['system']]} | {r['seed']} | {r['s_per_iteration_median']:.3f} | "
+                     f"{r['train_seconds']:.0f} | {curve} | {load} |")
+    lines += ["", "![held-out accuracy against training seconds](peers_grpo.png)", ""]
+    lines += results.get("notes", [])
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"ppo-rlhf": "tab:blue", "trl": "tab:orange"}
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    labelled = set()
+    for r in results["runs"]:
+        label = None if r["system"] in labelled else NAMES[r["system"]]
+        labelled.add(r["system"])
+        axes[0].plot([p["seconds"] for p in r["curve"]], [100 * p["accuracy"] for p in r["curve"]],
+                     color=colours[r["system"]], marker=".", label=label, alpha=0.85)
+        axes[1].plot(range(1, len(r["s_per_iteration_all"]) + 1), r["s_per_iteration_all"],
+                     color=colours[r["system"]], alpha=0.6, linewidth=0.8, label=label)
+    axes[0].set_xlabel("training seconds (evaluation excluded)")
+    axes[0].set_ylabel(f"greedy accuracy, % of {results['eval_size']} held-out problems")
+    axes[1].set_xlabel("iteration")
+    axes[1].set_ylabel("seconds per iteration")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle(f"ppo-rlhf grpo and TRL 1.16 GRPOTrainer, {results['task']['name']}, one line per run; "
+                    f"{results['machine_short']}", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/peers_grpo", help="run folders (default runs/peers_grpo)")
+    parser.add_argument("--model", default=str(ROOT / "runs" / "smollm2-135m-instruct"),
+                        help="the model folder (make smollm2)")
+    parser.add_argument("--task", default=None, help="reasoning-gym task name (default: see the module docstring)")
+    parser.add_argument("--task-config", default=None, help="the generator's settings, key=value,... (default: the "
+                                                            "picked task's)")
+    parser.add_argument("--task-size", type=int, default=10000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--iterations", type=int, default=150)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in every run (default 1)")
+    parser.add_argument("--trl-python", default=str(ROOT / ".venv-trl116" / "bin" / "python"))
+    parser.add_argument("--quick", action="store_true", help="validation: 1 seed, 4 iterations, 8 held-out problems; "
+                                                             "runs and results in OUT-quick")
+    parser.add_argument("--report-only", action="store_true", help="redo the tables and the plot from the run folders")
+    parser.add_argument("--note", action="append", default=[], help="a line added to the report (e.g. the load)")
+    args = parser.parse_args()
+    results_dir = RESULTS
+    if args.quick:  # a check that everything runs, not figures: its results stay in its run folder
+        args.seeds, args.iterations, args.eval_every, args.eval_size = args.seeds[:1], 4, 2, 8
+        args.out = args.out.rstrip("/") + "-quick"
+        results_dir = Path(args.out)
+    args.model = str(Path(args.model).resolve())
+    out = Path(args.out)
+    torch.set_num_threads(args.threads)
+    if not (Path(args.model) / "config.json").is_file():
+        sys.exit(f"{args.model} is not a model folder: make smollm2 makes it")
+    if not Path(args.trl_python).exists():
+        sys.exit(f"{args.trl_python} not found: make trl116-venv builds .venv-trl116 (torch==2.13.0, then trl==1.16.0, "
+                 f"peft and reasoning-gym)")
+    state_file = out / "bench_state.json"
+    if args.report_only:
+        state = json.loads(state_file.read_text())
+    else:
+        name, config, why = default_task()
+        if args.task is not None:
+            name, config, why = args.task, "" if args.task_config is None else args.task_config, "given by --task"
+        elif args.task_config is not None:
+            config = args.task_config
+        task_settings = {"name": name, "config": config, "why": why, "size": args.task_size,
+                         "eval_size": args.eval_size, "seed": TASK_SEED, "format_reward": SAME_WORK["format_reward"]}
+        start = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"task {name} ({config or 'defaults'}): {why}", flush=True)
+        files = write_prompt_files(task_settings, SAME_WORK, args.model, args.seeds, args.iterations, out / "prompts")
+        state = {"task": task_settings, "order": [], "eval_every": args.eval_every, "eval_size": args.eval_size,
+                 "logits_check": logits_check(task_settings, SAME_WORK, args.model, args.trl_python, out / "check")}
+        state_file.write_text(json.dumps(state, indent=2) + "\n")
+        judge = Judge(task_settings, SAME_WORK, args.model, args.eval_size)
+        for k, seed in enumerate(args.seeds):
+            order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]  # alternated: each system runs first and second
+            print(f"seed {seed}: {' -> '.join(order)}", flush=True)
+            for system in order:
+                state["order"].append(str(run_one(system, seed, args, task_settings, files[seed], judge)))
+                state_file.write_text(json.dumps(state, indent=2) + "\n")
+        state["wall_seconds"] = time.perf_counter() - start
+        state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    runs = [run_figures(Path(d)) for d in state["order"]]
+    loads = [r["load_average_before"][0] for r in runs if r.get("load_average_before")]
+    threads = sorted({r["threads"] for r in runs if r.get("threads")})
+    results = {
+        "command": "python benchmarks/bench_peers_grpo.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads per run: "
+                   f"{threads}",
+        "machine_short": f"{platform.machine()}, {os.cpu_count()} cores, {'/'.join(map(str, threads))} thread(s)",
+        "load_note": (f"1-minute load average before each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} "
+                      f"cores (the previous run's own threads included)" if loads else "unknown"),
+        "task": state["task"], "work": SAME_WORK, "seeds": sorted({r["seed"] for r in runs}),
+        "iterations": max((r["iterations"] for r in runs), default=0), "eval_every": state["eval_every"],
+        "eval_size": state["eval_size"], "wall_seconds": state.get("wall_seconds"),
+        "logits_check": state.get("logits_check"), "targets": targets(runs), "runs": runs, "notes": args.note,
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "peers_grpo.json").write_text(json.dumps(results, indent=2) + "\n")
+    (results_dir / "peers_grpo.md").write_text(report(results))
+    plot(results, results_dir / "peers_grpo.png")
+    print(f"written: {results_dir / 'peers_grpo.md'}, peers_grpo.json, peers_grpo.png")
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
