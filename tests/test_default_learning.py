@@ -50,8 +50,8 @@ def test_the_readme_command_learns_with_default_settings(tmp_path, monkeypatch, 
     rows = [json.loads(line) for line in (tmp_path / "runs" / "my_ppo_fn" / "metrics.jsonl").open()]
     scores = [row["score"] for row in rows if "score" in row]
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
-    # Measured: 5.2 -> 12.2 "e"s per response (iterations 1-3 vs 18-20); the same run with lr 1e-5,
-    # or with lam 0.95, stays between 3.8 and 6.0 throughout (5.3 at the end).
+    # Measured: 5.2 -> 12.4 "e"s per response (iterations 1-3 vs 18-20; 12.2 at the old kl_coef 0.3); the
+    # same run with lr 1e-5, or with lam 0.95 (both at kl_coef 0.3), stays between 3.8 and 6.0 throughout.
     assert last > 1.6 * first, (first, last, scores)
 
 
@@ -63,15 +63,20 @@ ANSWERS = ["3", "5", "7", "9"]
 ITERATIONS = 30
 
 
-@pytest.mark.slow
-# About two minutes a case, spent to show what is already measured: run on demand (with the variable
-# set) when a default that could change it is tried; strict, so a fix shows as a failure to remove it.
-@pytest.mark.skipif(not os.environ.get("PPO_RLHF_KNOWN_GAPS"),
-                    reason="a known gap (issue 20), measured in docs/design.md: set PPO_RLHF_KNOWN_GAPS=1 to run it")
-@pytest.mark.xfail(strict=True, reason="issue 20: a 0/1 reward stays nearly flat with the defaults, full model and "
-                                       "LoRA alike, held by the KL penalty (docs/design.md, 'Defaults that "
-                                       "learn')")
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+# LoRA stays below the bar with every KL default tried (docs/design.md, "Defaults that learn"): about
+# two minutes spent on a measured result, so it runs on demand (with the variable set) when a default
+# that could change it is tried; strict, so a fix shows as a failure to remove it.
+LORA_GAP = [pytest.mark.skipif(not os.environ.get("PPO_RLHF_KNOWN_GAPS"),
+                               reason="a known gap (issue 20), measured in docs/design.md: set PPO_RLHF_KNOWN_GAPS=1 "
+                                      "to run it"),
+            pytest.mark.xfail(strict=True, reason="issue 20: with --lora a 0/1 reward rises more slowly than the bar "
+                                                  "(0.28 -> 0.41 and 0.28 -> 0.36 on two seeds at the default "
+                                                  "kl_coef 0.05; 1.51x on both with --kl-coef 0), "
+                                                  "docs/design.md 'Defaults that learn'")]
+
+
+@pytest.mark.slow  # about two and a half minutes a case at one thread
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=LORA_GAP)], ids=["full", "lora"])
 def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path, monkeypatch, lora):
     monkeypatch.chdir(tmp_path)
     users_tiny_model(tmp_path / "DIR")
@@ -85,8 +90,8 @@ def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path,
     accuracy = [row["score"] for row in rows if "score" in row]
     assert len(accuracy) == ITERATIONS and set(accuracy) <= {k / 64 for k in range(65)}, accuracy  # 0/1 means
     first, last = sum(accuracy[:5]) / 5, sum(accuracy[-5:]) / 5
-    # Measured (iterations 1-5 vs 26-30): full model 0.297 -> 0.384 (60 iterations: still 0.391 at the end),
-    # LoRA 0.278 -> 0.334; the "e" count above rises 2.3x in 20 iterations.  Asked for: 1.5x, which the
-    # full model reaches with --kl-coef 0 (0.316 -> 0.822; LoRA 0.291 -> 0.441): the KL penalty, not the
-    # lr, holds it flat.
+    # Measured (iterations 1-5 vs 26-30), default kl_coef 0.05: full model 0.312 -> 0.559 (--seed 1 and 2:
+    # 0.284 -> 0.531, 0.247 -> 0.584); LoRA 0.284 -> 0.406 (--seed 1: 0.275 -> 0.359).  With the old
+    # default 0.3 the full model stayed at 0.297 -> 0.384 (60 iterations: 0.391) and LoRA at 0.278 -> 0.334.
+    # Asked for: 1.5x.
     assert last > 1.5 * first, (first, last, accuracy)

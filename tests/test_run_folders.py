@@ -48,7 +48,7 @@ def test_resume_refuses_changed_meaning_and_takes_a_new_learning_rate(tiny_sft_m
     run(ppo_args(tiny_sft_model, out, "--iterations", 1, "--save-every", 1))
     err = run_failing(ppo_args(tiny_sft_model, out, "--iterations", 2, "--resume", "--kl-coef", 0.9, "--critic", "separate"),
                 capsys)
-    assert "kl_coef: 0.3 -> 0.9" in err and "critic: 'shared' -> 'separate'" in err
+    assert "kl_coef: 0.05 -> 0.9" in err and "critic: 'shared' -> 'separate'" in err
     other_model = tmp_path / "other"
     shutil.copytree(tiny_sft_model, other_model)  # the same shape: it would silently swap the KL reference
     err = run_failing(ppo_args(other_model, out, "--iterations", 2, "--resume"), capsys)

@@ -40,7 +40,7 @@ def test_plan_is_printed_and_greedy_rollouts_warn(zoo, tmp_path, capsys):
     for role in ("actor:", "reference:", "critic:", "reward:", "rollout:", "update:", "KL:"):
         assert role in printed, role
     # the zoo's Llama is 32 wide: 1e-5 x 768 / 32
-    assert "k1 in the reward, kl_coef 0.3" in printed and "lr 0.00024" in printed
+    assert "k1 in the reward, kl_coef 0.05 (fixed)" in printed and "lr 0.00024" in printed
     assert "warning: greedy rollouts" in printed
 
 
