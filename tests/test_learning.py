@@ -1,6 +1,9 @@
 """Learning is tested by outcome: fixed seeds, real (small) budgets, accuracy must rise."""
 
+import json
+
 import pytest
+from filelock import FileLock
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.stages.demo import PPO_PRESET, SFT_PRESET
@@ -12,12 +15,24 @@ from ppo_rlhf.trainers.sft import SFTConfig
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("learning") / "sft"
+@pytest.fixture(scope="session")
+def sft_model(tmp_path_factory, worker_id):
+    """The preset's SFT model (about five minutes of the suite), trained once per test run: under
+    pytest-xdist the workers share one folder of the run's base temp, and a lock makes the first
+    one train it while the others wait, instead of each worker training its own."""
+    if worker_id == "master":  # one process: a folder of its own
+        return train_sft(tmp_path_factory.mktemp("learning") / "sft")
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    with FileLock(str(shared / "learning-sft.lock")):
+        done = shared / "learning-sft.json"
+        if not done.is_file():
+            done.write_text(json.dumps(train_sft(shared / "learning-sft")))
+        return json.loads(done.read_text())
+
+
+def train_sft(out) -> dict:
     config = build_config(SFTConfig, {**SFT_PRESET, "eval_every": 0, "out": str(out), "num_threads": 1})
-    summary = run_sft(config)
-    return summary
+    return run_sft(config)
 
 
 def test_sft_learns_to_double_but_not_the_style(sft_model):
