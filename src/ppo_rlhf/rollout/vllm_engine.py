@@ -9,8 +9,8 @@ the actor's device:
    model runner's ``load_weights`` fails on the CPU build once its weights were post-processed).
    Under ``--lora`` the policy adapter is merged into each weight on the fly (W + scale B A,
    the base left untouched), so the engine holds one plain model and needs no LoRA support.
-   A weight set the engine already holds (no parameter changed since: an evaluation's batches)
-   is not sent again.  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).
+   Every call sends them (``fixed_weights``: only the first, for a model that never changes, as
+   in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).
 2. Distribution: ``softmax(logits / temperature)``, no top-k / top-p / min-p / penalties, the
    model's generation_config.json ignored (it may carry a top_p); greedy when not sampling.
 3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
@@ -178,7 +178,8 @@ class VLLMGenerator:
         self.dtype = engine_dtype(mixed_precision)
         self.last_logprobs: torch.Tensor | None = None  # (B, T) the engine's log-probs of the last responses
         self.last_sync_seconds = 0.0
-        self.synced: tuple | None = None  # which parameter versions the engine holds
+        self.fixed_weights = False  # True: the model never changes, its weights are sent once
+        self.synced = False  # the engine holds the model's weights
         self.vllm = import_vllm()
         self.llm = self.build(model, memory_utilization, max_rows)
 
@@ -221,17 +222,16 @@ class VLLMGenerator:
 
     # ------------------------------------------------------------ weights
     def sync_weights(self, model) -> float:
-        """The actor's current weights into the engine, unless it holds them already; seconds."""
-        params = [p for p in model.parameters()]
-        version = tuple((id(p), p._version) for p in params)
-        if version == self.synced:
+        """The actor's current weights into the engine; seconds.  (Tensor version counters cannot
+        tell an updated weight: the fused optimizer steps leave them as they were.)"""
+        if self.fixed_weights and self.synced:
             return 0.0
         start = time.perf_counter()
         with torch.no_grad():
             weights = policy_weights(model)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
-        self.synced = version
+        self.synced = True
         return time.perf_counter() - start
 
     def sampling_params(self, rows: int) -> list:
@@ -278,7 +278,7 @@ class VLLMGenerator:
         """On a GPU: the engine's weights and KV cache freed while the trainer updates."""
         if self.device.type == "cuda":
             self.llm.sleep(level=2)  # weights discarded too: the next rollout reloads them anyway
-            self.synced = None
+            self.synced = False
 
     def wake_up(self) -> None:
         if self.device.type == "cuda":

@@ -102,6 +102,7 @@ def run_eval(config: EvalConfig) -> dict:
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
                                 config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
                                 config.max_length, max_rows=min(evaluator.batch_size, len(rows)))
+        generator.fixed_weights = True  # the evaluated model never changes: sent once, not per batch
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
                                      seed=config.seed, prefix="", generator=generator)
