@@ -174,7 +174,10 @@ class VLLMGenerator:
         self.seed, self.process = seed, process
         self.rng = DrawCount()  # saved in checkpoints as the sampling state (trainers/ppo_loop.py)
         self.device = torch.device(device)
-        self.max_model_len = max_model_len
+        # At most the positions the model has (vLLM refuses more; the torch loop would break past them too).
+        positions = getattr(base_model(model).config.get_text_config(), "max_position_embeddings", None) or \
+            getattr(base_model(model).config.get_text_config(), "n_positions", None)
+        self.max_model_len = min(max_model_len, positions) if positions else max_model_len
         self.dtype = engine_dtype(mixed_precision)
         self.last_logprobs: torch.Tensor | None = None  # (B, T) the engine's log-probs of the last responses
         self.last_sync_seconds = 0.0
@@ -200,13 +203,16 @@ class VLLMGenerator:
         if self.device.type == "cuda":
             options.update(gpu_memory_utilization=memory_utilization, enable_sleep_mode=True)
         else:
-            kv_needed = kv_bytes_per_token(config, self.dtype) * self.max_model_len
+            per_token = kv_bytes_per_token(config, self.dtype)
+            kv_needed = per_token * self.max_model_len
             total = int(memory_utilization * _ram_bytes())
             if total < kv_needed:
                 raise ConfigError(f"--vllm-memory-utilization {memory_utilization:g}: a KV cache of "
                                   f"{total / 2**20:.0f} MiB cannot hold one {self.max_model_len}-token sequence "
                                   f"({kv_needed / 2**20:.0f} MiB); raise it, or lower --max-length")
-            options.update(kv_cache_memory_bytes=total)
+            # No more than a whole batch of the longest sequences can use (a block of slack each):
+            # the CPU build fills the cache it is given, and it is resident memory.
+            options.update(kv_cache_memory_bytes=min(total, per_token * max_rows * (self.max_model_len + 32)))
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
         try:
@@ -287,15 +293,17 @@ class VLLMGenerator:
 
 def engine_error(error: Exception, memory_utilization: float) -> str:
     """vLLM's refusal at start, with what to change here."""
-    text = str(error)
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    # pydantic's first line only counts the errors; the reason is on the next one
+    text = " ".join(lines[:2]) if lines and "validation error" in lines[0] else (lines[0] if lines else "")
     if "memory" in text.lower() or "KV cache" in text:
         return (f"--rollout-engine vllm: the engine does not fit with --vllm-memory-utilization "
-                f"{memory_utilization:g} ({text.strip().splitlines()[0]}); raise --vllm-memory-utilization, or "
+                f"{memory_utilization:g} ({text}); raise --vllm-memory-utilization, or "
                 f"lower --max-length or the batch")
     if "head size" in text.lower() or "head_size" in text:
-        return (f"--rollout-engine vllm: vLLM refuses the actor's attention head size ({text.strip().splitlines()[0]}); "
+        return (f"--rollout-engine vllm: vLLM refuses the actor's attention head size ({text}); "
                 f"use --rollout-engine torch")
-    return f"--rollout-engine vllm: vLLM could not start ({type(error).__name__}: {text.strip().splitlines()[0]})"
+    return f"--rollout-engine vllm: vLLM could not start ({type(error).__name__}: {text})"
 
 
 def _ram_bytes() -> int:
