@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from ppo_rlhf.config import between, check, option
-from ppo_rlhf.distributed import world_size
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
@@ -30,9 +29,10 @@ class RolloutEngineOptions:
             return
         from ppo_rlhf.sharding import sharding_from_launch
 
-        check(world_size() == 1 and sharding_from_launch() is None, "rollout_engine",
-              "torch with several processes: the vLLM engine is built for one process so far (each process's "
-              "engine serving its own rows is not done yet)", self.rollout_engine)
+        check(sharding_from_launch() is None, "rollout_engine",
+              "torch under an FSDP launch: the vLLM engine takes whole weights, and syncing a sharded actor into "
+              "it is not done yet (data parallel launches are: configs/accelerate/gpus_ddp.yaml)",
+              self.rollout_engine)
 
 
 def require_engine(options: RolloutEngineOptions) -> None:

@@ -200,6 +200,11 @@ class VLLMGenerator:
                        enforce_eager=self.device.type == "cpu", generation_config="vllm",
                        logprobs_mode="processed_logprobs",  # after the temperature: the trainer's distribution
                        disable_log_stats=True)
+        from ppo_rlhf.distributed import world_size
+
+        if world_size() > 1:  # launched with torchrun / accelerate: one engine per process, its own rows
+            options.update(distributed_executor_backend="external_launcher", data_parallel_size=world_size(),
+                           tensor_parallel_size=1)
         if self.device.type == "cuda":
             options.update(gpu_memory_utilization=memory_utilization, enable_sleep_mode=True)
         else:
