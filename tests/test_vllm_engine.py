@@ -31,11 +31,11 @@ LOGPROB_TOLERANCE = 1e-4
 VLLM_TINY = ["--n-layer", 1, "--n-head", 2, "--n-embd", 128, *THREADS]
 
 
-def tiny_llama(head_dim: int = 64, seed: int = 0):
+def tiny_llama(head_dim: int = 64, seed: int = 0, tied: bool = False):
     tokenizer = make_tokenizer("llama")
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=2 * head_dim, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         initializer_range=0.2, eos_token_id=tokenizer.eos_token_id,
+                         initializer_range=0.2, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=tied,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config), tokenizer
@@ -162,6 +162,19 @@ def test_engine_logprobs_equal_the_trainers_after_every_update(engine, lora):
             for name, p in model.named_parameters():
                 p.copy_(now[name])
         assert (stale - engine.last_logprobs).abs().max().item() > 100 * LOGPROB_TOLERANCE, update
+
+
+@needs_vllm
+def test_tied_embeddings_receive_their_updates():
+    """A model whose output layer is its input embedding (SmolLM2, Qwen2 small): the engine built
+    from it follows an update of the shared matrix."""
+    model, _ = tiny_llama(tied=True)
+    engine = engine_for(model, max_rows=8)
+    ids, mask = prompts(8)
+    optimizer_steps(model, list(model.parameters()), 2)
+    responses, response_mask = engine.generate(model, ids, mask)
+    gap = (trainer_logprobs(model, ids, mask, responses, response_mask) - engine.last_logprobs).abs().max().item()
+    assert gap < LOGPROB_TOLERANCE, gap
 
 
 # ------------------------------------------------------------ the Generator contract
