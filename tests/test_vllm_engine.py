@@ -164,19 +164,6 @@ def test_engine_logprobs_equal_the_trainers_after_every_update(engine, lora):
         assert (stale - engine.last_logprobs).abs().max().item() > 100 * LOGPROB_TOLERANCE, update
 
 
-@needs_vllm
-def test_tied_embeddings_receive_their_updates():
-    """A model whose output layer is its input embedding (SmolLM2, Qwen2 small): the engine built
-    from it follows an update of the shared matrix."""
-    model, _ = tiny_llama(tied=True)
-    engine = engine_for(model, max_rows=8)
-    ids, mask = prompts(8)
-    optimizer_steps(model, list(model.parameters()), 2)
-    responses, response_mask = engine.generate(model, ids, mask)
-    gap = (trainer_logprobs(model, ids, mask, responses, response_mask) - engine.last_logprobs).abs().max().item()
-    assert gap < LOGPROB_TOLERANCE, gap
-
-
 # ------------------------------------------------------------ the Generator contract
 @needs_vllm
 def test_stop_ids_end_a_response_and_the_rest_is_padding(engine):
@@ -219,6 +206,19 @@ def test_seeds_per_response_and_left_padding(engine):
     greedy, greedy_mask = fresh(engine, do_sample=False).generate(model, ids, mask)
     argmax = TorchGenerator([2], 2, 6, do_sample=False).generate(model, ids, mask)
     assert torch.equal(greedy, argmax[0]) and torch.equal(greedy_mask, argmax[1])
+
+
+@needs_vllm
+def test_tied_embeddings_receive_their_updates():
+    """A model whose output layer is its input embedding (SmolLM2, Qwen2 small): the engine built
+    from it follows an update of the shared matrix."""
+    model, _ = tiny_llama(tied=True)
+    engine = engine_for(model, max_rows=8)  # closes the module's engine: one per process (the tests above used it)
+    ids, mask = prompts(8)
+    optimizer_steps(model, list(model.parameters()), 2)
+    responses, response_mask = engine.generate(model, ids, mask)
+    gap = (trainer_logprobs(model, ids, mask, responses, response_mask) - engine.last_logprobs).abs().max().item()
+    assert gap < LOGPROB_TOLERANCE, gap
 
 
 # ------------------------------------------------------------ bad input, said at start

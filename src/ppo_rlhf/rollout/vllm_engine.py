@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,7 @@ def import_vllm():
     install it when it is absent or does not import."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the trainer's process
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer's --num-threads rule
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the trainer's
     try:
         import vllm
     except ImportError as error:
@@ -60,7 +63,16 @@ def import_vllm():
                           f"{error}); if torchvision, torchaudio or torchcodec are named, they were built for "
                           f"another torch: pip uninstall -y torchvision torchaudio torchcodec (vLLM's text "
                           f"models do not need them)") from None
+    logging.getLogger("vllm.renderers.base").addFilter(NoChatWarmup())
     return vllm
+
+
+class NoChatWarmup(logging.Filter):
+    """vLLM warms a chat template up at start and logs a traceback when, as here, the engine has
+    no tokenizer (token ids in and out, by design)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Chat template warmup failed" not in record.getMessage()
 
 
 class DrawCount:
@@ -155,6 +167,11 @@ def engine_dtype(mixed_precision: str) -> torch.dtype:
 class VLLMGenerator:
     """The Generator contract (rollout/generation.py) on a vLLM engine in this process.
 
+    One engine per process: vLLM keeps its parallel groups in module globals, and an engine's
+    teardown takes them down whoever uses them.  Building one closes the one built before it (a
+    run's engine when a second trainer is built in the same Python process), rather than leave
+    that engine's teardown to the garbage collector, at a moment that would break the new one.
+
     ``model``: the actor, whose config (architecture, sizes) the engine is built from, and
     whose weights it receives before every rollout.  ``max_model_len``: the longest prompt +
     response.  ``memory_utilization``: on a GPU, vLLM's ``gpu_memory_utilization`` (the share of
@@ -218,6 +235,7 @@ class VLLMGenerator:
             # No more than a whole batch of the longest sequences can use (a block of slack each):
             # the CPU build fills the cache it is given, and it is resident memory.
             options.update(kv_cache_memory_bytes=min(total, per_token * max_rows * (self.max_model_len + 32)))
+        close_previous_engine()
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
         try:
@@ -229,7 +247,15 @@ class VLLMGenerator:
             random.setstate(states[0])
             np.random.set_state(states[1])
             torch.set_rng_state(states[2])
+        global _live_engine
+        _live_engine = weakref.ref(self)
         return llm
+
+    def close(self) -> None:
+        """Shut the engine down now (its parallel groups and memory); it cannot generate after."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
 
     # ------------------------------------------------------------ weights
     def sync_weights(self, model) -> float:
@@ -261,6 +287,9 @@ class VLLMGenerator:
     # ------------------------------------------------------------ the Generator contract
     @torch.no_grad()
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.llm is None:
+            raise RuntimeError("this vLLM engine was closed (another was built in this process: vLLM holds one "
+                               "engine per process); build the generator again")
         self.wake_up()
         self.last_sync_seconds = self.sync_weights(model)
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
@@ -294,6 +323,21 @@ class VLLMGenerator:
     def wake_up(self) -> None:
         if self.device.type == "cuda":
             self.llm.wake_up()
+
+
+_live_engine: "weakref.ref[VLLMGenerator] | None" = None
+
+
+def close_previous_engine() -> None:
+    """The engine built before in this process, shut down before another starts (one process,
+    where vLLM's groups are its own; a launch's groups are the trainer's, and its one engine stays)."""
+    from ppo_rlhf.distributed import world_size
+
+    previous = _live_engine() if _live_engine is not None else None
+    if previous is not None and previous.llm is not None:
+        if world_size() > 1:
+            raise RuntimeError("a vLLM engine already runs in this process: under a launch each process holds one")
+        previous.close()
 
 
 def engine_error(error: Exception, memory_utilization: float) -> str:
