@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install vllm-venv demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick trl-venv smollm2 example-smollm2 bench-lora clean
+.PHONY: install vllm-venv test-vllm demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick trl-venv smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -32,6 +32,10 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)
+
+# The vLLM engine's tests (tests/test_vllm_engine.py: skipped in .venv, which has no vLLM).
+test-vllm: vllm-venv
+	$(VLLM_VENV)/bin/python -m pytest -p no:xdist tests/test_vllm_engine.py
 
 demo: install
 	$(VENV)/bin/ppo-rlhf demo --overwrite
