@@ -21,7 +21,8 @@ class RolloutEngineOptions:
                                           "rollout; pip install -e \".[vllm]\")", choices=ENGINES)
     vllm_memory_utilization: float = option(0.1, "--rollout-engine vllm: on a GPU, the share of its memory the engine "
                                                  "may take (vLLM's gpu_memory_utilization: weights and KV cache); on "
-                                                 "the CPU, the share of the RAM given to its KV cache",
+                                                 "the CPU, the most of the RAM its KV cache may take (no more than a "
+                                                 "batch of --max-length sequences needs)",
                                             range=between(0, 1, low_open=True))
 
     def validate_engine(self) -> None:

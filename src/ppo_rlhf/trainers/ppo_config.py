@@ -191,8 +191,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                        "_high; critic-free estimators only)", choices=RATIO_LEVELS)
     tis_cap: float | None = option(2.0, "truncated importance sampling for an engine whose numerics differ from "
                                         "the trainer's (--rollout-engine vllm): each token's policy-gradient term "
-                                        "weighted by min(pi_old / pi_engine, C); empty: off.  The torch engine is "
-                                        "the trainer's own forward, and gets no weight", range=at_least(1))
+                                        "weighted by min(pi_old / pi_engine, C); empty (--tis-cap ''): off.  The "
+                                        "torch engine is the trainer's own forward, and gets no weight",
+                                 range=at_least(1))
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never", range=above(0))
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
