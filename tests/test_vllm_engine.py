@@ -114,6 +114,33 @@ def test_first_tokens_follow_the_trainers_distribution(engine):
     assert wrong > degrees_wrong + 6 * math.sqrt(2 * degrees_wrong), (wrong, degrees_wrong)
 
 
+@needs_vllm
+def test_every_later_token_is_drawn_from_the_trainers_distribution(engine):
+    """Past the first token: at each position, a token drawn from p has E[log p(token)] =
+    -E[entropy of p], the expectation over the prefixes drawn before it.  So over 2,000 engine
+    responses the mean of (trainer's log-prob of the token + trainer's entropy there) is 0 to
+    sampling noise at every position, and not for the distribution at temperature 1 (so it can tell)."""
+    from ppo_rlhf.core import entropy_from_logits
+
+    model, _ = tiny_llama()
+    engine = fresh(engine, stop_token_ids=[])
+    rows = 2000
+    ids, mask = torch.tensor([[1, 10, 11, 12]]).repeat(rows, 1), torch.ones(rows, 4, dtype=torch.long)
+    responses, response_mask = engine.generate(model, ids, mask)
+
+    def mean_and_error(temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            sequences = Sequences(ids, mask, responses, response_mask)
+            logits = forward_response(model.eval(), sequences, temperature).logits
+        gap = logprobs_from_logits(logits, responses) + entropy_from_logits(logits)  # (rows, 6)
+        return gap.mean(0), gap.std(0) / math.sqrt(rows)
+
+    mean, error = mean_and_error(TEMPERATURE)
+    assert bool((mean.abs() < 4 * error).all()), (mean, error)
+    mean, error = mean_and_error(1.0)
+    assert bool((mean.abs() > 4 * error).any()), (mean, error)
+
+
 # ------------------------------------------------------------ the weights
 def optimizer_steps(model, parameters, steps: int):
     """Updates as the trainer makes them: AdamW (fused where torch has it) on a loss of the model."""
