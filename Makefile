@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora clean
+.PHONY: install vllm-venv test-vllm demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -16,6 +16,26 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# --rollout-engine vllm on the CPU: vLLM's CPU build in a virtual environment of its own (it pins
+# transformers < 5.20), torch first as above.  The torchvision, torchaudio and torchcodec it pulls
+# in are built for another torch and break transformers' imports; vLLM's text models do not need
+# them, so they are removed.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev,tasks,vllm]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The vLLM engine's tests (tests/test_vllm_engine.py: skipped in .venv, which has no vLLM).
+test-vllm: vllm-venv
+	$(VLLM_VENV)/bin/python -m pytest -p no:xdist tests/test_vllm_engine.py
 
 demo: install
 	$(VENV)/bin/ppo-rlhf demo --overwrite

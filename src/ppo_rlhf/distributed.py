@@ -12,7 +12,9 @@ import torch.distributed as dist
 
 
 def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """Several processes share the work.  A group of one process (the one vLLM's in-process engine
+    sets up for itself) is not: this process does all of it, and the group is vLLM's to take down."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank() -> int:

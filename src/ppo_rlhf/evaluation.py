@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ppo_rlhf.distributed import gather_objects, rank, split_for_rank
-from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -38,15 +38,17 @@ class Evaluator:
 
     @torch.no_grad()
     def __call__(self, model, do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
-                 prefix: str = "eval/") -> tuple[dict[str, float], list[tuple[str, str]]]:
+                 prefix: str = "eval/", generator: Generator | None = None) -> tuple[dict[str, float], list[tuple[str, str]]]:
         """(metrics, [(prompt, response), ...]) over all held-out prompts.
 
         Several processes: each answers its own contiguous part of the prompts (sampling with its
-        own seed), and the metric is computed on all the answers, gathered in every process."""
+        own seed), and the metric is computed on all the answers, gathered in every process.
+        ``generator``: the engine to answer with (``eval --rollout-engine vllm``); default: a
+        TorchGenerator with the decoding asked for here."""
         start = time.perf_counter()
-        generator = TorchGenerator(stop_token_ids(self.tokenizer, model), self.tokenizer.pad_token_id,
-                                   self.max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                   seed=seed + rank())
+        generator = generator or TorchGenerator(stop_token_ids(self.tokenizer, model), self.tokenizer.pad_token_id,
+                                                self.max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                                seed=seed + rank())
         texts, finished, lengths, scores = [], [], [], []
         # Several rewards: each one's scores too, by name (the same names in every process).
         names = getattr(self.reward, "names", [])

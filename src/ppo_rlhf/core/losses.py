@@ -56,7 +56,7 @@ RATIO_LEVELS = ("token", "sequence")
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor | None,
                 clip_ratio: float, aggregation: str = "token-mean", norm_length: int | None = None,
                 clip_ratio_high: float | None = None, dual_clip: float | None = None, ratio_level: str = "token",
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective (Schulman et al., 2017, eq. 7), as a loss to minimise.
 
     Per token: ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, aggregated over ``mask``
@@ -70,6 +70,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
       so a ratio far above 1 on a bad token cannot give an unbounded step; zero gradient there.
     - ``ratio_level="sequence"``: GSPO's one ratio per response, ``exp(mean_t(logprobs -
       old_logprobs))``, clipped per response and applied to each of its tokens.
+    - ``token_weights`` (B, T): each token's loss multiplied by its weight, taken as a constant
+      (truncated importance sampling of a rollout engine's samples, ``--tis-cap``).
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {ratio_level!r}; allowed: {', '.join(RATIO_LEVELS)}")
@@ -91,6 +93,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         pg_loss3 = -advantages * dual_clip  # the bound, for A < 0 only
         dual_clipped = (advantages < 0) & (pg_loss3 < pg_loss_per_token)
         pg_loss_per_token = torch.where(dual_clipped, pg_loss3, pg_loss_per_token)
+    if token_weights is not None:
+        pg_loss_per_token = pg_loss_per_token * keep_masked(token_weights.detach(), mask)
     loss = aggregate_loss(pg_loss_per_token, mask, aggregation, norm_length)
     with torch.no_grad():
         clipped = pg_loss2 > pg_loss1  # the clipped branch is the one used: no gradient there

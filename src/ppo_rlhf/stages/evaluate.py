@@ -15,7 +15,10 @@ from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
+from ppo_rlhf.rollout.engines import RolloutEngineOptions, make_engine, require_engine
 from ppo_rlhf.rollout.reward import RewardOptions, check_columns
+from ppo_rlhf.rollout.sequences import stop_token_ids
+from ppo_rlhf.distributed import rank
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
@@ -23,7 +26,7 @@ from ppo_rlhf.tasks import TaskOptions, make_task
 
 
 @dataclass
-class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
+class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, RolloutEngineOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model")
 
@@ -46,6 +49,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions):
 
     def validate(self) -> None:
         self.validate_hardware()
+        self.validate_engine()
         self.validate_task()
         self.validate_rewards()
         check(self.do_sample or self.temperature == 1.0, "temperature",
@@ -60,6 +64,7 @@ def run_eval(config: EvalConfig) -> dict:
     seed_everything(config.seed)
     if config.model is None:
         raise ConfigError("give --model DIR, the model to evaluate")
+    require_engine(config)
     resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     if config.out:
         check_run_folder(config.out, config.overwrite)
@@ -92,9 +97,15 @@ def run_eval(config: EvalConfig) -> dict:
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template)
+    generator = None
+    if config.rollout_engine != "torch":  # built once, after every check that needs no engine
+        generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
+                                config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
+                                config.max_length, max_rows=min(evaluator.batch_size, len(rows)))
+        generator.fixed_weights = True  # the evaluated model never changes: sent once, not per batch
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
-                                     seed=config.seed, prefix="")
+                                     seed=config.seed, prefix="", generator=generator)
     summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
                **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
     if config.out:

@@ -56,7 +56,7 @@ from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
-from ppo_rlhf.rollout.sequences import Sequences
+from ppo_rlhf.rollout.sequences import Sequences, pad_columns
 from ppo_rlhf.sharding import gathered, load_whole_optimizer_state, plain, shard, sharding_from_launch, whole_optimizer_state
 from ppo_rlhf.trainers.estimators import (
     check_prompt_groups,
@@ -86,6 +86,7 @@ class Experience:
     scores: torch.Tensor  # (B,) reward of each response (after clipping / normalisation)
     raw_scores: torch.Tensor  # (B,) reward as the reward model / function gave it
     greedy_scores: torch.Tensor | None = None  # (B,) ReMax: score of the prompt's greedy response, as used
+    engine_logprobs: torch.Tensor | None = None  # (B, T) the rollout engine's log-probs (vllm), for --tis-cap
 
     @property
     def mask(self) -> torch.Tensor:
@@ -109,13 +110,15 @@ class Rollout:
     raw_scores: torch.Tensor  # (b,) as the reward gave them
     scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong)
     components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
+    engine_logprobs: torch.Tensor | None = None  # (b, T) the engine's log-probs of the responses; torch engine: None
 
     def select(self, index: list[int]) -> "Rollout":
         tensor_index = torch.tensor(index, dtype=torch.long, device=self.scores.device)
         return Rollout([self.rows[i] for i in index], [self.prompts[i] for i in index],
                        self.sequences.select(tensor_index), [self.texts[i] for i in index],
                        self.finished[tensor_index], self.raw_scores[tensor_index], self.scores[tensor_index],
-                       {name: part[tensor_index] for name, part in self.components.items()})
+                       {name: part[tensor_index] for name, part in self.components.items()},
+                       None if self.engine_logprobs is None else self.engine_logprobs[tensor_index])
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
@@ -123,7 +126,25 @@ class Rollout:
                        Sequences.concat([p.sequences for p in parts], pad_token_id),
                        [t for p in parts for t in p.texts], torch.cat([p.finished for p in parts]),
                        torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
-                       {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components})
+                       {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
+                       concat_engine_logprobs(parts))
+
+
+def concat_engine_logprobs(parts: list[Rollout]) -> torch.Tensor | None:
+    """The parts' engine log-probs, right-padded with 0 to the longest response (None without)."""
+    if any(p.engine_logprobs is None for p in parts):
+        return None
+    width = max(p.engine_logprobs.shape[1] for p in parts)
+    return torch.cat([pad_columns(p.engine_logprobs, width, 0.0) for p in parts])
+
+
+def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """rollout/logprob_diff_mean and _max: |trainer's old log-prob - engine's| over the response tokens."""
+    width = logprobs.shape[1]
+    engine_logprobs = pad_columns(engine_logprobs.to(logprobs.device), width, 0.0)[:, :width]
+    gap = keep_masked((logprobs - engine_logprobs).abs(), mask)
+    return {"rollout/logprob_diff_mean": (gap.sum() / mask.sum().clamp(min=1)).item(),
+            "rollout/logprob_diff_max": gap.max().item() if gap.numel() else 0.0}
 
 
 SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
@@ -336,6 +357,9 @@ class PPOTrainer(PPOLoop):
         sequences = self.gather_sequences(rollout.sequences)
         mask = sequences.response_mask
         logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
+        engine_logprobs = gather_rows(rollout.engine_logprobs)
+        if engine_logprobs is not None:  # how far the engine's numerics are from the trainer's
+            metrics.update(engine_gap(logprobs, engine_logprobs, mask))
         raw_scores, scores = gather_rows(rollout.raw_scores), self.normalise_scores(gather_rows(rollout.scores))
         greedy_scores = None
         if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
@@ -360,7 +384,7 @@ class PPOTrainer(PPOLoop):
         metrics["time/forward"] = time.perf_counter() - start
 
         experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
-                                scores, raw_scores, greedy_scores)
+                                scores, raw_scores, greedy_scores, engine_logprobs)
         return experience, metrics
 
     def roll_out(self, rows: list[dict], metrics: dict[str, float]) -> Rollout:
@@ -374,7 +398,12 @@ class PPOTrainer(PPOLoop):
         with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
             responses = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
                                            config.max_prompt_length, config.chat_template)
-        metrics["time/generate"] += time.perf_counter() - start
+        # An engine with weights of its own (vllm) reports the seconds it took to receive the actor's.
+        sync = getattr(self.generator, "last_sync_seconds", None)
+        if sync is not None:
+            metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + sync
+        metrics["time/generate"] += time.perf_counter() - start - (sync or 0.0)
+        engine_logprobs = getattr(self.generator, "last_logprobs", None)
         start = time.perf_counter()
         raw_scores, finished = self.score(rows, prompts, responses)
         # Each reward's own scores (several are summed with weights).
@@ -382,7 +411,8 @@ class PPOTrainer(PPOLoop):
                       for name, part in getattr(self.reward, "last_components", {}).items()}
         metrics["time/score"] += time.perf_counter() - start
         scores = self.shape_scores(raw_scores, finished, responses.sequences.response_mask.sum(dim=1))
-        return Rollout(rows, prompts, responses.sequences, responses.texts, finished, raw_scores, scores, components)
+        return Rollout(rows, prompts, responses.sequences, responses.texts, finished, raw_scores, scores, components,
+                       engine_logprobs)
 
     def score(self, rows: list[dict], prompts: list, responses) -> tuple[torch.Tensor, torch.Tensor]:
         """(b,) scores as the reward gave them, on the trainer's device, and (b,) finished flags."""
@@ -611,9 +641,12 @@ class PPOTrainer(PPOLoop):
         critic warms up.  Returns the loss and the (unscaled) statistics."""
         config = self.config
         logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+        weights = self.tis_weights(mb)
         pg_loss, stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
                                      config.loss_aggregation, config.max_new_tokens, clip_ratio_high=config.clip_high,
-                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level)
+                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level, token_weights=weights)
+        if weights is not None:
+            stats["tis_weight"] = masked_mean(weights, mb.mask)
         # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
         # several (B, T, V) tensors for the backward pass).
         entropy_coef = self.entropy_coef()
@@ -628,6 +661,14 @@ class PPOTrainer(PPOLoop):
             stats["kl_loss"] = kl_loss.detach()
             loss = loss + self.kl_controller.value * policy_share * kl_loss
         return loss, stats
+
+    def tis_weights(self, mb: Experience) -> torch.Tensor | None:
+        """--tis-cap C: truncated importance sampling of the engine's samples, min(pi_old / pi_engine, C)
+        per token (docs/design.md, "The vLLM rollout engine"); None without engine log-probs."""
+        if self.config.tis_cap is None or mb.engine_logprobs is None:
+            return None
+        ratio = torch.exp(mb.logprobs - mb.engine_logprobs).clamp(max=self.config.tis_cap)
+        return keep_masked(ratio, mb.mask)
 
     def backward(self, mb: Experience, actor_hidden: torch.Tensor, actor_loss: torch.Tensor | None,
                  token_share: float) -> dict[str, torch.Tensor]:

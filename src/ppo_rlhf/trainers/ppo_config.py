@@ -9,6 +9,7 @@ from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, any_number, at_l
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.rollout.engines import RolloutEngineOptions
 from ppo_rlhf.rollout.reward import RewardOptions
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
@@ -58,7 +59,8 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 
 @dataclass
-class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions, TaskOptions):
+class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions, TaskOptions,
+                RolloutEngineOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -194,6 +196,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                        "(exp of its mean token log-ratio), clipped per response and applied to every "
                                        "token of it (the GSPO paper clips at 3e-4 / 4e-4: set clip_ratio_low / "
                                        "_high; critic-free estimators only)", choices=RATIO_LEVELS)
+    tis_cap: float | None = option(2.0, "truncated importance sampling for an engine whose numerics differ from "
+                                        "the trainer's (--rollout-engine vllm): each token's policy-gradient term "
+                                        "weighted by min(pi_old / pi_engine, C); empty (--tis-cap ''): off.  The "
+                                        "torch engine is the trainer's own forward, and gets no weight",
+                                 range=at_least(1))
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never", range=above(0))
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
@@ -229,6 +236,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     def validate(self) -> None:
         self.validate_lora()
         self.validate_hardware()
+        self.validate_engine()
         self.validate_task()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)

@@ -51,7 +51,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"critic:    {critic}",
         f"reward:    {reward}",
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
-        f"up to {config.max_new_tokens} new tokens",
+        f"up to {config.max_new_tokens} new tokens" + _engine(config),
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
@@ -121,3 +121,11 @@ def score_spread_warning(metrics: dict, iteration: int) -> str | None:
                 f"no spread across the batch, so there is nothing to learn from it; check the reward on a few "
                 f"responses (the first training samples are in the metrics)")
     return None
+
+
+def _engine(config) -> str:
+    """The rollout engine, when it is not the built-in one."""
+    if config.rollout_engine == "torch":
+        return ""
+    tis = f"--tis-cap {config.tis_cap:g}" if config.tis_cap is not None else "no importance weights"
+    return f"; engine vllm (weights synced before each rollout, {tis})"

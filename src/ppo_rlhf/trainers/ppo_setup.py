@@ -17,7 +17,8 @@ from ppo_rlhf.distributed import on_main_process, rank, world_size
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.models import ModelError, load_tokenizer
-from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.engines import make_engine, require_engine
+from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.reward import check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.run_folder import check_out_spares_inputs, check_run_folder
@@ -104,7 +105,7 @@ class RunParts:
     reward: object
     tokenizer: object
     critic: object | None
-    generator: TorchGenerator
+    generator: Generator
     accelerator: object
     task: object | None
     train_rows: list[dict]
@@ -119,6 +120,7 @@ def build_run(config: PPOConfig, reward=None) -> RunParts:
         config.require_a_reward()
     set_threads(config.num_threads)
     seed_everything(config.seed)
+    require_engine(config)  # vLLM asked for and absent: said before anything loads
     resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
     check_run_start(config)
@@ -140,11 +142,11 @@ def build_run(config: PPOConfig, reward=None) -> RunParts:
                     task, train_rows, eval_rows)
 
 
-def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> TorchGenerator:
-    return TorchGenerator(stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
-                          do_sample=config.do_sample, temperature=config.temperature,
-                          seed=config.seed + rank(),  # each process samples its own rollouts
-                          device=accelerator.device)
+def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generator:
+    """The rollout engine --rollout-engine asks for; each process samples its own rollouts."""
+    return make_engine(config, actor, stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
+                       config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
+                       config.max_length, max_rows=config.batch_size)
 
 
 def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator) -> tuple:

@@ -1,0 +1,195 @@
+"""Rollouts and whole PPO iterations with each rollout engine: torch (the built-in decoding loop)
+against vLLM in the trainer's process (issue 21; docs/design.md, "The vLLM rollout engine").
+
+    make vllm-venv smollm2                                   # once: vLLM's environment, the model folder
+    .venv-vllm/bin/python benchmarks/bench_rollout_engines.py     # on an otherwise idle machine
+    .venv-vllm/bin/python benchmarks/bench_rollout_engines.py --quick   # a smoke run: 8 x 16 tokens
+
+Both engines run in .venv-vllm (the same torch, transformers and threads), each case in a fresh
+process: SmolLM2-135M-Instruct by default, 64 chat prompts from examples/smollm2_vader x up to 128
+new tokens at temperature 0.7, float32 and bf16 (--mixed-precision bf16: the torch loop under
+autocast, the vLLM engine in bfloat16), full model and --lora, a critic-free estimator (grpo, 8
+samples per prompt) and a length reward (no reward model: the rollout is what is measured).
+
+Per case: the rollout's generated tokens per second (after a warm-up rollout), the weight-sync
+seconds (vLLM), the seconds of a whole PPO iteration (the second of two), the peak resident memory
+(VmHWM), and the bound a decode step sets: every weight is read once per step, so tokens/s <=
+batch x memory bandwidth / model bytes, with the bandwidth measured here (a large tensor copy).
+Targets on the CPU: the vLLM rollout at least 3x the torch engine's tokens/s at this batch, the
+whole iteration at least 1.5x faster.  With CUDA, the same cases run on the GPU.
+
+Writes RESULTS/rollout_engines.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
+ENGINES = ("torch", "vllm")
+PRECISIONS = ("float32", "bf16")
+
+
+def memory_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
+
+
+def length_reward(prompts, responses):
+    """A reward that needs no model: the rollout, not the scoring, is what is measured."""
+    return [min(len(r), 400) / 400 for r in responses]
+
+
+def child(args) -> dict:
+    import torch
+
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.trainers.ppo import PPOTrainer
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    from ppo_rlhf.models import load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    chat = getattr(load_tokenizer(args.model), "chat_template", None) is not None  # SmolLM2's has one
+    config = build_config(PPOConfig, {
+        "model": args.model, "prompts": str(PROMPTS), "chat_template": chat, "lora": args.lora,
+        "rollout_engine": args.engine, "vllm_memory_utilization": args.memory_utilization,
+        "mixed_precision": "bf16" if args.precision == "bf16" else "no", "estimator": "grpo",
+        "samples_per_prompt": 8, "batch_size": args.batch_size, "mini_batch_size": args.batch_size // 4,
+        "ppo_epochs": 1, "max_new_tokens": args.max_new_tokens, "max_length": 128 + args.max_new_tokens,
+        "temperature": 0.7, "seed": 0, "num_threads": args.threads, "device": args.device,
+    })
+    start = time.perf_counter()
+    trainer = PPOTrainer(config, reward=length_reward)
+    built = time.perf_counter() - start
+    rows = trainer.run_parts.train_rows
+    rng = torch.Generator().manual_seed(0)
+    from ppo_rlhf.trainers.ppo_setup import draw_batch
+
+    def rollout() -> dict:
+        metrics = {"time/generate": 0.0, "time/score": 0.0}
+        with torch.no_grad(), trainer.accelerator.autocast():
+            out = trainer.roll_out(draw_batch(rows, config, rng), metrics)
+        tokens = int(out.sequences.response_mask.sum())
+        return {"tokens": tokens, "generate_s": metrics["time/generate"],
+                "weight_sync_s": metrics.get("time/weight_sync", 0.0)}
+
+    rollout()  # warm-up: the first call pays one-off costs (vLLM's first batch, allocator growth)
+    measured = rollout()
+    steps = [trainer.step(draw_batch(rows, config, rng)) for _ in range(2)]
+    last = steps[-1]
+    return {
+        "engine": args.engine, "precision": args.precision, "lora": args.lora, "device": str(trainer.device),
+        "build_s": built, "rollout_tokens": measured["tokens"], "rollout_s": measured["generate_s"],
+        "rollout_tokens_per_s": measured["tokens"] / measured["generate_s"],
+        "weight_sync_s": measured["weight_sync_s"],
+        "iteration_s": last["time/iteration"], "iteration_generate_s": last["time/generate"],
+        "iteration_train_s": last["time/train"], "iteration_weight_sync_s": last.get("time/weight_sync", 0.0),
+        "logprob_diff_max": last.get("rollout/logprob_diff_max"), "peak_mib": memory_kib("VmHWM") / 1024,
+        "parameters": sum(p.numel() for p in trainer.actor.parameters()),
+    }
+
+
+def bandwidth_gb_s(threads: int, mib: int = 512) -> float:
+    """Memory bandwidth as a large copy sees it: bytes read + written per second, best of 5."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    source = torch.ones(mib * 2**20 // 4)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * 4 / best / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(ROOT / "runs" / "smollm2-135m-instruct"))
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, one per core)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--memory-utilization", type=float, default=0.1, help="--vllm-memory-utilization")
+    parser.add_argument("--quick", action="store_true", help="8 prompts x 16 tokens, float32 only: checks the script")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    if not (Path(args.model) / "config.json").is_file():
+        sys.exit(f"{args.model} is not a model folder; make it with: make smollm2")
+    if args.quick:
+        args.batch_size, args.max_new_tokens = 8, 16
+    precisions = ("float32",) if args.quick else PRECISIONS
+    results = []
+    for precision in precisions:
+        for lora in (False, True):
+            for engine in ENGINES:
+                command = [sys.executable, __file__, "--child", "--engine", engine, "--precision", precision,
+                           "--model", args.model, "--batch-size", str(args.batch_size), "--max-new-tokens",
+                           str(args.max_new_tokens), "--threads", str(args.threads), "--device", args.device,
+                           "--memory-utilization", str(args.memory_utilization)] + (["--lora"] if lora else [])
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode:
+                    sys.exit(f"{engine} {precision} lora={lora} failed:\n{done.stderr[-3000:]}")
+                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(json.dumps(results[-1]), flush=True)
+    bandwidth = bandwidth_gb_s(args.threads)
+    write_report(results, bandwidth, args, Path(args.out))
+
+
+def write_report(results: list[dict], bandwidth: float, args, out: Path) -> None:
+    lines = [
+        "# Rollout engines: torch against vLLM in the trainer's process",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} by `benchmarks/bench_rollout_engines.py` ({platform.machine()}, "
+        f"device {results[0]['device']}, threads {args.threads or 'torch default'}).",
+        f"Model `{Path(args.model).name}`, {args.batch_size} chat prompts x up to {args.max_new_tokens} new tokens, "
+        f"temperature 0.7; grpo, 8 samples per prompt, one PPO epoch. Measured memory bandwidth (copy): "
+        f"{bandwidth:.1f} GB/s.",
+        "",
+        "| precision | model | engine | rollout tokens/s | bound tokens/s | of bound | weight sync s | "
+        "iteration s | peak MiB | vllm / torch tokens/s | vllm / torch iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        model_bytes = r["parameters"] * (2 if r["precision"] == "bf16" else 4)
+        bound = args.batch_size * bandwidth * 1e9 / model_bytes
+        torch_run = next(t for t in results if t["engine"] == "torch" and t["precision"] == r["precision"]
+                         and t["lora"] == r["lora"])
+        speedup = r["rollout_tokens_per_s"] / torch_run["rollout_tokens_per_s"]
+        faster = torch_run["iteration_s"] / r["iteration_s"]
+        lines.append(f"| {r['precision']} | {'lora' if r['lora'] else 'full'} | {r['engine']} "
+                     f"| {r['rollout_tokens_per_s']:.0f} | {bound:.0f} | {r['rollout_tokens_per_s'] / bound:.0%} "
+                     f"| {r['weight_sync_s']:.3f} | {r['iteration_s']:.1f} | {r['peak_mib']:.0f} "
+                     f"| {speedup:.2f}x | {faster:.2f}x |")
+    lines += ["", "Targets on the CPU: vLLM's rollout at least 3x the torch engine's tokens/s, the whole iteration "
+              "at least 1.5x faster. The bound counts the weights alone (not the KV cache), read once per decode "
+              "step for the whole batch.", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rollout_engines.md").write_text("\n".join(lines))
+    (out / "rollout_engines.json").write_text(json.dumps({"args": vars(args), "bandwidth_gb_s": bandwidth,
+                                                          "results": results}, indent=2))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

