@@ -118,4 +118,4 @@ bench-lora: smollm2
 	$(PY) benchmarks/bench_smollm2_vader.py
 
 clean:
-	rm -rf $(VENV) $(TRL_VENV) $(TRL116_VENV) runs
+	rm -rf $(VENV) $(TRL_VENV) $(TRL116_VENV) $(VLLM_VENV) runs
