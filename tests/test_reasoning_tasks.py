@@ -35,15 +35,35 @@ def test_rows_hold_the_problem_its_answer_and_never_a_training_question_held_out
     task = ReasoningGymTask("chain_sum", size=300, eval_size=100, seed=3, settings={"min_terms": 2, "max_terms": 2,
                                                                                     "min_digits": 1, "max_digits": 1})
     train, held_out = task.prompt_rows(), task.eval_rows()
-    assert len(train) == 300 and 0 < len(held_out) <= 100
-    # One-digit sums of two terms repeat: the held-out ones that are also training ones are dropped.
-    assert task.dropped_from_eval == 100 - len(held_out) and task.dropped_from_eval > 0
+    # One-digit sums and differences of two terms: 200 problems in all, most of them among 300 training ones.
+    # The held-out set skips repeats (of a training problem or of itself) and stops short, saying so.
     training_questions = {r["prompt"][1]["content"] for r in train}
-    assert not any(r["prompt"][1]["content"] in training_questions for r in held_out)
+    held_out_questions = [r["prompt"][1]["content"] for r in held_out]
+    assert len(train) == 300 and 0 < len(held_out) < 100 and task.held_out_short == 100 - len(held_out)
+    assert not set(held_out_questions) & training_questions and len(set(held_out_questions)) == len(held_out)
     row = train[0]
     assert row["prompt"][0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert row["answer"] == str(task.entries[row["task_index"]]["answer"])
 
+
+def test_the_held_out_set_draws_past_repeats_to_the_size_asked():
+    # Two-digit sums of two terms: repeats among 2,000 training problems, and yet 100 held out.
+    settings = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+    task = ReasoningGymTask("chain_sum", size=2000, eval_size=100, seed=0, settings=settings)
+    questions = [r["prompt"][1]["content"] for r in task.eval_rows()]
+    assert len(questions) == 100 == len(set(questions)) and task.held_out_short == 0
+    assert not set(questions) & {r["prompt"][1]["content"] for r in task.prompt_rows()}
+    assert task.eval_indices[-1] > 2000 + 100 - 1  # it had to draw past the first 100 candidates
+
+
+
+def test_a_held_out_set_short_of_the_size_asked_is_said_at_start(capsys):
+    from ppo_rlhf.tasks import TaskOptions, make_task
+
+    options = TaskOptions(task="reasoning-gym:chain_sum", task_size=300, task_eval_size=100,
+                          task_config="min_terms=2,max_terms=2,min_digits=1,max_digits=1")
+    task = make_task(options, seed=3)
+    assert f"reasoning-gym:chain_sum gave {len(task.eval_indices)} held-out problems, not 100" in capsys.readouterr().out
 
 def test_the_tasks_own_checker_scores_the_tagged_answer():
     task = ReasoningGymTask("chain_sum", size=4, eval_size=4, seed=0, format_reward=0.1)

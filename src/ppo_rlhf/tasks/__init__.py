@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppo_rlhf.config import SEEDS, ConfigError, above, at_least, check, option
+from ppo_rlhf.distributed import rank
 
 TASKS = ("doubling", "reasoning-gym:NAME")
 REASONING_GYM = "reasoning-gym:"
@@ -66,7 +67,12 @@ def make_task(options: TaskOptions, seed: int):
     if name.startswith(REASONING_GYM):
         from ppo_rlhf.tasks.reasoning_gym import make_task as make_reasoning_gym, parse_task_config
 
-        return make_reasoning_gym(name[len(REASONING_GYM):], options.task_size, options.task_eval_size,
+        task = make_reasoning_gym(name[len(REASONING_GYM):], options.task_size, options.task_eval_size,
                                   seed if options.task_seed is None else options.task_seed,
                                   parse_task_config(options.task_config), options.format_reward)
+        if task.held_out_short and rank() == 0:
+            print(f"note: {name} gave {len(task.eval_indices)} held-out problems, not {options.task_eval_size}: its "
+                  f"generator has no more that differ from the training ones (a smaller --task-size leaves more)",
+                  flush=True)
+        return task
     return get_task(name).make_task(seed=seed)

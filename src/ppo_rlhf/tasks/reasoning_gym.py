@@ -29,6 +29,7 @@ from ppo_rlhf.rewards import as_number, extract_answer, last_number
 PREFIX = "reasoning-gym:"
 SYSTEM_PROMPT = ("Solve the problem. You may reason briefly first; then give only the final answer inside "
                  "<answer></answer> tags, for example <answer>42</answer>.")
+HELD_OUT_DRAWS = 4
 INSTALL = 'pip install -e ".[tasks]" (or pip install reasoning-gym)'
 
 
@@ -80,19 +81,28 @@ class ReasoningGymTask:
         reasoning_gym = import_reasoning_gym()
         if name not in reasoning_gym.factory.DATASETS:
             raise ConfigError(f"unknown reasoning-gym task {name!r}; allowed: {', '.join(task_names())}")
+        # Held-out problems are drawn after the training ones, skipping any that repeats a training
+        # question (or an earlier held-out one): a small problem space repeats itself, and a repeat
+        # would be scored as held out.  Up to HELD_OUT_DRAWS x eval_size candidates are tried.
+        pool = size + HELD_OUT_DRAWS * eval_size
         try:
-            dataset = reasoning_gym.create_dataset(name, size=size + eval_size, seed=seed, **(settings or {}))
+            dataset = reasoning_gym.create_dataset(name, size=pool, seed=seed, **(settings or {}))
         except (TypeError, ValueError, AssertionError) as error:  # a setting its config does not have or refuses
             raise ConfigError(f"--task-config for reasoning-gym task {name!r}: {type(error).__name__}: {error}") from None
         self.name = PREFIX + name
         self.dataset = dataset
-        self.entries = [dataset[i] for i in range(size + eval_size)]  # generated once: the checker reads them
+        self.entries = [dataset[i] for i in range(size)]  # generated once, index = the dataset's: the checker reads them
         self.format_reward = format_reward
-        training_questions = {entry["question"] for entry in self.entries[:size]}
         self.train_indices = list(range(size))
-        self.eval_indices = [i for i in range(size, size + eval_size)
-                             if self.entries[i]["question"] not in training_questions]
-        self.dropped_from_eval = eval_size - len(self.eval_indices)
+        self.eval_indices, seen = [], {entry["question"] for entry in self.entries}
+        for index in range(size, pool):
+            if len(self.eval_indices) == eval_size:
+                break
+            self.entries.append(dataset[index])
+            if self.entries[index]["question"] not in seen:
+                seen.add(self.entries[index]["question"])
+                self.eval_indices.append(index)
+        self.held_out_short = eval_size - len(self.eval_indices)  # fewer distinct problems than asked
 
     def row(self, index: int) -> dict:
         entry = self.entries[index]
