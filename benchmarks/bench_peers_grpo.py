@@ -278,8 +278,7 @@ def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Pat
 
 
 # ---------------------------------------------------------------- figures
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from bench_peers import read_jsonl  # noqa: E402 -- one reader for both peer benchmarks
 
 
 def run_figures(run_dir: Path) -> dict:
