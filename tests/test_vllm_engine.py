@@ -7,6 +7,7 @@ tested here too, where it is absent."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
@@ -237,6 +238,28 @@ def test_seeds_per_response_and_left_padding(engine):
 
 
 @needs_vllm
+def test_other_decodings_share_the_engine_and_leave_the_rollout_draws_alone(engine):
+    """with_decoding (the in-run evaluations, ReMax's greedy baseline): greedy is the argmax, a
+    sampled one draws from its own seed, and neither moves the rollouts' draw count, log-probs or
+    sync time, which a resume restores."""
+    model, _ = tiny_llama()
+    ids, mask = prompts(8)
+    engine = fresh(engine)
+    rollout, _ = engine.generate(model, ids, mask)
+    logprobs, sync = engine.last_logprobs, engine.last_sync_seconds
+    greedy = engine.with_decoding(do_sample=False).generate(model, ids, mask)
+    argmax = TorchGenerator([2], 2, 6, do_sample=False).generate(model, ids, mask)
+    assert torch.equal(greedy[0], argmax[0]) and torch.equal(greedy[1], argmax[1])
+    sampled = engine.with_decoding(do_sample=True, temperature=TEMPERATURE, seed=5).generate(model, ids, mask)
+    again = engine.with_decoding(do_sample=True, temperature=TEMPERATURE, seed=5).generate(model, ids, mask)
+    other = engine.with_decoding(do_sample=True, temperature=TEMPERATURE, seed=6).generate(model, ids, mask)
+    assert torch.equal(sampled[0], again[0]) and not torch.equal(sampled[0], other[0])
+    assert engine.rng.draws == 1 and engine.last_logprobs is logprobs and engine.last_sync_seconds == sync
+    engine.rng.set_state(torch.tensor([0]))
+    assert torch.equal(engine.generate(model, ids, mask)[0], rollout)
+
+
+@needs_vllm
 def test_tied_embeddings_receive_their_updates():
     """A model whose output layer is its input embedding (SmolLM2, Qwen2 small): the engine built
     from it follows an update of the shared matrix."""
@@ -304,10 +327,36 @@ def test_ppo_with_the_vllm_engine_trains_logs_and_resumes_as_a_straight_run(vllm
 
 
 @needs_vllm
+def test_in_run_evaluations_and_remax_use_the_runs_engine(vllm_sft_model, tmp_path):
+    """A trainer with the vLLM engine evaluates and takes ReMax's greedy baseline on that engine
+    (not the torch loop), and its greedy held-out answers are the torch engine's."""
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.rollout.vllm_engine import EngineDecoding
+    from ppo_rlhf.trainers.ppo import PPOTrainer
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    evaluations = {}
+    for engine in ("torch", "vllm"):
+        config = build_config(PPOConfig, {
+            "task": "doubling", "model": str(vllm_sft_model), "rollout_engine": engine, "estimator": "remax",
+            "vllm_memory_utilization": 0.01, "batch_size": 8, "mini_batch_size": 8, "max_new_tokens": 7,
+            "max_length": 19, "eval_size": 16, "out": str(tmp_path / engine), "num_threads": 1})
+        trainer = PPOTrainer(config)
+        if engine == "vllm":
+            assert isinstance(trainer.greedy_generator, EngineDecoding)
+            assert trainer.greedy_generator.engine is trainer.generator
+            assert isinstance(trainer.decoding(do_sample=True, seed=3), EngineDecoding)
+        trainer.evaluator = trainer.make_evaluator(trainer.prompt_rows()[1])
+        evaluations[engine] = trainer.evaluate(sampled=True)
+    (torch_metrics, torch_samples), (vllm_metrics, vllm_samples) = evaluations["torch"], evaluations["vllm"]
+    assert vllm_samples == torch_samples
+    assert vllm_metrics["eval/exact_match"] == torch_metrics["eval/exact_match"]
+    assert "eval_sampled/exact_match" in vllm_metrics
+
+
+@needs_vllm
 def test_eval_with_the_vllm_engine_answers_as_the_torch_engine(vllm_sft_model, tmp_path):
     """Greedy answers are the argmax either way: the same held-out metrics."""
-    import json
-
     summaries = {}
     for engine in ("torch", "vllm"):
         run(["eval", "--task", "doubling", "--model", vllm_sft_model, "--size", 32, "--max-new-tokens", 7,
@@ -319,24 +368,31 @@ def test_eval_with_the_vllm_engine_answers_as_the_torch_engine(vllm_sft_model, t
 
 
 @needs_vllm
-def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, tmp_path):
-    """torchrun, 2 processes: each builds its own engine (vLLM's external launcher, data parallel)
-    and rolls out its own rows; greedy rollouts, so the final actor equals one process's."""
+@pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
+def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, tmp_path, launch):
+    """2 processes: each builds its own engine (vLLM's external launcher, data parallel) and rolls
+    out its own rows; greedy rollouts, so the final actor equals one process's.  torchrun: data
+    parallel; fsdp: the actor sharded (accelerate's FSDP config), its whole weights gathered for
+    each rollout and sent to each process's engine; in-run evaluations on the engines too."""
     import os
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
-    from test_multiprocess import difference_outside_key_bias
+    from test_multiprocess import difference_outside_key_bias, launch_fsdp
     from zoo import free_port
 
-    args = ["--no-do-sample", "--iterations", 3, "--mini-batch-size", 4, "--ppo-epochs", 2]
+    args = ["--no-do-sample", "--iterations", 3, "--mini-batch-size", 4, "--ppo-epochs", 2, "--eval-every", 1]
     run(vllm_ppo(vllm_sft_model, tmp_path / "one", *args))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               "-m", "ppo_rlhf.cli", *map(str, vllm_ppo(vllm_sft_model, tmp_path / "two", *args))]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if launch == "fsdp":
+        done = launch_fsdp(vllm_ppo(vllm_sft_model, tmp_path / "two", *args), timeout=600)
+        assert "sharded (FSDP): actor and reference split over the 2 processes" in done.stdout, done.stdout[-2000:]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+                   "-m", "ppo_rlhf.cli", *map(str, vllm_ppo(vllm_sft_model, tmp_path / "two", *args))]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = (load_file(str(tmp_path / name / "checkpoints" / "actor" / "model.safetensors")) for name in ("one", "two"))
     start = load_file(str(vllm_sft_model / "model.safetensors"))
@@ -344,6 +400,8 @@ def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, 
     # GPT-2's attention key bias left out: its gradient is round-off, which Adam turns into steps of
     # about lr in any run (tests/test_multiprocess.py, difference_outside_key_bias).
     assert max(difference_outside_key_bias(one[k], two[k], k) for k in one) <= 1e-5
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("one", "two")]
+    assert summaries[1]["after"]["eval/exact_match"] == pytest.approx(summaries[0]["after"]["eval/exact_match"])
 
 
 @needs_vllm

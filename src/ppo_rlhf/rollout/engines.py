@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import between, check, option
+from ppo_rlhf.config import between, option
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
@@ -24,16 +24,6 @@ class RolloutEngineOptions:
                                                  "the CPU, the most of the RAM its KV cache may take (no more than a "
                                                  "batch of --max-length sequences needs)",
                                             range=between(0, 1, low_open=True))
-
-    def validate_engine(self) -> None:
-        if self.rollout_engine != "vllm":
-            return
-        from ppo_rlhf.sharding import sharding_from_launch
-
-        check(sharding_from_launch() is None, "rollout_engine",
-              "torch under an FSDP launch: the vLLM engine takes whole weights, and syncing a sharded actor into "
-              "it is not done yet (data parallel launches are: configs/accelerate/gpus_ddp.yaml)",
-              self.rollout_engine)
 
 
 def require_engine(options: RolloutEngineOptions) -> None:

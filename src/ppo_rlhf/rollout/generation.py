@@ -66,6 +66,11 @@ class TorchGenerator:
         self.seed = seed
         self.rng = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
 
+    def with_decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> "TorchGenerator":
+        """Another loop with these decoding settings and this one's stop ids and length."""
+        return TorchGenerator(self.stop_token_ids, self.pad_token_id, self.max_new_tokens, do_sample=do_sample,
+                              temperature=temperature, seed=seed)
+
     def next_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) logits of the last position -> (B,) chosen token ids."""
         if not self.do_sample:

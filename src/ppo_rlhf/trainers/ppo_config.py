@@ -236,7 +236,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     def validate(self) -> None:
         self.validate_lora()
         self.validate_hardware()
-        self.validate_engine()
         self.validate_task()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)

@@ -149,10 +149,11 @@ class PPOLoop:
         sampled = self.config.eval_sampled if sampled is None else sampled
         scoring_model = getattr(self.evaluator.reward, "model", None)
         with self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
-            metrics, samples = self.evaluator(self.actor)
+            metrics, samples = self.evaluator(self.actor, generator=self.decoding(do_sample=False))
             if sampled:
-                metrics.update(self.evaluator(self.actor, do_sample=True, seed=self.config.seed,
-                                              prefix="eval_sampled/")[0])
+                seed = self.config.seed + rank()  # each process its own draws (evaluation.py's default)
+                metrics.update(self.evaluator(self.actor, prefix="eval_sampled/",
+                                              generator=self.decoding(do_sample=True, seed=seed))[0])
         return metrics, samples
 
     def print_plan(self, n_prompts: int) -> None:
