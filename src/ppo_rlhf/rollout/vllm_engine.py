@@ -101,15 +101,22 @@ def base_model(model):
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
 
+def named_tensors(model) -> dict[str, torch.Tensor]:
+    """Every name ``state_dict()`` has, a tied weight under each of its names (the engine loads its
+    output layer by its own name), read from the parameters and persistent buffers themselves."""
+    state = {name: parameter.detach() for name, parameter in model.named_parameters(remove_duplicate=False)}
+    return {**unique_state_dict(model), **state}
+
+
 def policy_weights(model) -> list[tuple[str, torch.Tensor]]:
     """The weights to sample from, named as in the model's own checkpoint.  A peft model: its base
     with the active adapter merged into each adapted weight (W + scale B A, computed aside: the
     base is not touched); the other adapters (a critic's) and their parameters left out.  A
     sharded (FSDP) model is read inside the rollout's ``gathered``: from its parameters, which are
-    whole there, where ``state_dict()`` would give this process's shards."""
+    whole there, where ``state_dict()`` would give this process's shards (``named_tensors``)."""
     base = base_model(model)
     if base is model:
-        return list(unique_state_dict(model).items())
+        return list(named_tensors(model).items())
     from peft.tuners.lora import LoraLayer
 
     adapter = model.active_adapter
