@@ -272,6 +272,19 @@ def test_tied_embeddings_receive_their_updates():
     assert gap < LOGPROB_TOLERANCE, gap
 
 
+@needs_vllm
+def test_prompts_longer_than_one_prefill_step_are_sampled():
+    """1,024 seeded rows of 12-token prompts (12,288 prompt tokens, over vLLM's default step budget
+    of 4,096 on the CPU, where a prefill split over steps failed: 'CPU Generator does not use
+    offset'): every row gets its response."""
+    model, _ = tiny_llama()
+    engine = engine_for(model, max_rows=1024, max_model_len=20)  # all rows at once; closes the engine before it
+    rows = 1024
+    ids = (torch.arange(12)[None, :] + torch.arange(rows)[:, None]) % 50 + 10
+    responses, response_mask = engine.generate(model, ids, torch.ones_like(ids))
+    assert responses.shape[0] == rows and bool((response_mask.sum(dim=1) > 0).all())
+
+
 # ------------------------------------------------------------ bad input, said at start
 @needs_vllm
 def test_refused_head_size_architecture_and_kv_cache_are_said_at_start():

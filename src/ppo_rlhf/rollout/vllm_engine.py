@@ -245,6 +245,10 @@ class VLLMGenerator:
             # No more than a whole batch of the longest sequences can use (a block of slack each):
             # the CPU build fills the cache it is given, and it is resident memory.
             options.update(kv_cache_memory_bytes=min(total, per_token * max_rows * (self.max_model_len + 32)))
+            # Every prompt of a call prefilled in one step: a prefill split over steps has its sampled
+            # token discarded and its seeded generator rewound, which a CPU generator cannot do
+            # ("CPU Generator does not use offset", vLLM's default budget being 4,096 tokens).
+            options.update(max_num_batched_tokens=max(4096, max_rows * self.max_model_len))
         close_previous_engine()
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
