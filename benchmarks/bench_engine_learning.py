@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_estimators import TASK_COMMON, run_in_child, spread
+from bench_estimators import TASK_COMMON, mean_points, run_in_child, spread
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -103,10 +102,7 @@ def write_report(args, runs: dict) -> None:
              "| engine | seeds | before | after, mean (min-max) | after, per seed | curve (iteration: exact match), mean |",
              "|---|---|---|---|---|---|"]
     for engine, done in runs.items():
-        curves = [r["curve"] for r in done]
-        length = min(len(c) for c in curves)
-        mean_curve = ", ".join(f"{curves[0][i][0]}: {statistics.mean(c[i][1] for c in curves):.3f}"
-                               for i in range(length))
+        mean_curve = ", ".join(f"{step:.0f}: {value:.3f}" for step, value in mean_points(done, "curve"))
         per_seed = ", ".join(f"{r['seed']}: {r['after']:.3f}" for r in done)
         lines.append(f"| {engine} | {len(done)} | {spread([r['before'] for r in done], digits=3)} "
                      f"| {spread([r['after'] for r in done], digits=3)} | {per_seed} | {mean_curve} |")

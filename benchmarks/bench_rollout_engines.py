@@ -191,9 +191,8 @@ def main() -> None:
                     sys.exit(f"{engine} {precision} lora={lora} failed:\n{done.stderr[-3000:]}")
                 results.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(json.dumps(results[-1]), flush=True)
-    case = lambda r: (r["precision"], r["lora"], r["engine"])  # noqa: E731
-    ran = {case(r) for r in results}
-    results = [r for r in kept if case(r) not in ran] + results
+    ran = {(r["precision"], r["lora"], r["engine"]) for r in results}
+    results = [r for r in kept if (r["precision"], r["lora"], r["engine"]) not in ran] + results
     results.sort(key=lambda r: (PRECISIONS.index(r["precision"]), r["lora"], ENGINES.index(r["engine"])))
     bandwidth = bandwidth_gb_s(args.threads)
     gflop_s = {precision: matmul_gflop_s(args.threads, precision) for precision in PRECISIONS}
