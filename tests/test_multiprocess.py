@@ -65,8 +65,11 @@ def difference_outside_key_bias(one: torch.Tensor, two: torch.Tensor, name: str)
 
 # Critic-free: reinforce++ (returns whitened over the whole batch).  The group estimators need
 # several different samples of a prompt, which greedy rollouts cannot give.
-@pytest.mark.parametrize("variant", [["--critic", "shared"], ["--critic", "separate"], ["--estimator", "reinforce++"]],
-                         ids=["shared-critic", "separate-critic", "reinforce++"])
+@pytest.mark.parametrize("variant", [["--critic", "shared"], ["--critic", "separate"], ["--estimator", "reinforce++"],
+                                     # one step per batch: old log-probs read off the update (each process its rows)
+                                     ["--estimator", "reinforce++", "--ppo-epochs", "1", "--mini-batch-size", "8",
+                                      "--kl-in", "loss", "--kl-coef", "0.1", "--lr", "1e-3"]],
+                         ids=["shared-critic", "separate-critic", "reinforce++", "old-logprobs-from-update"])
 def test_two_processes_train_like_one(sft_model, tmp_path, variant):
     assert main([str(a) for a in ppo_args(sft_model, tmp_path / "one", *variant, "--save-every", 0)]) == 0
     result = launch(ppo_args(sft_model, tmp_path / "two", *variant, "--save-every", 5), processes=2)

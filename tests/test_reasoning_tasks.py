@@ -65,6 +65,15 @@ def test_a_held_out_set_short_of_the_size_asked_is_said_at_start(capsys):
     task = make_task(options, seed=3)
     assert f"reasoning-gym:chain_sum gave {len(task.eval_indices)} held-out problems, not 100" in capsys.readouterr().out
 
+
+def test_a_task_with_nothing_left_to_hold_out_is_refused_at_start():
+    # 200 distinct one-digit problems, all among 3,000 training ones: an empty held-out set is an
+    # error that says what to change, not a crash of the first evaluation.
+    settings = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    with pytest.raises(ConfigError, match="none is left to hold out; lower --task-size"):
+        ReasoningGymTask("chain_sum", size=3000, eval_size=50, seed=0, settings=settings)
+
+
 def test_the_tasks_own_checker_scores_the_tagged_answer():
     task = ReasoningGymTask("chain_sum", size=4, eval_size=4, seed=0, format_reward=0.1)
     rows = task.eval_rows()

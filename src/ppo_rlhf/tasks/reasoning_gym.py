@@ -103,6 +103,10 @@ class ReasoningGymTask:
                 seen.add(self.entries[index]["question"])
                 self.eval_indices.append(index)
         self.held_out_short = eval_size - len(self.eval_indices)  # fewer distinct problems than asked
+        if eval_size and not self.eval_indices:
+            raise ConfigError(f"reasoning-gym task {name!r}{' with ' + str(settings) if settings else ''}: all of its "
+                              f"distinct problems are among the {size} training ones (--task-size), none is left to "
+                              f"hold out; lower --task-size or widen the problem space with --task-config")
 
     def row(self, index: int) -> dict:
         entry = self.entries[index]

@@ -162,6 +162,18 @@ def disable_dropout(model: torch.nn.Module, keep_lora_dropout: bool = False) -> 
             module.attention_dropout = 0.0
 
 
+def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
+    """Whether the old log-probs can be read off the update's own forward pass instead of a pass
+    of their own (docs/design.md, "Old log-probs from the update"): exact when the batch gets one
+    optimizer step (the update's forward then runs the weights that sampled it), no dropout
+    differs between that forward and the rollout's, and nothing computed before the update needs
+    them -- no critic (GAE's values come from the same pass), no KL in the reward."""
+    one_step = config.ppo_epochs == 1 and config.mini_batch_size == config.batch_size
+    no_dropout = config.disable_dropout and not (config.lora and config.lora_dropout > 0)
+    kl_free_reward = config.kl_in == "loss" or (config.kl_coef == 0 and config.target_kl is None)
+    return one_step and no_dropout and kl_free_reward and critic is None
+
+
 def micro_batches(rows: int, size: int | None, device: torch.device) -> list[torch.Tensor]:
     """Row indices 0..rows-1 in consecutive groups of ``size`` (None: one group of all)."""
     return list(torch.arange(rows, device=device).split(size or rows))
@@ -262,6 +274,7 @@ class PPOTrainer(PPOLoop):
         # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
+        self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
@@ -356,8 +369,6 @@ class PPOTrainer(PPOLoop):
         mask = sequences.response_mask
         logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
         engine_logprobs = gather_rows(rollout.engine_logprobs)
-        if engine_logprobs is not None:  # how far the engine's numerics are from the trainer's
-            metrics.update(engine_gap(logprobs, engine_logprobs, mask))
         raw_scores, scores = gather_rows(rollout.raw_scores), self.normalise_scores(gather_rows(rollout.scores))
         greedy_scores = None
         if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
@@ -466,7 +477,9 @@ class PPOTrainer(PPOLoop):
 
     def old_and_reference_passes(self, sequences: Sequences) -> tuple:
         """Stages 3-4 on this process's rows, --rollout-micro-batch-size rows at a time (only that
-        many rows' (rows, T, V) logits are ever held): (logprobs, ref_logprobs, kl, values or None), (b, T)."""
+        many rows' (rows, T, V) logits are ever held): (logprobs, ref_logprobs, kl, values or None), (b, T).
+        With the old log-probs taken from the update (``old_logprobs_from_update``) only the
+        reference runs here, and logprobs and kl are zeros the update fills in."""
         self.actor.eval()
         if self.critic is not None:
             self.critic.eval()
@@ -482,6 +495,9 @@ class PPOTrainer(PPOLoop):
 
     def old_and_reference(self, sequences: Sequences) -> tuple:
         """(logprobs, ref_logprobs, kl, values or None), each (b, T), of a micro-batch of rows."""
+        if self.old_logprobs_from_update:  # filled in by the update's forward pass (actor_loss)
+            ref_logprobs = logprobs_from_logits(self.reference_logits(sequences), sequences.response_ids)
+            return torch.zeros_like(ref_logprobs), ref_logprobs, torch.zeros_like(ref_logprobs), None
         logits, values = self.policy_and_values(sequences)
         logprobs = logprobs_from_logits(logits, sequences.response_ids)
         ref_logits = self.reference_logits(sequences)
@@ -540,10 +556,10 @@ class PPOTrainer(PPOLoop):
         return scores
 
     # ------------------------------------------------------------ stage 7
-    def kl_loss(self, logits: torch.Tensor, logprobs: torch.Tensor, mb: Experience) -> torch.Tensor:
+    def kl_loss(self, logits: torch.Tensor, logprobs: torch.Tensor, mb: Experience) -> tuple[torch.Tensor, torch.Tensor]:
         """kl_in: loss.  The per-token KL estimate of the *current* policy against the reference,
         aggregated as the policy loss is and differentiated directly (core/kl.py says why k1 is
-        not allowed here)."""
+        not allowed here); returns the loss and the (B, T) per-token estimate."""
         estimator = self.config.kl_estimator_used
         if estimator == "full":
             with torch.no_grad():  # the reference's full distribution, for this minibatch only
@@ -551,7 +567,7 @@ class PPOTrainer(PPOLoop):
             per_token = full_kl(logits, ref_logits)
         else:
             per_token = kl_penalty(logprobs, mb.ref_logprobs, estimator)
-        return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens)
+        return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens), per_token
 
     def update(self, experience: Experience) -> dict[str, float]:
         """ppo_epochs passes of clipped-loss minibatch steps over the whole batch.
@@ -589,6 +605,9 @@ class PPOTrainer(PPOLoop):
             for key, value in step_stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
             n_steps += 1
+        if self.old_logprobs_from_update and self.processes > 1:  # each process filled its slice's rows
+            experience.logprobs = sum_across_processes(experience.logprobs)
+            experience.kl = sum_across_processes(experience.kl)
         stats = {key: value / max(n_steps, 1) for key, value in totals.items()}
         stats["update_steps"] = n_steps
         stats["skipped_steps"] = self.guard.skipped
@@ -630,6 +649,9 @@ class PPOTrainer(PPOLoop):
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
                 out = forward_response(self.actor, mb.sequences, config.temperature)
             actor_loss, stats = self.actor_loss(mb, out.logits, token_share, policy_share, warming_up)
+            if self.old_logprobs_from_update:  # the old log-probs this forward gave, kept for the metrics
+                experience.logprobs[mine[part_index]] = mb.logprobs
+                experience.kl[mine[part_index]] = mb.kl
             if len(parts) == 1 and config.max_approx_kl is not None:
                 approx_kl = self.sum_shares({"approx_kl": stats["approx_kl"] * token_share})["approx_kl"]
                 if self.moved_too_far(approx_kl, warming_up):
@@ -648,6 +670,8 @@ class PPOTrainer(PPOLoop):
         critic warms up.  Returns the loss and the (unscaled) statistics."""
         config = self.config
         logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+        if self.old_logprobs_from_update:  # the weights that sampled the batch: the ratio is exactly 1
+            mb.logprobs = logprobs.detach()
         weights = self.tis_weights(mb)
         pg_loss, stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
                                      config.loss_aggregation, config.max_new_tokens, clip_ratio_high=config.clip_high,
@@ -663,10 +687,15 @@ class PPOTrainer(PPOLoop):
         if warming_up:
             return None, stats
         loss = policy_share * pg_loss - entropy_coef * token_share * entropy
+        per_token_kl = None
         if config.kl_in == "loss":
-            kl_loss = self.kl_loss(logits, logprobs, mb)
+            kl_loss, per_token_kl = self.kl_loss(logits, logprobs, mb)
             stats["kl_loss"] = kl_loss.detach()
             loss = loss + self.kl_controller.value * policy_share * kl_loss
+        if self.old_logprobs_from_update:  # the rollout's KL, as old_and_reference would have logged it
+            if per_token_kl is None:
+                per_token_kl = kl_penalty(mb.logprobs, mb.ref_logprobs, config.kl_estimator_used)
+            mb.kl = keep_masked(per_token_kl.detach(), mb.mask)
         return loss, stats
 
     def tis_weights(self, mb: Experience) -> torch.Tensor | None:
@@ -728,6 +757,8 @@ class PPOTrainer(PPOLoop):
                                                                               score=experience.raw_scores)
         stats = {"skipped_steps": self.guard.skipped} if bad_scores else self.update(experience)
         timings["time/train"] = time.perf_counter() - start
+        if experience.engine_logprobs is not None:  # how far the engine's numerics are from the trainer's
+            stage_metrics.update(engine_gap(experience.logprobs, experience.engine_logprobs, experience.mask))
         mask = experience.mask.float()
         kl_per_response = experience.kl.sum(dim=1).mean().item()  # kl is 0 on padding
         self.kl_controller.update(kl_per_response, experience.scores.shape[0])

@@ -55,6 +55,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
+        *(["old log-probs: read off the update's forward pass (one step per batch: the weights that sampled "
+           "it; no pass of their own)"] if trainer.old_logprobs_from_update else []),
         f"KL:        {kl}",
         *variant_lines(config),
     ]

@@ -1,0 +1,89 @@
+"""What reading the old log-probs off the update saves (docs/design.md, "Old log-probs from the
+update"): SmolLM2-135M-Instruct with LoRA on a reasoning-gym task, GRPO with one optimizer step
+per batch and the KL in the loss, iterations alternating between the two ways in one process
+(this machine's speed drifts; one model load serves both).  Writes
+benchmarks/results/old_logprobs.{json,md}.
+
+    make smollm2
+    python benchmarks/bench_old_logprobs.py            # 4 rounds: 8 iterations of about 50 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="runs/smollm2-135m-instruct")
+    parser.add_argument("--task", default="gcd")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of one iteration each way (plus one warm-up)")
+    parser.add_argument("--note", default="idle machine")
+    args = parser.parse_args()
+    if not (Path(args.model) / "config.json").is_file():
+        raise SystemExit(f"{args.model} is missing; make it with: make smollm2")
+
+    from bench_reasoning import COMMON
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.trainers.ppo import PPOTrainer
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    settings = {**COMMON, "model": args.model, "task": f"reasoning-gym:{args.task}", "task_size": 2000,
+                "task_eval_size": 10, "estimator": "grpo", "samples_per_prompt": 4, "kl_in": "loss",
+                "out": "runs/bench_old_logprobs", "overwrite": True}
+    for key in ("eval_size", "eval_sampled", "save_every", "sample_every"):
+        settings.pop(key, None)
+    trainer = PPOTrainer(build_config(PPOConfig, settings))
+    assert trainer.old_logprobs_from_update, "these settings should read the old log-probs off the update"
+    rows = trainer.run_parts.train_rows
+    timings: dict[bool, list[dict]] = {True: [], False: []}
+    for round_index in range(args.rounds + 1):
+        for from_update in ((True, False) if round_index % 2 == 0 else (False, True)):
+            trainer.old_logprobs_from_update = from_update
+            batch = rows[(trainer.iteration * 4) % len(rows):][:4]
+            metrics = trainer.step([row for row in batch for _ in range(4)])
+            if round_index:  # the first round warms up both ways
+                timings[from_update].append({k: metrics[k] for k in ("time/forward", "time/train", "time/iteration",
+                                                                       "time/generate")})
+            print(f"round {round_index}, from update {from_update}: forward {metrics['time/forward']:.1f} s, "
+                  f"train {metrics['time/train']:.1f} s, iteration {metrics['time/iteration']:.1f} s", flush=True)
+
+    def median(from_update: bool, key: str) -> float:
+        return statistics.median(t[key] for t in timings[from_update])
+
+    results = {"command": "python benchmarks/bench_old_logprobs.py " + " ".join(sys.argv[1:]),
+               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+                          f"{torch.get_num_threads()} thread(s)",
+               "date": time.strftime("%Y-%m-%d"), "note": args.note, "settings": settings, "timings": timings}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "old_logprobs.json").write_text(json.dumps({**results, "timings": {str(k): v for k, v in timings.items()}},
+                                                          indent=1) + "\n")
+    lines = ["# Old log-probs: a pass of their own, or read off the update", "",
+             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
+             f"Measured: {results['date']}; {results['note']}", "",
+             f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task}, GRPO 4 prompts x 4 samples, "
+             f"{COMMON['max_new_tokens']} new tokens, one optimizer step per batch, k3 KL in the loss; median seconds "
+             f"over {args.rounds} iterations each way, alternating.", "",
+             "| old log-probs | forward passes before the update | update | whole iteration |", "|---|---|---|---|"]
+    for from_update, name in ((False, "a pass of their own"), (True, "read off the update")):
+        lines.append(f"| {name} | {median(from_update, 'time/forward'):.1f} | {median(from_update, 'time/train'):.1f} "
+                     f"| {median(from_update, 'time/iteration'):.1f} |")
+    ratio = median(True, "time/iteration") / median(False, "time/iteration")
+    lines += ["", f"Whole iteration: {ratio:.2f} of the time with a pass of their own.", ""]
+    (RESULTS / "old_logprobs.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
