@@ -50,8 +50,10 @@ COMMON = {"lora": True, "batch_size": 16, "mini_batch_size": 16, "ppo_epochs": 1
           "max_length": 224, "lr": 1e-3, "temperature": 1.0, "kl_coef": 0.05, "format_reward": 0.1, "task_size": 10000,
           "task_eval_size": EVAL_SIZE, "eval_size": EVAL_SIZE, "eval_sampled": False, "save_every": 0,
           "sample_every": 0}
+# GRPO as it is run (and as TRL places it): k3 KL in the loss, which with one step per batch also
+# lets the trainer read the old log-probs off the update (0.86 of the iteration, results/old_logprobs.md).
 ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
-              "grpo": {"estimator": "grpo", "samples_per_prompt": 4}}
+              "grpo": {"estimator": "grpo", "samples_per_prompt": 4, "kl_in": "loss"}}
 
 
 def machine(num_threads: int) -> str:
