@@ -4,6 +4,8 @@ update, and trains, logs and resumes as it does with that pass."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -70,3 +72,16 @@ def test_the_update_trains_and_logs_as_with_a_pass_of_their_own(zoo, overrides):
     assert fast_metrics[0]["kl"] == pytest.approx(0, abs=1e-6) and fast_metrics[-1]["kl"] > 1e-4  # filled in by the update
     # Without its own pass the actor runs one forward less per iteration.
     assert slow_calls - fast_calls == 3
+
+
+def test_a_batch_whose_update_is_skipped_logs_no_kl(zoo, monkeypatch):
+    # A reward that gave a non-finite score: the update is skipped, so the old log-probs it would
+    # have read were never computed -- the KL is logged as unknown and the controller left alone.
+    trainer = trainer_of(zoo, True, target_kl=1.0)
+    score = trainer.score
+    monkeypatch.setattr(trainer, "score", lambda *args: (score(*args)[0] * float("nan"), score(*args)[1]))
+    before = {name: p.detach().clone() for name, p in trainer.actor.named_parameters()}
+    coef = trainer.kl_controller.value
+    metrics = trainer.step([{"prompt": p} for p in PROMPTS[:4] for _ in range(2)])
+    assert math.isnan(metrics["kl"]) and metrics["skipped_steps"] == 1 and trainer.kl_controller.value == coef
+    assert all(torch.equal(p, before[name]) for name, p in trainer.actor.named_parameters())

@@ -757,11 +757,16 @@ class PPOTrainer(PPOLoop):
                                                                               score=experience.raw_scores)
         stats = {"skipped_steps": self.guard.skipped} if bad_scores else self.update(experience)
         timings["time/train"] = time.perf_counter() - start
-        if experience.engine_logprobs is not None:  # how far the engine's numerics are from the trainer's
+        # How far the engine's numerics are from the trainer's (old log-probs read off an update
+        # that was skipped were never computed: no gap to log).
+        if experience.engine_logprobs is not None and not (bad_scores and self.old_logprobs_from_update):
             stage_metrics.update(engine_gap(experience.logprobs, experience.engine_logprobs, experience.mask))
         mask = experience.mask.float()
-        kl_per_response = experience.kl.sum(dim=1).mean().item()  # kl is 0 on padding
-        self.kl_controller.update(kl_per_response, experience.scores.shape[0])
+        if bad_scores and self.old_logprobs_from_update:  # no update, so no old log-probs and no KL measured
+            kl_per_response = float("nan")
+        else:
+            kl_per_response = experience.kl.sum(dim=1).mean().item()  # kl is 0 on padding
+            self.kl_controller.update(kl_per_response, experience.scores.shape[0])
         self.iteration += 1
 
         total_time = sum(timings.values())
