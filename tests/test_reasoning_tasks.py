@@ -141,3 +141,26 @@ def test_an_unknown_reasoning_gym_task_exits_2_naming_the_valid_ones(zoo, tmp_pa
                        *THREADS], capsys)
     assert "unknown reasoning-gym task 'no_such'; allowed:" in err and "chain_sum" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_exact_reward_pays_only_a_right_answer():
+    # reasoning-gym's default checker gives len(answer) / len(given) to a given answer that contains the
+    # right one: "722" earns 1/3 where the answer is 2, so a policy can be paid for writing longer numbers.
+    rows = ReasoningGymTask("gcd", size=50, eval_size=10, seed=0).eval_rows()
+    row = next(r for r in rows if r["answer"] == "2")
+    index = [row["task_index"]]
+    for exact, partial in ((False, pytest.approx(1 / 3)), (True, 0.0)):
+        task = ReasoningGymTask("gcd", size=50, eval_size=10, seed=0, format_reward=0.1, exact=exact)
+        assert task.rule_reward([], ["The GCD is 722"], index) == [partial]
+        assert task.rule_reward([], ["<answer>2</answer>"], index) == [pytest.approx(1.1)]
+        # The metric is the task's own either way: its accuracy counts full scores only.
+        assert task.metric([], ["The GCD is 722"], [True], [row])["task_score"] == pytest.approx(1 / 3)
+
+
+def test_the_task_reward_is_refused_without_a_reasoning_gym_task():
+    from ppo_rlhf.tasks import TaskOptions
+
+    with pytest.raises(ConfigError, match="task_reward"):
+        TaskOptions(task="doubling", task_reward="exact").validate_task()
+    with pytest.raises(ConfigError, match="task_reward"):
+        build_config(PPOConfig, {"task": "reasoning-gym:gcd", "task_reward": "partial"})

@@ -13,6 +13,7 @@ from ppo_rlhf.distributed import rank
 
 TASKS = ("doubling", "reasoning-gym:NAME")
 REASONING_GYM = "reasoning-gym:"
+TASK_REWARDS = ("score", "exact")
 
 
 def check_task_name(name: str | None) -> None:
@@ -35,6 +36,10 @@ class TaskOptions:
     task_config: str = option("", "reasoning-gym: the generator's settings, 'key=value,...' (values read as YAML)")
     format_reward: float = option(0.0, "reasoning-gym: added to the score of a response that puts its answer in "
                                        "<answer>...</answer>", range=at_least(0))
+    task_reward: str = option("score", "reasoning-gym: the reward of an answer: score (the task's own checker, with "
+                                       "its partial credit) or exact (1 for a right answer, else 0; a checker that "
+                                       "credits an answer containing the right one, as reasoning-gym's default does, "
+                                       "can pay a policy for writing longer numbers)", choices=TASK_REWARDS)
 
     def validate_task(self) -> None:
         check_task_name(self.task)
@@ -44,8 +49,8 @@ class TaskOptions:
             parse_task_config(self.task_config)  # a malformed one fails here, at start
             self.chat_template = True  # its prompts are chat messages (system instruction + problem)
         else:
-            for key in ("task_seed", "format_reward"):  # the reasoning-gym fields mean nothing here
-                default = None if key == "task_seed" else 0.0
+            # the reasoning-gym fields mean nothing here
+            for key, default in (("task_seed", None), ("format_reward", 0.0), ("task_reward", "score")):
                 check(getattr(self, key) == default, key, "left out without --task reasoning-gym:NAME",
                       getattr(self, key))
             check(not self.task_config, "task_config", "left out without --task reasoning-gym:NAME", self.task_config)
@@ -69,7 +74,8 @@ def make_task(options: TaskOptions, seed: int):
 
         task = make_reasoning_gym(name[len(REASONING_GYM):], options.task_size, options.task_eval_size,
                                   seed if options.task_seed is None else options.task_seed,
-                                  parse_task_config(options.task_config), options.format_reward)
+                                  parse_task_config(options.task_config), options.format_reward,
+                                  exact=options.task_reward == "exact")
         if task.held_out_short and rank() == 0:
             print(f"note: {name} gave {len(task.eval_indices)} held-out problems, not {options.task_eval_size}: its "
                   f"generator has no more that differ from the training ones (a smaller --task-size leaves more)",

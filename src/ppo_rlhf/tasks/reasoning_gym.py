@@ -77,7 +77,7 @@ class ReasoningGymTask:
     """One reasoning-gym dataset as the stages see a task: prompt rows, reward and metric."""
 
     def __init__(self, name: str, size: int, eval_size: int, seed: int, settings: dict | None = None,
-                 format_reward: float = 0.0):
+                 format_reward: float = 0.0, exact: bool = False):
         reasoning_gym = import_reasoning_gym()
         if name not in reasoning_gym.factory.DATASETS:
             raise ConfigError(f"unknown reasoning-gym task {name!r}; allowed: {', '.join(task_names())}")
@@ -93,6 +93,7 @@ class ReasoningGymTask:
         self.dataset = dataset
         self.entries = [dataset[i] for i in range(size)]  # generated once, index = the dataset's: the checker reads them
         self.format_reward = format_reward
+        self.exact = exact  # the reward: 1 for a right answer, not the checker's partial credit
         self.train_indices = list(range(size))
         self.eval_indices, seen = [], {entry["question"] for entry in self.entries}
         for index in range(size, pool):
@@ -134,9 +135,13 @@ class ReasoningGymTask:
         return float(score) if score is not None and math.isfinite(score) else 0.0
 
     def rule_reward(self, prompts: list, responses: list[str], task_index: list[int], **columns) -> list[float]:
-        """The task's score of each response, plus --format-reward for an answer in the tags."""
-        return [self.score(response, index) + self.format_reward * (extract_answer(response) is not None)
-                for response, index in zip(responses, task_index)]
+        """The task's score of each response (--task-reward exact: 1 where it is a full score, else
+        0), plus --format-reward for an answer in the tags."""
+        scores = [self.score(response, index) for response, index in zip(responses, task_index)]
+        if self.exact:
+            scores = [float(score >= 1.0) for score in scores]
+        return [score + self.format_reward * (extract_answer(response) is not None)
+                for score, response in zip(scores, responses)]
 
     def metric(self, prompts: list, responses: list[str], finished: list[bool], rows: list[dict]) -> dict[str, float]:
         scores = [self.score(response, row["task_index"]) for response, row in zip(responses, rows)]
@@ -146,5 +151,5 @@ class ReasoningGymTask:
 
 
 def make_task(name: str, size: int, eval_size: int, seed: int, settings: dict | None = None,
-              format_reward: float = 0.0) -> ReasoningGymTask:
-    return ReasoningGymTask(name, size, eval_size, seed, settings, format_reward)
+              format_reward: float = 0.0, exact: bool = False) -> ReasoningGymTask:
+    return ReasoningGymTask(name, size, eval_size, seed, settings, format_reward, exact)
