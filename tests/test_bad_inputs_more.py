@@ -118,6 +118,7 @@ CASES = [
     Bad("ppo-reward-backoff-negative", ppo("--reward-backoff", -1), ("'reward_backoff'",), PROMPTS),
     Bad("ppo-task-size-zero", ppo("--task-size", 0), ("'task_size'",), PROMPTS),
     Bad("ppo-format-reward-negative", ppo("--format-reward", -1), ("'format_reward'",), PROMPTS),
+    Bad("ppo-task-reward-unknown", ppo("--task-reward", "partial"), ("--task-reward", "'score', 'exact'"), PROMPTS),
     Bad("ppo-clip-ratio-zero", ppo("--clip-ratio", 0), ("'clip_ratio'",), PROMPTS),
     Bad("ppo-clip-ratio-one", ppo("--clip-ratio", 1), ("'clip_ratio'",), PROMPTS),
     Bad("ppo-samples-per-prompt-zero", ppo("--samples-per-prompt", 0), ("'samples_per_prompt'",), PROMPTS),
