@@ -22,6 +22,7 @@ import torch
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
+MAX_NEW_TOKENS = 32
 
 
 def main() -> None:
@@ -34,16 +35,17 @@ def main() -> None:
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"{args.model} is missing; make it with: make smollm2")
 
-    from bench_reasoning import COMMON
     from ppo_rlhf.config import build_config
     from ppo_rlhf.trainers.ppo import PPOTrainer
     from ppo_rlhf.trainers.ppo_config import PPOConfig
 
-    settings = {**COMMON, "model": args.model, "task": f"reasoning-gym:{args.task}", "task_size": 2000,
-                "task_eval_size": 10, "estimator": "grpo", "samples_per_prompt": 4, "kl_in": "loss",
-                "out": "runs/bench_old_logprobs", "overwrite": True}
-    for key in ("eval_size", "eval_sampled", "save_every", "sample_every"):
-        settings.pop(key, None)
+    # The settings it was measured with (bench_reasoning.py's recipe has moved on since; these stay
+    # fixed so the figures can be reproduced): 4 prompts x 4 samples, one step of all 16.
+    settings = {"model": args.model, "task": f"reasoning-gym:{args.task}", "task_size": 2000, "task_eval_size": 10,
+                "lora": True, "estimator": "grpo", "samples_per_prompt": 4, "batch_size": 16, "mini_batch_size": 16,
+                "ppo_epochs": 1, "max_new_tokens": MAX_NEW_TOKENS, "max_length": 224, "lr": 1e-3, "temperature": 1.0,
+                "kl_in": "loss", "kl_coef": 0.05, "format_reward": 0.1, "out": "runs/bench_old_logprobs",
+                "overwrite": True}
     trainer = PPOTrainer(build_config(PPOConfig, settings))
     assert trainer.old_logprobs_from_update, "these settings should read the old log-probs off the update"
     rows = trainer.run_parts.train_rows
@@ -73,7 +75,7 @@ def main() -> None:
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
              f"Measured: {results['date']}; {results['note']}", "",
              f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task}, GRPO 4 prompts x 4 samples, "
-             f"{COMMON['max_new_tokens']} new tokens, one optimizer step per batch, k3 KL in the loss; median seconds "
+             f"{MAX_NEW_TOKENS} new tokens, one optimizer step per batch, k3 KL in the loss; median seconds "
              f"over {args.rounds} iterations each way, alternating.", "",
              "| old log-probs | forward passes before the update | update | whole iteration |", "|---|---|---|---|"]
     for from_update, name in ((False, "a pass of their own"), (True, "read off the update")):
