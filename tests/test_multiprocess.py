@@ -68,12 +68,17 @@ def difference_outside_key_bias(one: torch.Tensor, two: torch.Tensor, name: str)
 @pytest.mark.parametrize("variant", [["--critic", "shared"], ["--critic", "separate"], ["--estimator", "reinforce++"],
                                      # one step per batch: old log-probs read off the update (each process its rows)
                                      ["--estimator", "reinforce++", "--ppo-epochs", "1", "--mini-batch-size", "8",
-                                      "--kl-in", "loss", "--kl-coef", "0.1", "--lr", "1e-3"]],
-                         ids=["shared-critic", "separate-critic", "reinforce++", "old-logprobs-from-update"])
+                                      "--kl-in", "loss", "--kl-coef", "0.1", "--lr", "1e-3"],
+                                     # each prompt twice: each process runs its distinct prompts once a pass
+                                     ["--estimator", "reinforce++", "--samples-per-prompt", "2"]],
+                         ids=["shared-critic", "separate-critic", "reinforce++", "old-logprobs-from-update",
+                              "shared-prompts"])
 def test_two_processes_train_like_one(sft_model, tmp_path, variant):
     assert main([str(a) for a in ppo_args(sft_model, tmp_path / "one", *variant, "--save-every", 0)]) == 0
     result = launch(ppo_args(sft_model, tmp_path / "two", *variant, "--save-every", 5), processes=2)
     assert result.returncode == 0, result.stderr[-3000:]
+    if "--samples-per-prompt" in variant:  # the plan says prompts are shared, and the first batch's check agreed
+        assert "each distinct prompt runs once" in result.stdout and "--share-prompts is off" not in result.stdout
     one, two = weights(tmp_path / "one" / "checkpoints" / "actor"), weights(tmp_path / "two" / "checkpoints" / "actor")
     largest = max(difference_outside_key_bias(one[k], two[k], k) for k in one)
     moved = max((one[k] - weights(sft_model)[k]).abs().max().item() for k in one)

@@ -28,7 +28,12 @@ class ResponseForward:
     hidden: torch.Tensor  # (B, T, H) input of the output layer at the positions that predict each response token
 
 
-def forward_response(model, sequences: Sequences, temperature: float = 1.0) -> ResponseForward:
+class PromptSharingUnsupported(RuntimeError):
+    """The model's forward cannot continue from a cache of shared prompts (see forward_shared_prompts)."""
+
+
+def forward_response(model, sequences: Sequences, temperature: float = 1.0, share_prompts: bool = False
+                     ) -> ResponseForward:
     """Run the causal LM over prompt + response; keep the positions that predict the response.
 
     The logits come from the model's own forward, the one generation samples from: some
@@ -37,25 +42,121 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0) -> R
     ``logits_to_keep`` projects only the T + 1 last positions onto the vocabulary, which saves
     the projection of every prompt token.  The hidden states the value head reads are what the
     output layer receives, caught on their way in: the same positions, after the final norm.
+
+    ``share_prompts``: where rows repeat a prompt (``--samples-per-prompt K``), run each distinct
+    prompt once and the responses on its keys and values (:func:`forward_shared_prompts`).
     """
+    if share_prompts and len(sequences.prompt_ids) > 1:
+        first_rows, prompt_of_row = distinct_prompts(sequences)
+        if len(first_rows) < len(prompt_of_row):
+            return forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature)
     attention_mask = sequences.attention_mask
     response_length = sequences.response_ids.shape[1]
-    caught = []
-    hook = output_layer(model).register_forward_pre_hook(lambda module, args: caught.append(args[0]))
-    try:
+    with caught_output_inputs(model, calls=1) as caught:
         out = model(
             input_ids=sequences.input_ids, attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask), use_cache=False,
             logits_to_keep=response_length + 1,
         )
-    finally:
-        hook.remove()
-    if len(caught) != 1:
-        raise RuntimeError(f"{type(model).__name__} ran its output layer {len(caught)} times in one forward; "
-                           f"forward_response expects once")
     # Position P-1+t predicts response token t: of the T+1 kept positions, drop the last.
-    hidden = caught[0][:, :-1]  # (B, T, H)
-    logits = out.logits[:, :-1].float()  # (B, T, V)
+    return scaled(ResponseForward(logits=out.logits[:, :-1], hidden=caught[0][:, :-1]), temperature)
+
+
+def distinct_prompts(sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U,) one row holding each distinct prompt (ids and mask), and (B,) each row's prompt among those U."""
+    prompts = torch.cat([sequences.prompt_ids, sequences.prompt_mask], dim=1)
+    _, prompt_of_row = torch.unique(prompts, dim=0, return_inverse=True)
+    rows = torch.arange(len(prompt_of_row), device=prompt_of_row.device)
+    first_rows = torch.full((int(prompt_of_row.max()) + 1,), len(rows), dtype=torch.long, device=rows.device)
+    return first_rows.scatter_reduce_(0, prompt_of_row, rows, reduce="amin"), prompt_of_row  # (deterministic)
+
+
+def forward_shared_prompts(model, sequences: Sequences, first_rows: torch.Tensor, prompt_of_row: torch.Tensor,
+                           temperature: float = 1.0) -> ResponseForward:
+    """forward_response's logits and hidden states with each distinct prompt run once
+    (docs/design.md, "Shared prompts").
+
+    GRPO's K responses to a prompt repeat its P tokens K times in every forward pass; here the U
+    distinct prompts run once (``use_cache``), their keys and values are indexed out to the B
+    rows (an index, so the backward pass sums each prompt's gradient over its K rows, as K
+    copies would), and the responses run on that cache.  The prompt pass's last position
+    predicts response token 0; the response pass over tokens 0..T-2 predicts tokens 1..T-1.
+    Positions and masks are the full pass's, so the numbers are the same up to rounding.
+
+    Needs a cache that concatenates keys and values (transformers' DynamicLayer, every layer):
+    sliding-window, static or recurrent caches drop or fold positions, and raise
+    PromptSharingUnsupported instead."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    prompt_length, response_length = sequences.prompt_length, sequences.response_ids.shape[1]
+    attention_mask = sequences.attention_mask
+    positions = position_ids_from_mask(attention_mask)
+    calls = 1 if response_length == 1 else 2
+    with caught_output_inputs(model, calls) as caught:
+        prompt_out = model(input_ids=sequences.prompt_ids[first_rows], attention_mask=sequences.prompt_mask[first_rows],
+                           position_ids=positions[first_rows, :prompt_length], use_cache=True, logits_to_keep=1)
+        # transformers 5.2x renamed past_key_values to cache (the old name warns until 5.40): the
+        # output's field says which name this version's forward takes.
+        cache_name = "cache" if "cache" in getattr(prompt_out, "__dataclass_fields__", {}) else "past_key_values"
+        cache = getattr(prompt_out, cache_name)
+        if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+            layers = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
+            raise PromptSharingUnsupported(f"{type(model).__name__}'s cache is {type(cache).__name__} "
+                                           f"({', '.join(layers)}), not DynamicLayers that keep every position")
+        cache.batch_select_indices(prompt_of_row)
+        logits = [prompt_out.logits[prompt_of_row]]
+        if response_length > 1:
+            response_out = model(input_ids=sequences.response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                                 position_ids=positions[:, prompt_length:-1], use_cache=True, **{cache_name: cache})
+            logits.append(response_out.logits)
+    hidden = torch.cat([caught[0][prompt_of_row], *caught[1:]], dim=1)
+    return scaled(ResponseForward(logits=torch.cat(logits, dim=1), hidden=hidden), temperature)
+
+
+def shared_prompts_agree(model, sequences: Sequences, temperature: float = 1.0) -> str | None:
+    """None where forward_shared_prompts gives this model's full-pass log-probs on ``sequences``
+    (a batch with repeated prompts), else why not.  Run once per run, before sharing is used:
+    an architecture whose forward continues from a cache differently (its own masks or
+    positions) shows here, not as a quietly wrong gradient."""
+    first_rows, prompt_of_row = distinct_prompts(sequences)
+    with torch.no_grad():
+        whole = forward_response(model, sequences, temperature)
+        try:
+            shared = forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature)
+        except PromptSharingUnsupported as why:
+            return str(why)
+    mask = sequences.response_mask.bool()
+    tokens = sequences.response_ids
+    gap = (logprobs_from_logits(whole.logits, tokens) - logprobs_from_logits(shared.logits, tokens))[mask].abs()
+    # Rounding alone: ~1e-6 in float32, ~1e-2 in bf16; a wrong mask or position moves log-probs by ~1.
+    tolerance = 1e-3 if whole.hidden.dtype == torch.float32 else 5e-2
+    if gap.numel() and gap.mean() > tolerance:
+        return f"its log-probs differ from the full pass's by {gap.mean():.2g} on average (tolerance {tolerance:g})"
+    return None
+
+
+class caught_output_inputs:
+    """Context: the hidden states the output layer receives, one tensor per model call (a
+    forward pre-hook); checks on exit that the model made exactly ``calls`` of them."""
+
+    def __init__(self, model, calls: int):
+        self.layer, self.calls, self.caught = output_layer(model), calls, []
+        self.model_name = type(model).__name__
+
+    def __enter__(self) -> list[torch.Tensor]:
+        self.hook = self.layer.register_forward_pre_hook(lambda module, args: self.caught.append(args[0]))
+        return self.caught
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.hook.remove()
+        if kind is None and len(self.caught) != self.calls:
+            raise RuntimeError(f"{self.model_name} ran its output layer {len(self.caught)} times in {self.calls} "
+                               f"forward pass(es); forward_response expects once a pass")
+
+
+def scaled(out: ResponseForward, temperature: float) -> ResponseForward:
+    """Logits as float32 and divided by the sampling temperature."""
+    logits = out.logits.float()
     if temperature != 1.0:  # (no copy of a (B, T, V) tensor for nothing)
         logits = logits / temperature
-    return ResponseForward(logits=logits, hidden=hidden)
+    return ResponseForward(logits=logits, hidden=out.hidden)

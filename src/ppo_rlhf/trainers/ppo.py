@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.core import (
@@ -53,7 +54,7 @@ from ppo_rlhf.models import load_tokenizer
 from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
-from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
+from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits, shared_prompts_agree
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import Sequences, pad_columns
@@ -160,6 +161,14 @@ def disable_dropout(model: torch.nn.Module, keep_lora_dropout: bool = False) -> 
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):
             module.attention_dropout = 0.0
+
+
+def prompt_sharing_possible(config: PPOConfig, sharding) -> bool:
+    """Whether forward passes may run each distinct prompt once (docs/design.md, "Shared prompts"):
+    asked for, prompts that repeat, and neither of the two things a cache cannot go through --
+    FSDP (each model call gathers the layers: every process must make the same calls) and
+    gradient checkpointing (its recomputation would append the keys to the cache a second time)."""
+    return config.share_prompts and config.samples_per_prompt > 1 and sharding is None and not config.gradient_checkpointing
 
 
 def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
@@ -275,6 +284,8 @@ class PPOTrainer(PPOLoop):
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
         self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
+        # Prompt sharing: None until the first batch has checked it against the full pass.
+        self.share_prompts = None if prompt_sharing_possible(config, self.sharding) else False
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
@@ -323,7 +334,7 @@ class PPOTrainer(PPOLoop):
     # ------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response logits (B, T, V) of the actor and values (B, T) of the critic (None without one)."""
-        out = forward_response(self.actor, sequences, self.config.temperature)
+        out = forward_response(self.actor, sequences, self.config.temperature, bool(self.share_prompts))
         values = None if self.critic is None else self.critic.values(sequences, out.hidden)
         return out.logits, values
 
@@ -331,8 +342,8 @@ class PPOTrainer(PPOLoop):
     def reference_logits(self, sequences: Sequences) -> torch.Tensor:
         if self.ref is None:  # LoRA on one base: the reference is the base itself
             with adapters_disabled(self.actor):
-                return forward_response(self.actor, sequences, self.config.temperature).logits
-        return forward_response(self.ref, sequences, self.config.temperature).logits
+                return forward_response(self.actor, sequences, self.config.temperature, bool(self.share_prompts)).logits
+        return forward_response(self.ref, sequences, self.config.temperature, bool(self.share_prompts)).logits
 
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
@@ -487,11 +498,21 @@ class PPOTrainer(PPOLoop):
         if rows == 0:  # dynamic sampling kept none of this process's groups
             empty = torch.zeros_like(sequences.response_ids, dtype=torch.float32)
             return empty, empty, empty, None if self.critic is None else empty
-        parts = [self.old_and_reference(sequences.select(index))
-                 for index in micro_batches(rows, self.config.rollout_micro_batch_size, self.device)]
+        passes = micro_batches(rows, self.config.rollout_micro_batch_size, self.device)
+        if self.share_prompts is None:
+            self.share_prompts = self.prompt_sharing_agrees(sequences.select(passes[0]))
+        parts = [self.old_and_reference(sequences.select(index)) for index in passes]
         logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts]) for i in range(3))
         values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])
         return logprobs, ref_logprobs, kl, values
+
+    def prompt_sharing_agrees(self, sequences: Sequences) -> bool:
+        """The first batch's check of shared prompts (shared_prompts_agree) on the actor; a model
+        whose cache does not reproduce its full pass trains without them, and the run says so."""
+        why = shared_prompts_agree(self.actor, sequences, self.config.temperature)
+        if why is not None and self.rank == 0:
+            tqdm.write(f"warning: --share-prompts is off for this run: {why}; each row runs its own prompt")
+        return why is None
 
     def old_and_reference(self, sequences: Sequences) -> tuple:
         """(logprobs, ref_logprobs, kl, values or None), each (b, T), of a micro-batch of rows."""
@@ -647,7 +668,7 @@ class PPOTrainer(PPOLoop):
             row_share = len(part_index) / len(mb_index)
             policy_share = token_share if config.loss_aggregation == "token-mean" else row_share
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
-                out = forward_response(self.actor, mb.sequences, config.temperature)
+                out = forward_response(self.actor, mb.sequences, config.temperature, bool(self.share_prompts))
             actor_loss, stats = self.actor_loss(mb, out.logits, token_share, policy_share, warming_up)
             if self.old_logprobs_from_update:  # the old log-probs this forward gave, kept for the metrics
                 experience.logprobs[mine[part_index]] = mb.logprobs

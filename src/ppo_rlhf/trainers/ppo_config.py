@@ -214,6 +214,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                     "had time to explore", range=at_least(0))
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
+    share_prompts: bool = option(True, "with --samples-per-prompt K > 1, run each distinct prompt once per forward "
+                                       "pass and its K responses on its cached keys and values (checked against the "
+                                       "full pass on the first batch; off under FSDP and --gradient-checkpointing)")
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
                                          "(all but --lora-dropout, which is kept)")
     # --- schedule
