@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from ab_iterations import alternate, table
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -45,24 +46,14 @@ def main() -> None:
                 "lora": True, "estimator": "grpo", "samples_per_prompt": 4, "batch_size": 16, "mini_batch_size": 16,
                 "ppo_epochs": 1, "max_new_tokens": MAX_NEW_TOKENS, "max_length": 224, "lr": 1e-3, "temperature": 1.0,
                 "kl_in": "loss", "kl_coef": 0.05, "format_reward": 0.1, "out": "runs/bench_old_logprobs",
-                "overwrite": True}
+                "overwrite": True, "share_prompts": False}  # measured before prompts were shared
     trainer = PPOTrainer(build_config(PPOConfig, settings))
     assert trainer.old_logprobs_from_update, "these settings should read the old log-probs off the update"
-    rows = trainer.run_parts.train_rows
-    timings: dict[bool, list[dict]] = {True: [], False: []}
-    for round_index in range(args.rounds + 1):
-        for from_update in ((True, False) if round_index % 2 == 0 else (False, True)):
-            trainer.old_logprobs_from_update = from_update
-            batch = rows[(trainer.iteration * 4) % len(rows):][:4]
-            metrics = trainer.step([row for row in batch for _ in range(4)])
-            if round_index:  # the first round warms up both ways
-                timings[from_update].append({k: metrics[k] for k in ("time/forward", "time/train", "time/iteration",
-                                                                       "time/generate")})
-            print(f"round {round_index}, from update {from_update}: forward {metrics['time/forward']:.1f} s, "
-                  f"train {metrics['time/train']:.1f} s, iteration {metrics['time/iteration']:.1f} s", flush=True)
 
-    def median(from_update: bool, key: str) -> float:
-        return statistics.median(t[key] for t in timings[from_update])
+    def set_way(from_update: bool) -> None:
+        trainer.old_logprobs_from_update = from_update
+
+    timings = alternate(trainer, set_way, 4, 4, args.rounds, "from update")
 
     results = {"command": "python benchmarks/bench_old_logprobs.py " + " ".join(sys.argv[1:]),
                "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
@@ -77,12 +68,7 @@ def main() -> None:
              f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task}, GRPO 4 prompts x 4 samples, "
              f"{MAX_NEW_TOKENS} new tokens, one optimizer step per batch, k3 KL in the loss; median seconds "
              f"over {args.rounds} iterations each way, alternating.", "",
-             "| old log-probs | forward passes before the update | update | whole iteration |", "|---|---|---|---|"]
-    for from_update, name in ((False, "a pass of their own"), (True, "read off the update")):
-        lines.append(f"| {name} | {median(from_update, 'time/forward'):.1f} | {median(from_update, 'time/train'):.1f} "
-                     f"| {median(from_update, 'time/iteration'):.1f} |")
-    ratio = median(True, "time/iteration") / median(False, "time/iteration")
-    lines += ["", f"Whole iteration: {ratio:.2f} of the time with a pass of their own.", ""]
+             *table(timings, {False: "with a pass of their own", True: "read off the update"}, "old log-probs")]
     (RESULTS / "old_logprobs.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
