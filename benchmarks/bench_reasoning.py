@@ -3,7 +3,7 @@ checkers, trained with PPO (gae) and with GRPO.
 
     make smollm2                                               # once: the model as a folder
     python benchmarks/bench_reasoning.py pick                  # starting accuracy of candidate tasks
-    python benchmarks/bench_reasoning.py train --tasks basic_arithmetic gcd        # 24 iterations, ~30 minutes a run
+    python benchmarks/bench_reasoning.py train --tasks basic_arithmetic gcd        # ~30 minutes of training a run
 
 ``pick``: the model's greedy accuracy on 200 held-out problems of each candidate task (the
 package's checker on the answer in <answer> tags, else the last number); the issue asks for two
@@ -60,6 +60,10 @@ COMMON = {"lora": True, "batch_size": 32, "mini_batch_size": 32, "ppo_epochs": 1
 # lets the trainer read the old log-probs off the update (0.86 of the iteration, results/old_logprobs.md).
 ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
               "grpo": {"estimator": "grpo", "samples_per_prompt": 8, "kl_in": "loss"}}
+# Iterations in about 30 minutes of training here (evaluations excluded): gae ~88 s an iteration
+# (old and reference passes, critic), grpo ~41 s (each prompt once per pass for its 8 responses,
+# results/shared_prompts.md; 71 s before).  Four held-out evaluations in between.
+ITERATIONS = {"gae": 20, "grpo": 40}
 
 
 def machine(num_threads: int) -> str:
@@ -119,6 +123,7 @@ def train_figures(out: Path) -> dict:
 
 def train(args) -> None:
     runs: dict[str, dict[str, list]] = {}
+    iterations = {name: args.iterations or ITERATIONS[name] for name in ESTIMATORS}
     for task in args.tasks:
         for seed in args.seeds:
             for estimator in args.estimators:
@@ -130,13 +135,14 @@ def train(args) -> None:
                 print(f"{task}, {estimator}, seed {seed}", flush=True)
                 values = {**COMMON, **ESTIMATORS[estimator], "model": args.model, "task": f"reasoning-gym:{task}",
                           "task_config": CANDIDATES.get(task, ""), "seed": seed, "out": str(out),
-                          "iterations": args.iterations, "eval_every": args.eval_every, "overwrite": True,
+                          "iterations": iterations[estimator], "overwrite": True,
+                          "eval_every": args.eval_every if args.eval_every is not None else iterations[estimator] // 4,
                           "show_samples": 3, **args.settings}
                 run_in_child(values, Path(args.out) / "runs.log", args.num_threads)
                 runs.setdefault(task, {}).setdefault(estimator, []).append(train_figures(out))
     results = {"command": "python benchmarks/bench_reasoning.py " + " ".join(sys.argv[1:]),
                "machine": machine(args.num_threads), "date": time.strftime("%Y-%m-%d"), "note": args.note,
-               "settings": {**COMMON, **args.settings}, "iterations": args.iterations, "seeds": args.seeds, "runs": runs}
+               "settings": {**COMMON, **args.settings}, "iterations": iterations, "seeds": args.seeds, "runs": runs}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "reasoning_train.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     lines = ["# SmolLM2-135M-Instruct trained on reasoning-gym tasks", "", f"Command: `{results['command']}`  ",
@@ -197,9 +203,11 @@ def main() -> None:
                         help="train: the tasks (the two the pick found between 5%% and 50%%)")
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--iterations", type=int, default=24, help="PPO iterations per run (about 30 minutes here)")
-    parser.add_argument("--eval-every", type=int, default=6,
-                        help="iterations between held-out evaluations (0: before and after only; one costs minutes)")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help=f"PPO iterations per run (default: about 30 minutes here, {ITERATIONS})")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="iterations between held-out evaluations (default: a quarter of the run; 0: before and "
+                             "after only; one costs minutes)")
     parser.add_argument("--report-only", action="store_true",
                         help="train: the tables and plot from the run folders already finished")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="OPTION=VALUE",
