@@ -64,6 +64,7 @@ ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
 # (old and reference passes, critic), grpo ~41 s (each prompt once per pass for its 8 responses,
 # results/shared_prompts.md; 71 s before).  Four held-out evaluations in between.
 ITERATIONS = {"gae": 20, "grpo": 40}
+BUDGET_SECONDS = 30 * 60  # the issue's budget of training time a run
 
 
 def machine(num_threads: int) -> str:
@@ -121,6 +122,11 @@ def train_figures(out: Path) -> dict:
             "samples": summary.get("samples", [])[:3]}
 
 
+def within_budget(figures: dict, seconds: float = BUDGET_SECONDS) -> float:
+    """The held-out accuracy of the last evaluation made within ``seconds`` of training."""
+    return [accuracy for elapsed, accuracy in figures["curve"] if elapsed <= seconds][-1]
+
+
 def train(args) -> None:
     runs: dict[str, dict[str, list]] = {}
     iterations = {name: args.iterations or ITERATIONS[name] for name in ESTIMATORS}
@@ -149,13 +155,16 @@ def train(args) -> None:
              f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", "",
              f"LoRA, iterations of 32 sequences; held-out greedy accuracy on {EVAL_SIZE} problems "
              f"never trained on; mean (min-max) over seeds {args.seeds}. Settings: `{json.dumps(results['settings'])}`.", "",
-             "| task | estimator | runs | iterations | accuracy before | after | points gained | PPO minutes | s/iteration |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| task | estimator | runs | iterations | accuracy before | after | points gained | within 30 minutes "
+             "| points gained then | PPO minutes | s/iteration |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for task, by_estimator in runs.items():
         for estimator, done in by_estimator.items():
             gains = [r["after"] - r["before"] for r in done]
             lines.append(f"| {task} | {estimator} | {len(done)} | {spread([r['iterations'] for r in done])} | {spread([r['before'] for r in done], 100, 1, '%')} "
                          f"| {spread([r['after'] for r in done], 100, 1, '%')} | {spread(gains, 100, 1)} "
+                         f"| {spread([within_budget(r) for r in done], 100, 1, '%')} "
+                         f"| {spread([within_budget(r) - r['before'] for r in done], 100, 1)} "
                          f"| {spread([r['ppo_seconds'] / 60 for r in done])} "
                          f"| {spread([r['s_per_iteration'] for r in done], digits=2)} |")
     lines += ["", "![accuracy against PPO seconds](reasoning.png)", ""]

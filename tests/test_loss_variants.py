@@ -166,7 +166,10 @@ def test_dynamic_sampling_completes_a_short_batch_with_dropped_groups(zoo):
     assert (metrics["dynamic_sampling/rounds"], metrics["dynamic_sampling/filled_groups"]) == (2, 3)
     # The one group with a spread and the first three dropped groups, in the order they were drawn.
     assert experience.raw_scores.tolist() == [7.0] * 6 + [0.0, 1.0]
-    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().sum() == 0  # nothing to learn
+    # Nothing to learn from the filled groups: their scores are tied, and what is left is the KL in the
+    # reward, zero at the start but for rounding (the actor's and the reference's shared-prompt passes
+    # differ by ~1e-7 where one model's weights require gradients and the other's do not).
+    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().max() < 1e-6
     tokens = experience.mask.sum().item()
     assert metrics["dynamic_sampling/generated_tokens_per_kept_sample"] > tokens / 8
 
