@@ -40,3 +40,26 @@ def table(timings: dict[bool, list[dict]], names: dict[bool, str], first_column:
                      f"{median(timings, way, 'time/train'):.1f} | {median(timings, way, 'time/iteration'):.1f} |")
     ratio = median(timings, True, "time/iteration") / median(timings, False, "time/iteration")
     return lines + ["", f"Whole iteration: {ratio:.2f} of the time {names[False]}.", ""]
+
+
+def write_report(folder, stem: str, title: str, command: str, note: str, settings: dict, description: str,
+                 timings: dict[bool, list[dict]], names: dict[bool, str], first_column: str) -> None:
+    """folder/stem.json (settings and every timing) and folder/stem.md (the table), printed too."""
+    import json
+    import platform
+    import time
+    from pathlib import Path
+
+    import torch
+
+    results = {"command": command, "date": time.strftime("%Y-%m-%d"), "note": note, "settings": settings,
+               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+                          f"{torch.get_num_threads()} thread(s)"}
+    folder = Path(folder)
+    folder.mkdir(exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps({**results, "timings": {str(k): v for k, v in timings.items()}},
+                                                    indent=1) + "\n")
+    lines = [f"# {title}", "", f"Command: `{command}`  ", f"Machine: {results['machine']}  ",
+             f"Measured: {results['date']}; {note}", "", description, "", *table(timings, names, first_column)]
+    (folder / f"{stem}.md").write_text("\n".join(lines))
+    print("\n".join(lines))

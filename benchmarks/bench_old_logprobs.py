@@ -11,15 +11,10 @@ benchmarks/results/old_logprobs.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from pathlib import Path
 
-import torch
-
-from ab_iterations import alternate, table
+from ab_iterations import alternate, write_report
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -55,22 +50,12 @@ def main() -> None:
 
     timings = alternate(trainer, set_way, 4, 4, args.rounds, "from update")
 
-    results = {"command": "python benchmarks/bench_old_logprobs.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                          f"{torch.get_num_threads()} thread(s)",
-               "date": time.strftime("%Y-%m-%d"), "note": args.note, "settings": settings, "timings": timings}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "old_logprobs.json").write_text(json.dumps({**results, "timings": {str(k): v for k, v in timings.items()}},
-                                                          indent=1) + "\n")
-    lines = ["# Old log-probs: a pass of their own, or read off the update", "",
-             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
-             f"Measured: {results['date']}; {results['note']}", "",
-             f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task}, GRPO 4 prompts x 4 samples, "
-             f"{MAX_NEW_TOKENS} new tokens, one optimizer step per batch, k3 KL in the loss; median seconds "
-             f"over {args.rounds} iterations each way, alternating.", "",
-             *table(timings, {False: "with a pass of their own", True: "read off the update"}, "old log-probs")]
-    (RESULTS / "old_logprobs.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(RESULTS, "old_logprobs", "Old log-probs: a pass of their own, or read off the update",
+                 "python benchmarks/bench_old_logprobs.py " + " ".join(sys.argv[1:]), args.note, settings,
+                 (f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task}, GRPO 4 prompts x 4 samples, "
+                  f"{MAX_NEW_TOKENS} new tokens, one optimizer step per batch, k3 KL in the loss; median seconds "
+                  f"over {args.rounds} iterations each way, alternating."),
+                 timings, {False: "with a pass of their own", True: "read off the update"}, "old log-probs")
 
 
 if __name__ == "__main__":

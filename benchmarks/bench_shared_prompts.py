@@ -11,15 +11,10 @@ Writes benchmarks/results/shared_prompts.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from pathlib import Path
 
-import torch
-
-from ab_iterations import alternate, table
+from ab_iterations import alternate, write_report
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -56,23 +51,13 @@ def main() -> None:
     timings = alternate(trainer, set_way, PROMPTS, K, args.rounds, "shared prompts")
     assert trainer.share_prompts is not None
 
-    results = {"command": "python benchmarks/bench_shared_prompts.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                          f"{torch.get_num_threads()} thread(s)",
-               "date": time.strftime("%Y-%m-%d"), "note": args.note, "settings": settings}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "shared_prompts.json").write_text(json.dumps({**results, "timings": {str(k): v for k, v in timings.items()}},
-                                                            indent=1) + "\n")
-    lines = ["# Shared prompts: each distinct prompt once per forward pass, or once per row", "",
-             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
-             f"Measured: {results['date']}; {results['note']}", "",
-             f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task} (chat prompts of ~84 tokens), GRPO {PROMPTS} "
-             f"prompts x {K} samples, {MAX_NEW_TOKENS} new tokens, one optimizer step per batch (old log-probs read "
-             f"off the update), k3 KL in the loss; median seconds over {args.rounds} iterations each way, "
-             f"alternating (the first round, which also checks sharing against the full pass, is a warm-up).", "",
-             *table(timings, {False: "once per row", True: "shared"}, "prompts")]
-    (RESULTS / "shared_prompts.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(RESULTS, "shared_prompts", "Shared prompts: each distinct prompt once per forward pass, or once per row",
+                 "python benchmarks/bench_shared_prompts.py " + " ".join(sys.argv[1:]), args.note, settings,
+                 (f"SmolLM2-135M-Instruct, LoRA, reasoning-gym:{args.task} (chat prompts of ~84 tokens), GRPO {PROMPTS} "
+                  f"prompts x {K} samples, {MAX_NEW_TOKENS} new tokens, one optimizer step per batch (old log-probs read "
+                  f"off the update), k3 KL in the loss; median seconds over {args.rounds} iterations each way, "
+                  f"alternating (the first round, which also checks sharing against the full pass, is a warm-up)."),
+                 timings, {False: "once per row", True: "shared"}, "prompts")
 
 
 if __name__ == "__main__":
