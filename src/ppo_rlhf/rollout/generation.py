@@ -19,6 +19,14 @@ import torch
 from ppo_rlhf.rollout.sequences import StopIds, is_stop, position_ids_from_mask, response_mask_from_eos
 
 
+def cache_of(output) -> tuple[str, object]:
+    """(the keyword a forward takes its cache by, the cache) from that forward's output:
+    transformers 5.2x renamed past_key_values to cache (the old name warns, and goes in 5.40);
+    the output's own field says which name this version uses."""
+    name = "cache" if "cache" in getattr(output, "__dataclass_fields__", {}) else "past_key_values"
+    return name, getattr(output, name)
+
+
 class Generator(Protocol):
     """The rollout engine's contract.  An inference server (vLLM, SGLang) can fill this seam if it
     meets every point; anything less trains the actor on samples from another policy.
@@ -90,13 +98,14 @@ class TorchGenerator:
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) first position after the prompt
         finished = torch.zeros(batch_size, dtype=torch.bool, device=prompt_ids.device)
         tokens = []
-        inputs, cache = prompt_ids, None
+        inputs, cache = prompt_ids, {}  # no cache before the prompt's pass
         for _ in range(self.max_new_tokens):
             out = model(
                 input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
+                use_cache=True, logits_to_keep=1, **cache,
             )
-            cache = out.past_key_values
+            cache_name, past = cache_of(out)
+            cache = {cache_name: past}
             token = self.next_tokens(out.logits[:, -1])
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)

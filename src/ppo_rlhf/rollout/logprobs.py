@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ppo_rlhf.core.logprobs import token_logprobs
+from ppo_rlhf.rollout.generation import cache_of
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
 
@@ -95,10 +96,7 @@ def forward_shared_prompts(model, sequences: Sequences, first_rows: torch.Tensor
     with caught_output_inputs(model, calls) as caught:
         prompt_out = model(input_ids=sequences.prompt_ids[first_rows], attention_mask=sequences.prompt_mask[first_rows],
                            position_ids=positions[first_rows, :prompt_length], use_cache=True, logits_to_keep=1)
-        # transformers 5.2x renamed past_key_values to cache (the old name warns until 5.40): the
-        # output's field says which name this version's forward takes.
-        cache_name = "cache" if "cache" in getattr(prompt_out, "__dataclass_fields__", {}) else "past_key_values"
-        cache = getattr(prompt_out, cache_name)
+        cache_name, cache = cache_of(prompt_out)
         if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
             layers = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
             raise PromptSharingUnsupported(f"{type(model).__name__}'s cache is {type(cache).__name__} "
