@@ -3,13 +3,12 @@ SmolLM2-135M-Instruct and LoRA, same machine, same prompts, same reward code, on
 Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6.
 
     make smollm2 trl116-venv                              # once: the model folder, TRL's venv
-    python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 150 iterations
+    python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 40 iterations
     python benchmarks/bench_peers_grpo.py --quick         # validation: 1 seed, 4 iterations, 8 problems
     python benchmarks/bench_peers_grpo.py --report-only   # redo the tables and plot from the run folders
 
 What runs (the settings are in SAME_WORK and the report lists what could not be matched):
-1. the task (default: the first task of benchmarks/results/reasoning_pick.json whose starting
-   accuracy is between 5% and 50%, else chain_sum with bench_reasoning.py's settings) is built by
+1. the task (default: chain_sum with bench_reasoning.py's generator settings) is built by
    ppo-rlhf's own code; for each seed, the prompt rows ppo-rlhf will draw (its draw_batch, the
    seed's generator) go to a JSONL file in that order, as the chat-templated string and its ids;
    TRL reads that file with shuffle_dataset off, so both systems train on the same prompts in the
@@ -40,20 +39,28 @@ from pathlib import Path
 
 import torch
 
+from bench_reasoning import COMMON, ESTIMATORS, TRAIN_TASKS
+
+GRPO = ESTIMATORS["grpo"]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 SYSTEMS = ("ppo-rlhf", "trl")
 NAMES = {"ppo-rlhf": "ppo-rlhf grpo", "trl": "TRL 1.16 GRPOTrainer"}
-DEFAULT_TASK, DEFAULT_TASK_CONFIG = "chain_sum", "min_terms=2,max_terms=3,min_digits=1,max_digits=2"
+DEFAULT_TASK = "chain_sum"  # bench_reasoning.py's task on which GRPO gained most in its 30 minutes
+GRPO_ITERATIONS = TRAIN_TASKS[DEFAULT_TASK]["iterations"]["grpo"]  # bench_reasoning.py's ~30 minutes (2 threads)
 TASK_SEED = 0  # the problem generator's seed: the same problems (and held-out split) for every run
 
-# The work both systems do per iteration (bench_reasoning.py's GRPO settings, the KL placed as TRL
-# places it): batch_size / k prompts sampled k times; mini_batch_size sequences per optimizer step,
-# ppo_epochs passes: (batch_size / mini_batch_size) x ppo_epochs optimizer steps per generation batch.
-SAME_WORK = {"k": 4, "batch_size": 16, "mini_batch_size": 16, "ppo_epochs": 1, "max_new_tokens": 32,
-             "temperature": 1.0, "lr": 1e-3, "beta": 0.05, "clip_ratio": 0.2, "max_grad_norm": 1.0,
-             "format_reward": 0.1, "max_length": 224,
+# The work both systems do per iteration: bench_reasoning.py's GRPO recipe (its COMMON and
+# ESTIMATORS["grpo"]), the KL placed as TRL places it (k3, in the loss): batch_size / k prompts
+# sampled k times; mini_batch_size sequences per optimizer step, ppo_epochs passes:
+# (batch_size / mini_batch_size) x ppo_epochs optimizer steps per generation batch.
+SAME_WORK = {"k": GRPO["samples_per_prompt"], "batch_size": COMMON["batch_size"],
+             "mini_batch_size": COMMON["mini_batch_size"], "ppo_epochs": COMMON["ppo_epochs"],
+             "max_new_tokens": COMMON["max_new_tokens"], "temperature": COMMON["temperature"], "lr": COMMON["lr"],
+             "beta": COMMON["kl_coef"], "clip_ratio": 0.2, "max_grad_norm": 1.0,
+             "format_reward": COMMON["format_reward"], "exact_reward": COMMON["task_reward"] == "exact",
+             "max_length": COMMON["max_length"],
              # ppo-rlhf's LoRA defaults (models/lora.py LoraOptions)
              "lora": {"r": 16, "alpha": 32.0, "dropout": 0.0, "target_modules": "all-linear"}}
 
@@ -80,7 +87,7 @@ def ppo_rlhf_values(task: dict, work: dict, model: str, seed: int, iterations: i
             "lora_dropout": lora["dropout"], "lora_target_modules": lora["target_modules"],
             "task": f"reasoning-gym:{task['name']}", "task_config": task["config"], "task_size": task["size"],
             "task_eval_size": task["eval_size"], "task_seed": task["seed"], "format_reward": task["format_reward"],
-            "estimator": "grpo", "samples_per_prompt": work["k"], "batch_size": work["batch_size"],
+            "task_reward": "exact" if task["exact"] else "score", "estimator": "grpo", "samples_per_prompt": work["k"], "batch_size": work["batch_size"],
             "mini_batch_size": work["mini_batch_size"], "ppo_epochs": work["ppo_epochs"],
             "max_new_tokens": work["max_new_tokens"], "max_length": work["max_length"],
             "temperature": work["temperature"], "lr": work["lr"], "max_grad_norm": work["max_grad_norm"],
@@ -91,22 +98,11 @@ def ppo_rlhf_values(task: dict, work: dict, model: str, seed: int, iterations: i
 
 
 # ---------------------------------------------------------------- the task and its prompts
-def default_task() -> tuple[str, str, str]:
-    """(name, generator settings, why): the first task reasoning_pick.json found in 5-50%, else chain_sum."""
-    pick = RESULTS / "reasoning_pick.json"
-    if pick.is_file():
-        for row in json.loads(pick.read_text()).get("tasks", []):
-            if 0.05 <= row.get("accuracy", -1) <= 0.5:
-                return row["task"], row.get("task_config", ""), (f"the first task of reasoning_pick.json between 5% "
-                                                                 f"and 50% greedy ({row['accuracy']:.1%})")
-    return DEFAULT_TASK, DEFAULT_TASK_CONFIG, "bench_reasoning.py's first candidate (no reasoning_pick.json pick)"
-
-
 def make_task(task: dict):
     from ppo_rlhf.tasks.reasoning_gym import make_task as make_reasoning_gym, parse_task_config
 
     return make_reasoning_gym(task["name"], task["size"], task["eval_size"], task["seed"],
-                              parse_task_config(task["config"]), task["format_reward"])
+                              parse_task_config(task["config"]), task["format_reward"], task["exact"])
 
 
 def write_prompt_files(task_settings: dict, work: dict, model: str, seeds: list[int], iterations: int,
@@ -361,8 +357,10 @@ def report(results: dict) -> str:
                  f"{task['why']}), {results['iterations']} iterations per run, seeds {', '.join(map(str, results['seeds']))}, "
                  f"one torch thread per run unless the machine line says otherwise. Each iteration: "
                  f"{work['batch_size'] // work['k']} prompts x K={work['k']} samples ({work['batch_size']} sequences, "
-                 f"at most {work['max_new_tokens']} new tokens, T={work['temperature']:g}), the task's own checker "
-                 f"(`score_answer` on the extracted answer) + {task['format_reward']:g} for an answer in <answer> tags, "
+                 f"at most {work['max_new_tokens']} new tokens, T={work['temperature']:g}), "
+                 + ("1 for a right answer, else 0 (`--task-reward exact`; the task's own checker on the extracted answer)"
+                    if task.get("exact") else "the task's own checker (`score_answer` on the extracted answer)")
+                 + f" + {task['format_reward']:g} for an answer in <answer> tags, "
                  f"group-normalised advantages, {steps} optimizer steps of {work['mini_batch_size']} sequences "
                  f"(lr {work['lr']:g}, clip {work['clip_ratio']:g}, grad-norm clip {work['max_grad_norm']:g}), k3 KL to "
                  f"the base model in the loss at beta {work['beta']:g}, per-token loss averaged over each response then "
@@ -488,13 +486,15 @@ def main() -> None:
     parser.add_argument("--out", default="runs/peers_grpo", help="run folders (default runs/peers_grpo)")
     parser.add_argument("--model", default=str(ROOT / "runs" / "smollm2-135m-instruct"),
                         help="the model folder (make smollm2)")
-    parser.add_argument("--task", default=None, help="reasoning-gym task name (default: see the module docstring)")
+    parser.add_argument("--task", default=None, help=f"reasoning-gym task name (default {DEFAULT_TASK}, with "
+                                                     f"bench_reasoning.py's generator settings)")
     parser.add_argument("--task-config", default=None, help="the generator's settings, key=value,... (default: the "
                                                             "picked task's)")
-    parser.add_argument("--task-size", type=int, default=10000)
+    parser.add_argument("--task-size", type=int, default=None, help="training problems generated (default: "
+                                                                            "bench_reasoning.py's for the task)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--iterations", type=int, default=150)
-    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--iterations", type=int, default=GRPO_ITERATIONS)
+    parser.add_argument("--eval-every", type=int, default=GRPO_ITERATIONS // 4)
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in every run (default 1)")
     parser.add_argument("--trl-python", default=str(ROOT / ".venv-trl116" / "bin" / "python"))
@@ -520,13 +520,13 @@ def main() -> None:
     if args.report_only:
         state = json.loads(state_file.read_text())
     else:
-        name, config, why = default_task()
-        if args.task is not None:
-            name, config, why = args.task, "" if args.task_config is None else args.task_config, "given by --task"
-        elif args.task_config is not None:
-            config = args.task_config
-        task_settings = {"name": name, "config": config, "why": why, "size": args.task_size,
-                         "eval_size": args.eval_size, "seed": TASK_SEED, "format_reward": SAME_WORK["format_reward"]}
+        name = args.task or DEFAULT_TASK
+        recipe = TRAIN_TASKS.get(name, {"task_config": "", "task_size": 10000})
+        why = ("bench_reasoning.py's settings for it" if name in TRAIN_TASKS else "given by --task")
+        config = recipe["task_config"] if args.task_config is None else args.task_config
+        task_settings = {"name": name, "config": config, "why": why,
+                         "size": args.task_size or recipe["task_size"], "eval_size": args.eval_size, "seed": TASK_SEED,
+                         "format_reward": SAME_WORK["format_reward"], "exact": SAME_WORK["exact_reward"]}
         start = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
         print(f"task {name} ({config or 'defaults'}): {why}", flush=True)

@@ -49,7 +49,7 @@ def make_task(settings: dict):
     module = task_module()
     task = settings["task"]
     return module.make_task(task["name"], task["size"], task["eval_size"], task["seed"],
-                            module.parse_task_config(task["config"]), task["format_reward"])
+                            module.parse_task_config(task["config"]), task["format_reward"], task.get("exact", False))
 
 
 def reward_function(task, seen: list | None = None):
