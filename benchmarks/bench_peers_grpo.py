@@ -3,7 +3,7 @@ SmolLM2-135M-Instruct and LoRA, same machine, same prompts, same reward code, on
 Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6.
 
     make smollm2 trl116-venv                              # once: the model folder, TRL's venv
-    python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 40 iterations
+    python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 36 iterations
     python benchmarks/bench_peers_grpo.py --quick         # validation: 1 seed, 4 iterations, 8 problems
     python benchmarks/bench_peers_grpo.py --report-only   # redo the tables and plot from the run folders
 
@@ -87,7 +87,8 @@ def ppo_rlhf_values(task: dict, work: dict, model: str, seed: int, iterations: i
             "lora_dropout": lora["dropout"], "lora_target_modules": lora["target_modules"],
             "task": f"reasoning-gym:{task['name']}", "task_config": task["config"], "task_size": task["size"],
             "task_eval_size": task["eval_size"], "task_seed": task["seed"], "format_reward": task["format_reward"],
-            "task_reward": "exact" if task["exact"] else "score", "estimator": "grpo", "samples_per_prompt": work["k"], "batch_size": work["batch_size"],
+            "task_reward": "exact" if task.get("exact") else "score", "estimator": "grpo",
+            "samples_per_prompt": work["k"], "batch_size": work["batch_size"],
             "mini_batch_size": work["mini_batch_size"], "ppo_epochs": work["ppo_epochs"],
             "max_new_tokens": work["max_new_tokens"], "max_length": work["max_length"],
             "temperature": work["temperature"], "lr": work["lr"], "max_grad_norm": work["max_grad_norm"],
@@ -102,7 +103,7 @@ def make_task(task: dict):
     from ppo_rlhf.tasks.reasoning_gym import make_task as make_reasoning_gym, parse_task_config
 
     return make_reasoning_gym(task["name"], task["size"], task["eval_size"], task["seed"],
-                              parse_task_config(task["config"]), task["format_reward"], task["exact"])
+                              parse_task_config(task["config"]), task["format_reward"], task.get("exact", False))
 
 
 def write_prompt_files(task_settings: dict, work: dict, model: str, seeds: list[int], iterations: int,
@@ -489,7 +490,7 @@ def main() -> None:
     parser.add_argument("--task", default=None, help=f"reasoning-gym task name (default {DEFAULT_TASK}, with "
                                                      f"bench_reasoning.py's generator settings)")
     parser.add_argument("--task-config", default=None, help="the generator's settings, key=value,... (default: the "
-                                                            "picked task's)")
+                                                            "task's in bench_reasoning.py)")
     parser.add_argument("--task-size", type=int, default=None, help="training problems generated (default: "
                                                                             "bench_reasoning.py's for the task)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
