@@ -4,6 +4,7 @@ Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6.
 
     make smollm2 trl116-venv                              # once: the model folder, TRL's venv
     python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 36 iterations
+    python benchmarks/bench_peers_grpo.py --seeds 1       # one seed more: the other seeds' runs are kept
     python benchmarks/bench_peers_grpo.py --quick         # validation: 1 seed, 4 iterations, 8 problems
     python benchmarks/bench_peers_grpo.py --report-only   # redo the tables and plot from the run folders
 
@@ -236,6 +237,23 @@ def subprocess_env(ppo_rlhf: bool = True, threads: int = 1) -> dict:
     return env
 
 
+def runs_of_other_seeds(state_file: Path, plan: dict, seeds: list[int]) -> list[str]:
+    """The finished runs of an earlier invocation into the same folder, for seeds not run again now,
+    where it ran the same plan (task, work, iterations, evaluations): a seed per sitting adds up to
+    the full benchmark (one seed takes ~1.5 h here).  A different plan starts the report afresh."""
+    if not state_file.is_file():
+        return []
+    earlier = json.loads(state_file.read_text())
+    if any(earlier.get(key) != value for key, value in plan.items()):
+        print(f"{state_file}: an earlier run of another plan; its runs are left out of this report", flush=True)
+        return []
+    kept = [d for d in earlier["order"] if (Path(d) / "evaluations.json").is_file()
+            and json.loads((Path(d) / "result.json").read_text())["seed"] not in seeds]
+    if kept:
+        print(f"kept from the earlier invocation: {', '.join(Path(d).name for d in kept)}", flush=True)
+    return kept
+
+
 def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Path, judge: Judge) -> Path:
     run_dir = Path(args.out) / "runs" / f"{system}-seed{seed}"
     if run_dir.exists():
@@ -349,6 +367,11 @@ def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     return f"{scale * m:.{digits}f}{unit} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
 
 
+def threads_text(runs: list[dict]) -> str:
+    counts = sorted({r["threads"] for r in runs if r.get("threads")})
+    return " or ".join(map(str, counts)) + (" torch thread" if counts == [1] else " torch threads") if counts else "?"
+
+
 def report(results: dict) -> str:
     runs, task, work = results["runs"], results["task"], results["work"]
     steps = work["batch_size"] // work["mini_batch_size"] * work["ppo_epochs"]
@@ -356,7 +379,7 @@ def report(results: dict) -> str:
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ", f"Load: {results['load_note']}",
              "", f"SmolLM2-135M-Instruct with LoRA, reasoning-gym `{task['name']}` (`{task['config'] or 'defaults'}`; "
                  f"{task['why']}), {results['iterations']} iterations per run, seeds {', '.join(map(str, results['seeds']))}, "
-                 f"one torch thread per run unless the machine line says otherwise. Each iteration: "
+                 f"{threads_text(runs)} per run, one run at a time. Each iteration: "
                  f"{work['batch_size'] // work['k']} prompts x K={work['k']} samples ({work['batch_size']} sequences, "
                  f"at most {work['max_new_tokens']} new tokens, T={work['temperature']:g}), "
                  + ("1 for a right answer, else 0 (`--task-reward exact`; the task's own checker on the extracted answer)"
@@ -381,9 +404,9 @@ def report(results: dict) -> str:
                          f"{spread([r['train_seconds'] for r in mine], digits=0)} | "
                          f"{spread([r['start_accuracy'] for r in mine], 100, 1, '%')} | "
                          f"{spread([r['final_accuracy'] for r in mine], 100, 1, '%')} |")
-    lines += ["", "CPU s/iteration: the run process's CPU seconds (all its threads) per iteration, median; with one "
-                  "thread per run it is close to the wall seconds of an idle machine, and less disturbed by other jobs "
-                  "than the wall seconds are (it still grows under contention, through caches and memory bandwidth).",
+    lines += ["", "CPU s/iteration: the run process's CPU seconds (all its threads) per iteration, median; less "
+                  "disturbed by other jobs than the wall seconds are (it still grows under contention, through caches "
+                  "and memory bandwidth), and with several threads it also counts their waits.",
               "", "## The issue's targets", "",
               "1. ppo-rlhf's iteration no slower than TRL's on the same work (ratio of median s/iteration <= 1).",
               "2. TRL's final held-out accuracy reached by ppo-rlhf in at most half TRL's training time "
@@ -434,7 +457,7 @@ def report(results: dict) -> str:
               f"{work['mini_batch_size']}`, `steps_per_generation={work['batch_size'] // work['mini_batch_size']}`, "
               f"`num_iterations={work['ppo_epochs']}`, no accumulation; ppo-rlhf `batch_size={work['batch_size']}`, "
               f"`mini_batch_size={work['mini_batch_size']}`, `ppo_epochs={work['ppo_epochs']}`), dropout off, "
-              "float32, no gradient checkpointing, one torch thread each.", "",
+              f"float32, no gradient checkpointing, {threads_text(runs)} each.", "",
               "## Settings not matched", ""]
     lines += [f"- {note}" for note in NOT_MATCHED]
     lines += ["", "## Runs (in the order run)", "",
@@ -497,7 +520,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=GRPO_ITERATIONS)
     parser.add_argument("--eval-every", type=int, default=GRPO_ITERATIONS // 4)
     parser.add_argument("--eval-size", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in every run (default 1)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="torch threads in every run (default: every core; the runs take turns, one at a time)")
     parser.add_argument("--trl-python", default=str(ROOT / ".venv-trl116" / "bin" / "python"))
     parser.add_argument("--quick", action="store_true", help="validation: 1 seed, 4 iterations, 8 held-out problems; "
                                                              "runs and results in OUT-quick")
@@ -532,12 +556,15 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         print(f"task {name} ({config or 'defaults'}): {why}", flush=True)
         files = write_prompt_files(task_settings, SAME_WORK, args.model, args.seeds, args.iterations, out / "prompts")
-        state = {"task": task_settings, "order": [], "eval_every": args.eval_every, "eval_size": args.eval_size,
+        same_plan = {"task": task_settings, "work": SAME_WORK, "iterations": args.iterations, "threads": args.threads,
+                     "eval_every": args.eval_every, "eval_size": args.eval_size}
+        kept = runs_of_other_seeds(state_file, same_plan, args.seeds)
+        state = {**same_plan, "order": kept,
                  "logits_check": logits_check(task_settings, SAME_WORK, args.model, args.trl_python, out / "check")}
         state_file.write_text(json.dumps(state, indent=2) + "\n")
         judge = Judge(task_settings, SAME_WORK, args.model, args.eval_size)
-        for k, seed in enumerate(args.seeds):
-            order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]  # alternated: each system runs first and second
+        for seed in args.seeds:
+            order = SYSTEMS if seed % 2 == 0 else SYSTEMS[::-1]  # alternated: each system runs first and second
             print(f"seed {seed}: {' -> '.join(order)}", flush=True)
             for system in order:
                 state["order"].append(str(run_one(system, seed, args, task_settings, files[seed], judge)))
