@@ -148,7 +148,7 @@ def train(args) -> None:
                 out = Path(args.out) / f"{task}-{estimator}-{seed}"
                 if args.report_only:
                     if (out / "summary.json").is_file():
-                        runs.setdefault(task, {}).setdefault(estimator, []).append(train_figures(out))
+                        runs.setdefault(task, {}).setdefault(estimator, []).append({"seed": seed, **train_figures(out)})
                     continue
                 print(f"{task}, {estimator}, seed {seed}", flush=True)
                 values = {**COMMON, **ESTIMATORS[estimator], "model": args.model, "task": f"reasoning-gym:{task}",
@@ -157,7 +157,7 @@ def train(args) -> None:
                           "eval_every": args.eval_every if args.eval_every is not None else iterations[task][estimator] // 4,
                           "show_samples": 3, **args.settings}
                 run_in_child(values, Path(args.out) / "runs.log", args.num_threads)
-                runs.setdefault(task, {}).setdefault(estimator, []).append(train_figures(out))
+                runs.setdefault(task, {}).setdefault(estimator, []).append({"seed": seed, **train_figures(out)})
     results = {"command": "python benchmarks/bench_reasoning.py " + " ".join(sys.argv[1:]),
                "machine": machine(args.num_threads), "date": time.strftime("%Y-%m-%d"), "note": args.note,
                "settings": {**COMMON, **args.settings}, "iterations": iterations, "seeds": args.seeds, "runs": runs}
@@ -179,6 +179,18 @@ def train(args) -> None:
                          f"| {spread([within_budget(r) - r['before'] for r in done], 100, 1)} "
                          f"| {spread([r['ppo_seconds'] / 60 for r in done])} "
                          f"| {spread([r['s_per_iteration'] for r in done], digits=2)} |")
+    lines += ["", "Per run: the last evaluation within 30 minutes of training, and the curve (held-out greedy "
+                  "accuracy at each evaluation, training minutes in brackets).", "",
+              "| task | estimator | seed | before | within 30 minutes | final | iterations | PPO minutes | s/iteration "
+              "| curve |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for task, by_estimator in runs.items():
+        for estimator, done in by_estimator.items():
+            for r in sorted(done, key=lambda r: r.get("seed", 0)):
+                reached = within_budget(r)
+                curve = ", ".join(f"{100 * accuracy:.1f}% ({elapsed / 60:.1f})" for elapsed, accuracy in r["curve"])
+                lines.append(f"| {task} | {estimator} | {r.get('seed', '?')} | {100 * r['before']:.1f}% | "
+                             f"{100 * reached:.1f}% ({100 * (reached - r['before']):+.1f}) | {100 * r['after']:.1f}% | "
+                             f"{r['iterations']} | {r['ppo_seconds'] / 60:.1f} | {r['s_per_iteration']:.1f} | {curve} |")
     lines += ["", "![accuracy against PPO seconds](reasoning.png)", ""]
     (RESULTS / "reasoning_train.md").write_text("\n".join(lines))
     plot(runs, RESULTS / "reasoning.png")
