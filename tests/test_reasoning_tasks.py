@@ -10,6 +10,7 @@ import pytest
 
 from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.tasks import held_out_mismatch
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from zoo import THREADS, run, run_failing
 
@@ -134,6 +135,34 @@ def test_a_tiny_model_trains_and_evaluates_on_a_reasoning_gym_task(zoo, tmp_path
          "--out", tmp_path / "eval", *THREADS])
     evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert evaluated["prompts"] == 4 and "accuracy" in evaluated and evaluated["samples"][0]["prompt"][0]["role"] == "system"
+    assert "warning" not in capsys.readouterr().out  # the run's own task flags: its own held-out problems
+    # The checkpoint evaluated with a smaller --task-size: held out from problem 6 on, which the run trained on.
+    run(["eval", "--model", out / "checkpoints" / "actor", *task[:2], "--task-size", 6, *task[4:], "--size", 2,
+         "--max-new-tokens", 8, "--max-length", 120, *THREADS])
+    assert ("warning: " + str(out / "checkpoints" / "actor") + " was trained on reasoning-gym:chain_sum by " + str(out)
+            + "; the run trained with --task-size 12, this evaluation uses --task-size 6: its held-out problems are not "
+              "the ones that run held out, and some are problems it trained on") in capsys.readouterr().out
+
+
+RUN = {"task": "reasoning-gym:chain_sum", "task_size": 2000, "task_seed": None, "seed": 0,
+       "task_config": "min_terms=2,max_terms=2"}
+
+
+@pytest.mark.parametrize("changed, said", [
+    ({}, None),
+    ({"task_config": "max_terms=2, min_terms=2"}, None),  # the same settings, written otherwise
+    ({"task_seed": 0}, None),  # the seed the run's generator took from --seed
+    ({"task": "reasoning-gym:gcd"}, None),  # another task: nothing to compare
+    ({"task_size": 10000}, "the run trained with --task-size 2000, this evaluation uses --task-size 10000: its "
+                           "held-out problems are not the ones that run held out"),
+    ({"task_size": 500}, "uses --task-size 500: its held-out problems are not the ones that run held out, and some "
+                         "are problems it trained on (the generator's first 2000)"),
+    ({"seed": 1, "task_config": ""}, "the run trained with --task-seed 0 --task-config 'min_terms=2,max_terms=2', "
+                                     "this evaluation uses --task-seed 1 --task-config ''"),
+])
+def test_an_evaluation_that_would_not_score_a_runs_held_out_problems_says_what_differs(changed, said):
+    said_now = held_out_mismatch(RUN, {**RUN, **changed})
+    assert said_now == said if said is None else said in said_now
 
 
 def test_an_unknown_reasoning_gym_task_exits_2_naming_the_valid_ones(zoo, tmp_path, capsys):

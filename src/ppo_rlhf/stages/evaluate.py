@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, option, to_dict
+from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, load_yaml, option, to_dict
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
@@ -22,7 +22,7 @@ from ppo_rlhf.distributed import rank
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
-from ppo_rlhf.tasks import TaskOptions, make_task
+from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 
 
 @dataclass
@@ -56,6 +56,24 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
 
 
+def training_run_warning(config: EvalConfig) -> str | None:
+    """Where --model is a checkpoint a run saved (RUN/checkpoints/NAME) on the reasoning-gym task
+    evaluated here, and this evaluation would draw other held-out problems than that run's (its
+    RUN/config.yaml): what differs and the flags that score the run's own."""
+    folder = Path(config.model)
+    saved = folder.parent.parent / "config.yaml"
+    if config.prompts or folder.parent.name != "checkpoints" or not saved.is_file():
+        return None
+    try:
+        mismatch = held_out_mismatch(load_yaml(saved), to_dict(config))
+    except ConfigError:
+        return None  # not a run's config: not a mapping, or task settings no run could have started with
+    if mismatch is None:
+        return None
+    return (f"{config.model} was trained on {config.task} by {folder.parent.parent}; {mismatch}. Give the run's "
+            f"flags to score its held-out problems")
+
+
 def run_eval(config: EvalConfig) -> dict:
     from ppo_rlhf.trainers.roles import build_reward, reward_functions  # the same reward loading as PPO
 
@@ -67,6 +85,8 @@ def run_eval(config: EvalConfig) -> dict:
     resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     if config.out:
         check_run_folder(config.out, config.overwrite)
+    if rank() == 0 and (warning := training_run_warning(config)):
+        print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
     if config.prompts:
         rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)},

@@ -56,6 +56,39 @@ class TaskOptions:
             check(not self.task_config, "task_config", "left out without --task reasoning-gym:NAME", self.task_config)
 
 
+def problem_draw(values: dict) -> dict:
+    """What picks a reasoning-gym task's problems, from a stage's settings (a config or a run's
+    config.yaml): the generator's seed (--task-seed, else --seed) and settings, and --task-size,
+    the training problems, after which the held-out ones are drawn."""
+    from ppo_rlhf.tasks.reasoning_gym import parse_task_config
+
+    seed = values.get("task_seed")
+    return {"task_size": values.get("task_size"), "task_seed": values.get("seed", 0) if seed is None else seed,
+            "task_config": parse_task_config(values.get("task_config") or "")}
+
+
+def held_out_mismatch(run_values: dict, values: dict) -> str | None:
+    """Why ``values`` (an evaluation) does not score the problems a run with ``run_values`` held
+    out on the same reasoning-gym task, or None when it does.  A different --task-size or seed
+    moves the held-out draw; a smaller --task-size under the same generator holds out problems the
+    run trained on."""
+    if values.get("task") != run_values.get("task") or not str(values.get("task")).startswith(REASONING_GYM):
+        return None
+    theirs, ours = problem_draw(run_values), problem_draw(values)
+    differ = [key for key in theirs if theirs[key] != ours[key]]
+    if not differ:
+        return None
+
+    def as_flags(draw: dict) -> str:
+        shown = {**draw, "task_config": repr(",".join(f"{k}={v}" for k, v in draw["task_config"].items()))}
+        return " ".join(f"--{key.replace('_', '-')} {shown[key]}" for key in differ)
+
+    why = "its held-out problems are not the ones that run held out"
+    if differ == ["task_size"] and ours["task_size"] < theirs["task_size"]:
+        why += f", and some are problems it trained on (the generator's first {theirs['task_size']})"
+    return f"the run trained with {as_flags(theirs)}, this evaluation uses {as_flags(ours)}: {why}"
+
+
 def get_task(name: str):
     if name == "doubling":
         from ppo_rlhf.tasks import doubling
