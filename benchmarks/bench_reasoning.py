@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from bench_estimators import mean_points, run_in_child, spread
+from bench_estimators import run_in_child, spread
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -204,12 +204,16 @@ def plot(runs: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.2), squeeze=False)
+    colours = {"gae": "tab:blue", "grpo": "tab:orange"}
     for axis, (task, by_estimator) in zip(axes[0], runs.items()):
-        for estimator, done in by_estimator.items():
-            points = mean_points(done, "curve")
-            axis.plot([p[0] / 60 for p in points], [p[1] for p in points], marker="o", markersize=3, label=estimator)
-        axis.set_title(f"{task}: held-out greedy accuracy", fontsize=10)
-        axis.set_xlabel("PPO minutes (evaluation excluded), mean over seeds")
+        for estimator, done in by_estimator.items():  # each run its own line: seeds can differ in iterations
+            for r, style in zip(sorted(done, key=lambda r: r.get("seed", 0)), ("-", "--", ":", "-.")):
+                axis.plot([elapsed / 60 for elapsed, _ in r["curve"]], [100 * accuracy for _, accuracy in r["curve"]],
+                          style, marker="o", markersize=3, color=colours.get(estimator),
+                          label=f"{estimator}, seed {r.get('seed', '?')}")
+        axis.axvline(BUDGET_SECONDS / 60, color="grey", linewidth=0.8, linestyle=":")
+        axis.set_title(f"{task}: held-out greedy accuracy (%)", fontsize=10)
+        axis.set_xlabel("PPO minutes (evaluation excluded); dotted: the 30-minute budget")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
