@@ -62,8 +62,8 @@ ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
               "grpo": {"estimator": "grpo", "samples_per_prompt": 8, "kl_in": "loss"}}
 # The tasks trained on, each with the generator settings and the iterations that fill about 30
 # minutes of training here (evaluations excluded).  gcd: gae ~88 s an iteration (old, reference
-# and critic passes), grpo ~41 s (each prompt once per pass for its 8 responses,
-# results/shared_prompts.md).  chain_sum with two terms: grpo ~51 s (its greedy answers are
+# and critic passes), grpo ~41 s measured alone (each prompt once per pass for its 8 responses,
+# results/shared_prompts.md) but 50 s in its seed-1 run, whose 40 iterations took 34 minutes.  chain_sum with two terms: grpo ~51 s (its greedy answers are
 # short, ~10 tokens, but a batch of 32 samples mostly runs to the 32-token cap); a task_size below
 # its ~10^4 distinct problems leaves room for the held-out ones.  basic_arithmetic, the pick's
 # first choice, starts at 3.5% with 32 new tokens, below the 5% asked for
