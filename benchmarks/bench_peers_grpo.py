@@ -378,7 +378,7 @@ def report(results: dict) -> str:
     lines = ["# Peer benchmark: ppo-rlhf's GRPO and TRL 1.16's GRPOTrainer on a reasoning-gym task", "",
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ", f"Load: {results['load_note']}",
              "", f"SmolLM2-135M-Instruct with LoRA, reasoning-gym `{task['name']}` (`{task['config'] or 'defaults'}`; "
-                 f"{task['why']}), {results['iterations']} iterations per run, seeds {', '.join(map(str, results['seeds']))}, "
+                 f"{task['why']}), {results['iterations']} iterations per run, seeds {', '.join(map(str, results['seeds']))}; "
                  f"{threads_text(runs)} per run, one run at a time. Each iteration: "
                  f"{work['batch_size'] // work['k']} prompts x K={work['k']} samples ({work['batch_size']} sequences, "
                  f"at most {work['max_new_tokens']} new tokens, T={work['temperature']:g}), "
