@@ -368,8 +368,11 @@ def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
 
 
 def threads_text(runs: list[dict]) -> str:
+    """The torch threads the runs used, for the report's prose ("2 torch threads")."""
     counts = sorted({r["threads"] for r in runs if r.get("threads")})
-    return " or ".join(map(str, counts)) + (" torch thread" if counts == [1] else " torch threads") if counts else "?"
+    if not counts:
+        return "? torch threads"
+    return " or ".join(map(str, counts)) + (" torch thread" if counts == [1] else " torch threads")
 
 
 def report(results: dict) -> str:

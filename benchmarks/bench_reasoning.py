@@ -63,8 +63,9 @@ ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
 # The tasks trained on, each with the generator settings and the iterations that fill about 30
 # minutes of training here (evaluations excluded).  gcd: gae ~88 s an iteration (old, reference
 # and critic passes), grpo ~41 s measured alone (each prompt once per pass for its 8 responses,
-# results/shared_prompts.md) but 50 s in its seed-1 run, whose 40 iterations took 34 minutes.  chain_sum with two terms: grpo ~51 s (its greedy answers are
-# short, ~10 tokens, but a batch of 32 samples mostly runs to the 32-token cap); a task_size below
+# results/shared_prompts.md) but 50 s in its seed-1 run, whose 40 iterations took 34 minutes.
+# chain_sum with two terms: grpo ~51 s (its greedy answers are short, ~10 tokens, but a batch of
+# 32 samples mostly runs to the 32-token cap); a task_size below
 # its ~10^4 distinct problems leaves room for the held-out ones.  basic_arithmetic, the pick's
 # first choice, starts at 3.5% with 32 new tokens, below the 5% asked for
 # (results/reasoning_trials.md); kept to reproduce its runs.
@@ -185,10 +186,10 @@ def train(args) -> None:
               "| curve |", "|---|---|---|---|---|---|---|---|---|---|"]
     for task, by_estimator in runs.items():
         for estimator, done in by_estimator.items():
-            for r in sorted(done, key=lambda r: r.get("seed", 0)):
+            for r in sorted(done, key=lambda r: r["seed"]):
                 reached = within_budget(r)
                 curve = ", ".join(f"{100 * accuracy:.1f}% ({elapsed / 60:.1f})" for elapsed, accuracy in r["curve"])
-                lines.append(f"| {task} | {estimator} | {r.get('seed', '?')} | {100 * r['before']:.1f}% | "
+                lines.append(f"| {task} | {estimator} | {r['seed']} | {100 * r['before']:.1f}% | "
                              f"{100 * reached:.1f}% ({100 * (reached - r['before']):+.1f}) | {100 * r['after']:.1f}% | "
                              f"{r['iterations']} | {r['ppo_seconds'] / 60:.1f} | {r['s_per_iteration']:.1f} | {curve} |")
     lines += ["", "![accuracy against PPO seconds](reasoning.png)", ""]
@@ -207,10 +208,10 @@ def plot(runs: dict, path: Path) -> None:
     colours = {"gae": "tab:blue", "grpo": "tab:orange"}
     for axis, (task, by_estimator) in zip(axes[0], runs.items()):
         for estimator, done in by_estimator.items():  # each run its own line: seeds can differ in iterations
-            for r, style in zip(sorted(done, key=lambda r: r.get("seed", 0)), ("-", "--", ":", "-.")):
+            for i, r in enumerate(sorted(done, key=lambda r: r["seed"])):
                 axis.plot([elapsed / 60 for elapsed, _ in r["curve"]], [100 * accuracy for _, accuracy in r["curve"]],
-                          style, marker="o", markersize=3, color=colours.get(estimator),
-                          label=f"{estimator}, seed {r.get('seed', '?')}")
+                          ("-", "--", ":", "-.")[i % 4], marker="o", markersize=3, color=colours.get(estimator),
+                          label=f"{estimator}, seed {r['seed']}")
         axis.axvline(BUDGET_SECONDS / 60, color="grey", linewidth=0.8, linestyle=":")
         axis.set_title(f"{task}: held-out greedy accuracy (%)", fontsize=10)
         axis.set_xlabel("PPO minutes (evaluation excluded); dotted: the 30-minute budget")
