@@ -13,7 +13,6 @@ in docs/design.md "Defaults that learn"): the width-scaled default learning rate
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -63,20 +62,8 @@ ANSWERS = ["3", "5", "7", "9"]
 ITERATIONS = 30
 
 
-# LoRA stays below the bar with every KL default tried (docs/design.md, "Defaults that learn"): about
-# two minutes spent on a measured result, so it runs on demand (with the variable set) when a default
-# that could change it is tried; strict, so a fix shows as a failure to remove it.
-LORA_GAP = [pytest.mark.skipif(not os.environ.get("PPO_RLHF_KNOWN_GAPS"),
-                               reason="a known gap (issue 20), measured in docs/design.md: set PPO_RLHF_KNOWN_GAPS=1 "
-                                      "to run it"),
-            pytest.mark.xfail(strict=True, reason="issue 20: with --lora a 0/1 reward rises more slowly than the bar "
-                                                  "(0.28 -> 0.41 and 0.28 -> 0.36 on two seeds at the default "
-                                                  "kl_coef 0.05; 1.51x on both with --kl-coef 0), "
-                                                  "docs/design.md 'Defaults that learn'")]
-
-
 @pytest.mark.slow  # about two and a half minutes a case at one thread
-@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=LORA_GAP)], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path, monkeypatch, lora):
     monkeypatch.chdir(tmp_path)
     users_tiny_model(tmp_path / "DIR")
@@ -91,7 +78,8 @@ def test_the_readme_command_raises_the_accuracy_of_a_verifiable_reward(tmp_path,
     assert len(accuracy) == ITERATIONS and set(accuracy) <= {k / 64 for k in range(65)}, accuracy  # 0/1 means
     first, last = sum(accuracy[:5]) / 5, sum(accuracy[-5:]) / 5
     # Measured (iterations 1-5 vs 26-30), default kl_coef 0.05: full model 0.312 -> 0.559 (--seed 1 and 2:
-    # 0.284 -> 0.531, 0.247 -> 0.584); LoRA 0.284 -> 0.406 (--seed 1: 0.275 -> 0.359).  With the old
-    # default 0.3 the full model stayed at 0.297 -> 0.384 (60 iterations: 0.391) and LoRA at 0.278 -> 0.334.
-    # Asked for: 1.5x.
+    # 0.284 -> 0.531, 0.247 -> 0.584); LoRA with the output layer adapted (the default targets) 0.287 ->
+    # 0.672 (--seed 1 and 2: 0.281 -> 0.653, 0.244 -> 0.559), with peft's 'all-linear' (output layer
+    # frozen) only 0.284 -> 0.406.  With the old default kl_coef 0.3 the full model stayed at 0.297 ->
+    # 0.384 (60 iterations: 0.391).  Asked for: 1.5x.
     assert last > 1.5 * first, (first, last, accuracy)

@@ -284,6 +284,39 @@ def test_merge_gives_a_full_model_with_the_same_logits(zoo, reward_adapters, tmp
     assert classifier.config.num_labels == 1 and classifier.config.pad_token_id is not None
 
 
+def test_the_default_targets_adapt_an_untied_output_layer_and_merge_it(zoo, tmp_path):
+    # llama's output layer is its own, qwen2's is its input embeddings (tied): the policy adapter
+    # takes the first and leaves the second (a merge would change the embeddings), and a critic
+    # adapter, which never reaches the logits, leaves both.
+    for arch, adapted in (("llama", True), ("qwen2", False)):
+        out = tmp_path / arch
+        run(["ppo", "--model", zoo[arch], "--prompts", zoo["prompts"], "--reward-fn",
+             f"{REWARDS_MODULE}:length_score", "--critic", "lora", *LORA, *BUDGET, "--out", out])
+        policy, critic = ({name.rsplit(".", 1)[-1] for name in json.loads(
+            (out / "checkpoints" / role / "adapter_config.json").read_text())["target_modules"]}
+            for role in ("actor", "critic"))
+        assert ("lm_head" in policy) == adapted and {"q_proj", "down_proj"} <= policy, policy
+        assert "lm_head" not in critic and {"q_proj", "down_proj"} <= critic, critic
+    actor = tmp_path / "llama" / "checkpoints" / "actor"
+    saved = lora_tensors(actor)
+    assert any("lm_head.lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
+    assert all("lora_" in k for k in saved), sorted(saved)  # the adapter alone, not the frozen output weights
+    run(["merge", "--adapter", actor, "--out", tmp_path / "merged"])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo["llama"]), actor).eval()
+    ids = torch.tensor([[5, 17, 42, 9, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_target_modules_other_than_the_default_pass_through():
+    from ppo_rlhf.models.lora import target_modules
+
+    assert target_modules("all-linear", None) == "all-linear"
+    assert target_modules(" q_proj, v_proj ,", None) == ["q_proj", "v_proj"]
+    assert target_modules("all-linear+output", None) == "all-linear"  # no model to look at: peft's
+
+
 # ---------------------------------------------------------------- bad input
 def test_critic_lora_needs_lora(zoo, tmp_path, capsys):
     err = run_failing(["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn",

@@ -118,6 +118,17 @@ def test_a_setting_newer_than_the_saved_run_counts_as_its_default():
                             {"estimator": "gae"}) == ["estimator: 'gae' -> 'grpo'"]
 
 
+def test_lora_settings_count_only_in_a_lora_run():
+    from ppo_rlhf.run_folder import changed_settings
+
+    saved = {"lora": False, "lora_target_modules": "all-linear"}  # a full-model run from before the new default
+    assert changed_settings(saved, {"lora": False, "lora_target_modules": "all-linear+output"}, frozenset()) == []
+    assert changed_settings({**saved, "lora": True}, {"lora": True, "lora_target_modules": "all-linear+output"},
+                            frozenset()) == ["lora_target_modules: 'all-linear' -> 'all-linear+output'"]
+    assert changed_settings(saved, {"lora": True, "lora_target_modules": "all-linear"}, frozenset()) == \
+        ["lora: False -> True"]
+
+
 # ------------------------------------------------------------------ --out never destroys an input
 def test_ppo_refuses_an_out_that_holds_its_model_and_deletes_nothing(tiny_sft_model, capsys):
     sft_run = tiny_sft_model.parent.parent

@@ -180,7 +180,11 @@ def changed_settings(saved: dict, current: dict, may_change=MAY_CHANGE_ON_RESUME
     """'key: saved -> current' for each setting that differs and may not change on resume.
 
     A setting the saved run does not record (it came in a later version) counts as its default
-    there (``defaults``): a run from before it existed resumes as long as it is left at it."""
+    there (``defaults``): a run from before it existed resumes as long as it is left at it.  The
+    ``lora_*`` settings do nothing in a run without ``lora``, so they are not compared there (a
+    full-model run keeps resuming when one of their defaults changes, as the targets' did)."""
     saved = {**(defaults or {}), **saved}
+    inert = {key for key in set(saved) | set(current)
+             if key.startswith("lora_") and not saved.get("lora") and not current.get("lora")}
     return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in sorted(set(saved) | set(current))
-            if key not in may_change and saved.get(key) != current.get(key)]
+            if key not in may_change and key not in inert and saved.get(key) != current.get(key)]

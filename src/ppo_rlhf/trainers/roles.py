@@ -106,7 +106,8 @@ def load_single_base_roles(config: PPOConfig, task, functions: list | None = Non
             add_adapter_from(actor, CRITIC, *reward_adapter)
             critic = AdapterCritic(actor, CRITIC, value_head_from(score_head))
         else:
-            actor.add_adapter(CRITIC, config.lora_config("CAUSAL_LM", base))
+            # The critic reads hidden states into its value head: the output layer is not its.
+            actor.add_adapter(CRITIC, config.lora_config("CAUSAL_LM", base, output_layer=False))
             critic = AdapterCritic(actor, CRITIC)
     else:
         critic = build_critic(config, tokenizer, actor)
