@@ -267,17 +267,22 @@ def test_lora_run_killed_midway_resumes_to_the_same_weights(zoo, reward_adapters
     assert steps == [1, 2, 3]
 
 
+def merges_to_the_same_logits(adapter: Path, base: Path, out: Path) -> None:
+    """`ppo-rlhf merge` of the adapter gives a full model whose logits are the adapter's on its base."""
+    run(["merge", "--adapter", adapter, "--out", out])
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+    ids = torch.tensor([[5, 17, 42, 9, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_merge_gives_a_full_model_with_the_same_logits(zoo, reward_adapters, tmp_path):
     out = tmp_path / "ppo"
     run(["ppo", "--model", zoo["qwen2"], "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:length_score",
          *LORA, *BUDGET, "--out", out])
     actor = out / "checkpoints" / "actor"
-    run(["merge", "--adapter", actor, "--out", tmp_path / "merged"])
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo["qwen2"]), actor).eval()
-    ids = torch.tensor([[5, 17, 42, 9, 3]])
-    with torch.no_grad():
-        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
+    merges_to_the_same_logits(actor, zoo["qwen2"], tmp_path / "merged")
     # A reward adapter merges into a sequence classifier.
     run(["merge", "--adapter", reward_adapters["qwen2"], "--out", tmp_path / "merged_rm"])
     classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged_rm")
@@ -301,12 +306,7 @@ def test_the_default_targets_adapt_an_untied_output_layer_and_merge_it(zoo, tmp_
     saved = lora_tensors(actor)
     assert any("lm_head.lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())
     assert all("lora_" in k for k in saved), sorted(saved)  # the adapter alone, not the frozen output weights
-    run(["merge", "--adapter", actor, "--out", tmp_path / "merged"])
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo["llama"]), actor).eval()
-    ids = torch.tensor([[5, 17, 42, 9, 3]])
-    with torch.no_grad():
-        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
+    merges_to_the_same_logits(actor, zoo["llama"], tmp_path / "merged")
 
 
 def test_target_modules_other_than_the_default_pass_through():
