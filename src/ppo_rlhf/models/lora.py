@@ -56,8 +56,9 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is depre
 # The default targets (docs/design.md, "Defaults that learn"): peft's 'all-linear' leaves the output
 # layer frozen, and with it the most direct way a policy has to write a token more often; a 0/1
 # reward under the README's command on a user's tiny Llama rose 1.43x in 30 iterations that way
-# and 2.34x with the output layer adapted too.  A tied output layer is left out: merging an adapter into it (ppo-rlhf merge,
-# the vLLM engine's weight sync) would change the input embeddings as well.
+# and 2.34x with the output layer adapted too.  A tied output layer is left out: merging an
+# adapter into it (ppo-rlhf merge, the vLLM engine's weight sync) would change the input
+# embeddings as well.
 ALL_LINEAR_AND_OUTPUT = "all-linear+output"
 
 
