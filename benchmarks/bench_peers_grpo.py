@@ -254,6 +254,24 @@ def runs_of_other_seeds(state_file: Path, plan: dict, seeds: list[int]) -> list[
     return kept
 
 
+def recorded_runs(results_file: Path, plan: dict, seeds: set[int]) -> list[dict]:
+    """The figures of runs recorded in results/peers_grpo.json by an earlier invocation of the same
+    plan, for the seeds not in ``seeds`` (run now, or kept from run folders): a fresh clone has the
+    record but not the run folders, and a seed run later joins the recorded ones."""
+    if not results_file.is_file():
+        return []
+    earlier = json.loads(results_file.read_text())
+    same_plan = (all(earlier.get(key) == plan[key] for key in ("task", "work", "iterations", "eval_every", "eval_size"))
+                 and all(r.get("threads") == plan["threads"] for r in earlier["runs"]))
+    if not same_plan:
+        print(f"{results_file}: recorded with another plan; its runs are left out of this report", flush=True)
+        return []
+    recorded = [r for r in earlier["runs"] if r["seed"] not in seeds]
+    if recorded:
+        print("kept from the record: " + ", ".join(f"{r['system']} seed {r['seed']}" for r in recorded), flush=True)
+    return recorded
+
+
 def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Path, judge: Judge) -> Path:
     run_dir = Path(args.out) / "runs" / f"{system}-seed{seed}"
     if run_dir.exists():
@@ -562,7 +580,9 @@ def main() -> None:
         same_plan = {"task": task_settings, "work": SAME_WORK, "iterations": args.iterations, "threads": args.threads,
                      "eval_every": args.eval_every, "eval_size": args.eval_size}
         kept = runs_of_other_seeds(state_file, same_plan, args.seeds)
+        kept_seeds = {json.loads((Path(d) / "result.json").read_text())["seed"] for d in kept}
         state = {**same_plan, "order": kept,
+                 "recorded": recorded_runs(results_dir / "peers_grpo.json", same_plan, set(args.seeds) | kept_seeds),
                  "logits_check": logits_check(task_settings, SAME_WORK, args.model, args.trl_python, out / "check")}
         state_file.write_text(json.dumps(state, indent=2) + "\n")
         judge = Judge(task_settings, SAME_WORK, args.model, args.eval_size)
@@ -575,7 +595,7 @@ def main() -> None:
         state["wall_seconds"] = time.perf_counter() - start
         state_file.write_text(json.dumps(state, indent=2) + "\n")
 
-    runs = [run_figures(Path(d)) for d in state["order"]]
+    runs = [run_figures(Path(d)) for d in state["order"]] + state.get("recorded", [])
     loads = [r["load_average_before"][0] for r in runs if r.get("load_average_before")]
     threads = sorted({r["threads"] for r in runs if r.get("threads")})
     results = {

@@ -77,6 +77,7 @@ TRAIN_TASKS = {
                          "iterations": {"gae": 20, "grpo": 40}},
 }
 BUDGET_SECONDS = 30 * 60  # the issue's budget of training time a run
+HAND_NOTES = "Per run, added by hand"  # the heading of reasoning_train.md's notes, kept on a rewrite
 
 
 def machine(num_threads: int) -> str:
@@ -139,10 +140,27 @@ def within_budget(figures: dict, seconds: float = BUDGET_SECONDS) -> float:
     return [accuracy for elapsed, accuracy in figures["curve"] if elapsed <= seconds][-1]
 
 
+def earlier_runs(settings: dict) -> dict:
+    """The runs recorded in results/reasoning_train.json by earlier invocations with the same
+    settings, by task, estimator and seed.  The report holds them beside this invocation's runs (a
+    run done again replaces its record): a fresh clone has the record but not the run folders, and
+    a run added later (one seed, ~40 minutes) joins the others instead of replacing the report."""
+    path = RESULTS / "reasoning_train.json"
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    if earlier["settings"] != settings:
+        print(f"{path}: recorded with other settings; its runs are left out of this report", flush=True)
+        return {}
+    return {(task, estimator, r["seed"]): r for task, by_estimator in earlier["runs"].items()
+            for estimator, done in by_estimator.items() for r in done}
+
+
 def train(args) -> None:
     runs: dict[str, dict[str, list]] = {}
+    recorded = earlier_runs({**COMMON, **args.settings})  # read before this invocation rewrites the record
     iterations = {task: {name: args.iterations or TRAIN_TASKS[task]["iterations"][name] for name in ESTIMATORS}
-                  for task in args.tasks}
+                  for task in TRAIN_TASKS}
     for task in args.tasks:
         for seed in args.seeds:
             for estimator in args.estimators:
@@ -159,15 +177,28 @@ def train(args) -> None:
                           "show_samples": 3, **args.settings}
                 run_in_child(values, Path(args.out) / "runs.log", args.num_threads)
                 runs.setdefault(task, {}).setdefault(estimator, []).append({"seed": seed, **train_figures(out)})
+    done_now = {(task, estimator, r["seed"]) for task, by_estimator in runs.items()
+                for estimator, done in by_estimator.items() for r in done}
+    kept = [key for key in recorded if key not in done_now]
+    if kept:
+        print("kept from the record (no run folder here or not asked for now): "
+              + ", ".join(f"{task} {estimator} seed {seed}" for task, estimator, seed in kept), flush=True)
+    for task, estimator, seed in kept:
+        runs.setdefault(task, {}).setdefault(estimator, []).append(recorded[task, estimator, seed])
+    runs = {task: {estimator: sorted(runs[task][estimator], key=lambda r: r["seed"])
+                   for estimator in ESTIMATORS if estimator in runs[task]}
+            for task in TRAIN_TASKS if task in runs}
     results = {"command": "python benchmarks/bench_reasoning.py " + " ".join(sys.argv[1:]),
                "machine": machine(args.num_threads), "date": time.strftime("%Y-%m-%d"), "note": args.note,
-               "settings": {**COMMON, **args.settings}, "iterations": iterations, "seeds": args.seeds, "runs": runs}
+               "settings": {**COMMON, **args.settings}, "iterations": iterations,
+               "seeds": sorted({r["seed"] for by_estimator in runs.values() for done in by_estimator.values() for r in done}),
+               "runs": runs}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "reasoning_train.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     lines = ["# SmolLM2-135M-Instruct trained on reasoning-gym tasks", "", f"Command: `{results['command']}`  ",
              f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", "",
              f"LoRA, iterations of 32 sequences; held-out greedy accuracy on {EVAL_SIZE} problems "
-             f"never trained on; mean (min-max) over seeds {args.seeds}. Settings: `{json.dumps(results['settings'])}`.", "",
+             f"never trained on; mean (min-max) over seeds {results['seeds']}. Settings: `{json.dumps(results['settings'])}`.", "",
              "| task | estimator | runs | iterations | accuracy before | after | points gained | within 30 minutes "
              "| points gained then | PPO minutes | s/iteration |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -193,7 +224,13 @@ def train(args) -> None:
                              f"{100 * reached:.1f}% ({100 * (reached - r['before']):+.1f}) | {100 * r['after']:.1f}% | "
                              f"{r['iterations']} | {r['ppo_seconds'] / 60:.1f} | {r['s_per_iteration']:.1f} | {curve} |")
     lines += ["", "![accuracy against PPO seconds](reasoning.png)", ""]
-    (RESULTS / "reasoning_train.md").write_text("\n".join(lines))
+    report = RESULTS / "reasoning_train.md"
+    # Notes written by hand after the tables (what the curves do not show: KL, answers before and
+    # after) outlive a rewrite of the tables.
+    earlier = report.read_text() if report.is_file() else ""
+    if HAND_NOTES in earlier:
+        lines += [earlier[earlier.index(HAND_NOTES):].rstrip("\n"), ""]
+    report.write_text("\n".join(lines))
     plot(runs, RESULTS / "reasoning.png")
     print("\n".join(lines))
 
