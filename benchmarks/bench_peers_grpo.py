@@ -397,7 +397,8 @@ def report(results: dict) -> str:
     runs, task, work = results["runs"], results["task"], results["work"]
     steps = work["batch_size"] // work["mini_batch_size"] * work["ppo_epochs"]
     lines = ["# Peer benchmark: ppo-rlhf's GRPO and TRL 1.16's GRPOTrainer on a reasoning-gym task", "",
-             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ", f"Load: {results['load_note']}",
+             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ", f"Load: {results['load_note']}  ",
+             *[f"Note: {note}  " for note in results.get("notes", [])],
              "", f"SmolLM2-135M-Instruct with LoRA, reasoning-gym `{task['name']}` (`{task['config'] or 'defaults'}`; "
                  f"{task['why']}), {results['iterations']} iterations per run, seeds {', '.join(map(str, results['seeds']))}; "
                  f"{threads_text(runs)} per run, one run at a time. Each iteration: "
@@ -491,7 +492,6 @@ def report(results: dict) -> str:
         lines.append(f"| {NAMES[r['system']]} | {r['seed']} | {r['s_per_iteration_median']:.3f} | "
                      f"{r['train_seconds']:.0f} | {curve} | {load} |")
     lines += ["", "![held-out accuracy against training seconds](peers_grpo.png)", ""]
-    lines += results.get("notes", [])
     return "\n".join(lines) + "\n"
 
 
@@ -595,7 +595,7 @@ def main() -> None:
         state["wall_seconds"] = time.perf_counter() - start
         state_file.write_text(json.dumps(state, indent=2) + "\n")
 
-    runs = [run_figures(Path(d)) for d in state["order"]] + state.get("recorded", [])
+    runs = state.get("recorded", []) + [run_figures(Path(d)) for d in state["order"]]  # in the order run
     loads = [r["load_average_before"][0] for r in runs if r.get("load_average_before")]
     threads = sorted({r["threads"] for r in runs if r.get("threads")})
     results = {
