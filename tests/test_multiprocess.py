@@ -15,6 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from ppo_rlhf.cli import main
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.trainers import ppo_setup
+from ppo_rlhf.trainers.ppo_config import PPOConfig
 from zoo import free_port
 
 # No dropout: each process draws its own dropout masks, so runs with it agree in distribution only.
@@ -96,19 +99,14 @@ def test_two_processes_train_like_one(sft_model, tmp_path, variant):
     assert state["trainer"]["iteration"] == 10
 
 
-def test_a_resume_on_another_world_size_is_refused(sft_model, tmp_path):
-    result = launch(ppo_args(sft_model, tmp_path / "two", "--iterations", 2, "--save-every", 1), processes=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    code = main([str(a) for a in ppo_args(sft_model, tmp_path / "two", "--iterations", 3, "--save-every", 1,
-                                          "--resume")])
-    assert code == 2
-
-
-def test_a_resume_in_two_processes_ends_where_a_straight_run_does(sft_model, tmp_path):
+def test_a_resume_in_two_processes_ends_where_a_straight_run_does_and_one_process_is_refused(sft_model, tmp_path):
     straight = launch(ppo_args(sft_model, tmp_path / "straight", "--iterations", 4, "--save-every", 2), processes=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
     first = launch(ppo_args(sft_model, tmp_path / "resumed", "--iterations", 2, "--save-every", 2), processes=2)
     assert first.returncode == 0, first.stderr[-3000:]
+    # A resume on another world size is refused as a bad input, and leaves the run to resume as launched.
+    assert main([str(a) for a in ppo_args(sft_model, tmp_path / "resumed", "--iterations", 4, "--save-every", 2,
+                                          "--resume")]) == 2
     resumed = launch(ppo_args(sft_model, tmp_path / "resumed", "--iterations", 4, "--save-every", 2, "--resume"),
                      processes=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -154,15 +152,28 @@ def test_a_pairwise_reward_model_in_two_processes_trains_like_one(sft_model, tmp
     assert two["eval_accuracy"] == pytest.approx(one["eval_accuracy"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--batch-size", 6, "--mini-batch-size", 2, "--samples-per-prompt", 2, "--estimator", "grpo"], "'batch_size'.*multiple of 4"),
-    (["--mini-batch-size", 3, "--batch-size", 6], "'mini_batch_size'.*multiple of 2"),
-])
-def test_a_batch_that_does_not_split_over_the_processes_is_refused(sft_model, tmp_path, args, message):
+def test_a_batch_that_does_not_split_over_the_processes_is_refused(sft_model, tmp_path):
+    """Under a real launch; the other splits are checked in one process below, each launch costing
+    two interpreters' imports."""
+    args = ["--batch-size", 6, "--mini-batch-size", 2, "--samples-per-prompt", 2, "--estimator", "grpo"]
     result = launch(ppo_args(sft_model, tmp_path / "run", "--iterations", 1, *args), processes=2)
     assert result.returncode != 0
-    assert re.search(message, result.stderr), result.stderr[-2000:]
+    assert re.search("'batch_size'.*multiple of 4", result.stderr), result.stderr[-2000:]
     assert re.search(r"exitcode\s*:\s*2", result.stderr)  # each process stopped as a bad input does: exit 2
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"batch_size": 6, "mini_batch_size": 2, "samples_per_prompt": 2, "estimator": "grpo"}, "'batch_size'.*multiple of 4"),
+    ({"batch_size": 6, "mini_batch_size": 3}, "'mini_batch_size'.*multiple of 2"),
+    ({"batch_size": 8, "mini_batch_size": 8, "train_micro_batch_size": 8}, "'train_micro_batch_size'.*computes 4 rows"),
+])
+def test_each_split_over_two_processes_is_checked(monkeypatch, values, message):
+    monkeypatch.setattr(ppo_setup, "world_size", lambda: 2)
+    config = build_config(PPOConfig, {"task": "doubling", **values})
+    with pytest.raises(ConfigError, match=message):
+        ppo_setup.check_processes(config)
+    monkeypatch.setattr(ppo_setup, "world_size", lambda: 1)
+    ppo_setup.check_processes(config)  # one process takes any batch
 
 
 # ------------------------------------------------------------------ FSDP (configs/accelerate/fsdp.yaml)
