@@ -3,6 +3,8 @@ tiny SFT model of the built-in task."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 import pytest
@@ -10,6 +12,36 @@ import torch
 from datasets import Dataset
 
 from zoo import ARCHS, LEFT_PADDED, PROMPTS, REWARDS_MODULE, REWARDS_SOURCE, THREADS, TINY, build_model, run, write_jsonl
+
+
+def pytest_addoption(parser):
+    parser.addoption("--learning-seed", type=int, default=0,
+                     help="added to the seed of every test marked 'learning' (the runs it trains and the models it "
+                          "draws): benchmarks/learning_spread.py measures each learning test's outcome over seeds "
+                          "with it (DEVELOPERS.md, 'Learning tests')")
+
+
+@pytest.fixture(scope="session")
+def learning_seed(request) -> int:
+    """The offset a learning test adds to its seeds: 0 in the suite, 0-4 (or more) when
+    benchmarks/learning_spread.py measures the spread of the test's outcome."""
+    return request.config.getoption("--learning-seed")
+
+
+@pytest.fixture
+def record_outcome(request, learning_seed):
+    """``record_outcome(name, value)``: a learning test's measured outcome, appended as one JSON line
+    to the file $PPO_RLHF_OUTCOMES names (nothing without it).  Called before the test asserts on
+    the value, so a run whose outcome misses the bar is recorded too."""
+    path = os.environ.get("PPO_RLHF_OUTCOMES")
+
+    def record(name: str, value: float) -> None:
+        if path:
+            with open(path, "a") as file:
+                file.write(json.dumps({"test": request.node.nodeid, "name": name, "seed": learning_seed,
+                                       "threads": os.environ.get("OMP_NUM_THREADS"), "value": value}) + "\n")
+
+    return record
 
 
 def pytest_collection_modifyitems(items):
@@ -43,13 +75,13 @@ def zoo(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def reward_models(zoo):
+def reward_models(zoo, learning_seed):
     """One pairwise reward model per architecture that PPO needs one for (llama, qwen2, gemma)."""
     out = {}
     for arch in ("llama", "qwen2", "gemma"):
         run(["rm", "--mode", "pairwise", "--model", zoo[arch], "--data", zoo["pairs"], "--prompt-field", "query",
              "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
-             "--eval-fraction", 0.25, "--out", zoo["root"] / f"rm_{arch}", *THREADS])
+             "--eval-fraction", 0.25, "--seed", learning_seed, "--out", zoo["root"] / f"rm_{arch}", *THREADS])
         out[arch] = zoo["root"] / f"rm_{arch}"
     return out
 

@@ -139,16 +139,21 @@ def test_gumbel_max_sampling_follows_the_probabilities():
 
 # ---------------------------------------------------------------- learning
 @pytest.fixture(scope="module")
-def cartpole_run(tmp_path_factory):
+def cartpole_run(tmp_path_factory, learning_seed):
     out = tmp_path_factory.mktemp("cartpole")
-    values = config_with_preset("cartpole", {"total_steps": 15_360, "seed": 1, "eval_episodes": 10, "out_dir": str(out)})
+    values = config_with_preset("cartpole", {"total_steps": 15_360, "seed": 1 + learning_seed, "eval_episodes": 10,
+                                             "out_dir": str(out)})
     return out, train(build_config(GymPPOConfig, values))
 
 
-def test_cartpole_return_rises(cartpole_run):
+@pytest.mark.learning
+def test_cartpole_return_rises(cartpole_run, record_outcome):
     out, summary = cartpole_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first_return = records[0]["episodic_return"]  # a near-uniform policy: ~20
+    record_outcome("first_return", first_return)
+    record_outcome("final_over_first", summary["final_episodic_return"] / first_return)
+    record_outcome("eval_mean_return", summary["eval_mean_return"])
     assert first_return < 40
     assert summary["final_episodic_return"] > 3 * first_return  # ~125 with seed 1
     assert summary["eval_mean_return"] > 100  # ~370 with seed 1 (greedy policy)

@@ -40,14 +40,14 @@ BUDGET = ["--iterations", 2, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-e
 
 
 @pytest.fixture(scope="module")
-def reward_adapters(zoo):
+def reward_adapters(zoo, learning_seed):
     """A pairwise reward adapter per architecture, trained on that architecture's base."""
     out = {}
     for arch in ("gpt2", "llama", "qwen2"):
         folder = zoo["root"] / f"rm_lora_{arch}"
         run(["rm", "--mode", "pairwise", "--model", zoo[arch], "--data", zoo["pairs"], "--prompt-field", "query",
              "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
-             "--eval-fraction", 0.25, "--out", folder, *LORA, *THREADS])
+             "--eval-fraction", 0.25, "--seed", learning_seed, "--out", folder, *LORA, *THREADS])
         out[arch] = folder / "checkpoints" / "reward"
     return out
 
@@ -56,9 +56,11 @@ def lora_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(Path(folder) / "adapter_model.safetensors"))
 
 
-def test_rm_lora_writes_a_peft_folder_that_peft_loads(zoo, reward_adapters):
+@pytest.mark.learning
+def test_rm_lora_writes_a_peft_folder_that_peft_loads(zoo, reward_adapters, record_outcome):
     for arch, folder in reward_adapters.items():
         summary = json.loads((folder.parent.parent / "summary.json").read_text())
+        record_outcome(f"eval_accuracy/{arch}", summary["eval_accuracy"])
         assert summary["eval_accuracy"] >= 0.8, (arch, summary)
         assert not (folder / "config.json").exists()  # an adapter, not a copy of the base
         base = AutoModelForSequenceClassification.from_pretrained(zoo[arch], num_labels=1)

@@ -69,9 +69,11 @@ def test_sft_on_each_architecture_and_data_format(zoo, tmp_path, arch, data_form
     assert weights_changed(zoo[arch], checkpoint)
 
 
-def test_pairwise_reward_model_reports_held_out_accuracy(reward_models):
+@pytest.mark.learning
+def test_pairwise_reward_model_reports_held_out_accuracy(reward_models, record_outcome):
     for arch, folder in reward_models.items():
         summary = json.loads((folder / "summary.json").read_text())
+        record_outcome(f"eval_accuracy/{arch}", summary["eval_accuracy"])
         # "good answer" against "bad answer, i do not know" (a different length: the pairs are
         # padded to one width) is easy: a few steps separate them.
         assert summary["mode"] == "pairwise" and summary["eval_accuracy"] >= 0.8, (arch, summary)
@@ -167,7 +169,8 @@ def test_a_reward_function_beside_the_data_or_in_a_file(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- a tokenizer that pads on the left
-def test_every_command_on_a_model_whose_tokenizer_pads_on_the_left(zoo, tmp_path):
+@pytest.mark.learning
+def test_every_command_on_a_model_whose_tokenizer_pads_on_the_left(zoo, tmp_path, learning_seed, record_outcome):
     model = zoo[LEFT_PADDED]
     assert AutoTokenizer.from_pretrained(model).padding_side == "left"
     run(["sft", "--model", model, "--data", zoo["data"]["jsonl"], "--prompt-field", "question", "--completion-field",
@@ -176,8 +179,10 @@ def test_every_command_on_a_model_whose_tokenizer_pads_on_the_left(zoo, tmp_path
     pairwise = tmp_path / "rm_pairwise"
     run(["rm", "--mode", "pairwise", "--model", model, "--data", zoo["pairs"], "--prompt-field", "query",
          "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
-         "--eval-fraction", 0.25, "--out", pairwise, *THREADS])
-    assert json.loads((pairwise / "summary.json").read_text())["eval_accuracy"] >= 0.8
+         "--eval-fraction", 0.25, "--seed", learning_seed, "--out", pairwise, *THREADS])
+    accuracy = json.loads((pairwise / "summary.json").read_text())["eval_accuracy"]
+    record_outcome("pairwise_eval_accuracy", accuracy)
+    assert accuracy >= 0.8
     # Rows of very different lengths: one far longer than the rest, which are padded to its width.
     rows = [{"text": f"{p} good answer", "label": 1} for p in PROMPTS] * 4 + [
         {"text": f"{p} bad answer, i do not know", "label": 0} for p in PROMPTS] * 4
@@ -185,8 +190,10 @@ def test_every_command_on_a_model_whose_tokenizer_pads_on_the_left(zoo, tmp_path
     classification = tmp_path / "rm_classification"
     run(["rm", "--mode", "classification", "--num-labels", 2, "--model", model, "--data",
          write_jsonl(tmp_path / "labelled.jsonl", rows), "--steps", 15, "--batch-size", 8, "--lr", 1e-2,
-         "--eval-fraction", 0.25, "--out", classification, *THREADS])
-    assert json.loads((classification / "summary.json").read_text())["eval_accuracy"] >= 0.8
+         "--eval-fraction", 0.25, "--seed", learning_seed, "--out", classification, *THREADS])
+    accuracy = json.loads((classification / "summary.json").read_text())["eval_accuracy"]
+    record_outcome("classification_eval_accuracy", accuracy)
+    assert accuracy >= 0.8
     run(["ppo", "--model", model, "--prompts", zoo["prompts"], "--reward-model", pairwise / "checkpoints" / "reward",
          "--out", tmp_path / "ppo", *PPO_BUDGET])
     assert weights_changed(model, Path(json.loads((tmp_path / "ppo" / "summary.json").read_text())["checkpoints"]["actor"]))
@@ -360,7 +367,8 @@ def test_sft_and_pairwise_rm_format_prompts_as_ppo_does(zoo):
     assert chosen[0] == prompt_text + " good answer</s>" and rejected[0] == prompt_text + " bad answer</s>"
 
 
-def test_sft_and_rm_commands_take_chat_messages(zoo, tmp_path):
+@pytest.mark.learning
+def test_sft_and_rm_commands_take_chat_messages(zoo, tmp_path, learning_seed, record_outcome):
     chat_rows = [{"messages": [{"role": "user", "content": p}], "good": " good answer", "bad": " bad answer, i do not know"}
                  for p in PROMPTS] * 4
     data = tmp_path / "chat_pairs.jsonl"
@@ -369,8 +377,10 @@ def test_sft_and_rm_commands_take_chat_messages(zoo, tmp_path):
          "--chat-template", "--steps", 2, "--batch-size", 4, "--out", tmp_path / "sft", *THREADS])
     run(["rm", "--mode", "pairwise", "--model", zoo["qwen2"], "--data", data, "--prompt-field", "messages",
          "--chosen-field", "good", "--rejected-field", "bad", "--chat-template", "--steps", 15, "--batch-size", 8,
-         "--lr", 1e-2, "--eval-fraction", 0.25, "--out", tmp_path / "rm", *THREADS])
-    assert json.loads((tmp_path / "rm" / "summary.json").read_text())["eval_accuracy"] >= 0.8
+         "--lr", 1e-2, "--eval-fraction", 0.25, "--seed", learning_seed, "--out", tmp_path / "rm", *THREADS])
+    accuracy = json.loads((tmp_path / "rm" / "summary.json").read_text())["eval_accuracy"]
+    record_outcome("eval_accuracy", accuracy)
+    assert accuracy >= 0.8
 
 
 def test_pad_equal_to_eos_masks_from_the_first_eos(zoo):

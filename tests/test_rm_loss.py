@@ -53,11 +53,14 @@ def test_divergence_is_pairwise_only():
         build_config(RewardConfig, {"mode": "pairwise", "rm_loss": "mean"})
 
 
-def test_a_divergence_reward_model_learns_the_preference(zoo, tmp_path):
+@pytest.mark.learning
+def test_a_divergence_reward_model_learns_the_preference(zoo, tmp_path, learning_seed, record_outcome):
     out = tmp_path / "rm"
     run(["rm", "--mode", "pairwise", "--rm-loss", "divergence", "--model", zoo["llama"], "--data", zoo["pairs"],
          "--prompt-field", "query", "--chosen-field", "good", "--rejected-field", "bad", "--steps", 15,
-         "--batch-size", 8, "--lr", 1e-2, "--eval-fraction", 0.25, "--out", out, *THREADS])
+         "--batch-size", 8, "--lr", 1e-2, "--eval-fraction", 0.25, "--seed", learning_seed, "--out", out, *THREADS])
     summary = json.loads((out / "summary.json").read_text())
     losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    record_outcome("last_loss_over_first", losses[-1] / losses[0])
+    record_outcome("eval_accuracy", summary["eval_accuracy"])
     assert losses[-1] < 0.5 * losses[0] and summary["eval_accuracy"] == 1.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.ppo_config import FULL_MODEL_LR, LORA_LR, PPOConfig, default_lr
 
@@ -69,15 +71,17 @@ def test_training_samples_and_evaluations_are_shown_and_written(zoo, tmp_path, c
     assert set(summary["training_score"]) == {"first", "last"}  # even without a task metric
 
 
-def test_sft_on_user_data_reports_a_held_out_loss(zoo, tmp_path):
+@pytest.mark.learning
+def test_sft_on_user_data_reports_a_held_out_loss(zoo, tmp_path, learning_seed, record_outcome):
     rows = [{"prompt": f"{p} {i}", "completion": " good answer"} for i in range(7) for p in PROMPTS]  # 42 rows
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "sft"
     run(["sft", "--model", zoo["llama"], "--data", data, "--eval-fraction", 0.25, "--eval-every", 5, "--steps", 10,
-         "--batch-size", 8, "--lr", 1e-2, "--out", out, *THREADS])
+         "--batch-size", 8, "--lr", 1e-2, "--seed", learning_seed, "--out", out, *THREADS])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == 32  # 10 rows held out, never trained on
     first, last = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval/loss" in r]
+    record_outcome("last_eval_loss_over_first", last["eval/loss"] / first["eval/loss"])
     assert last["eval/loss"] < first["eval/loss"] and 0.0 <= last["eval/token_accuracy"] <= 1.0
     assert summary["final_eval"]["eval/loss"] == last["eval/loss"]
