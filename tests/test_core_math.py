@@ -18,6 +18,7 @@ from ppo_rlhf.core import (
     gae_advantages,
     group_advantages,
     kl_penalty,
+    last_token_index,
     masked_gae,
     masked_mean,
     masked_var,
@@ -83,6 +84,28 @@ def test_gae_padding_never_changes_the_result():
     advantages, returns = masked_gae(padded_rewards, padded_values, mask, gamma=0.9, lam=0.8)
     assert torch.allclose(advantages[:, :3], reference, atol=1e-6)
     assert torch.all(advantages[:, 3:] == 0) and torch.all(returns[:, 3:] == 0)
+
+
+def test_gae_skips_the_environments_tokens_of_an_episode():
+    # The three-token case above with the model's turns split by two environment tokens (mask 0,
+    # holding garbage): the recursion runs over the model's tokens only, so token 1's successor is
+    # token 4, undiscounted by the gap, and the numbers are the hand-worked ones above.
+    rewards = torch.tensor([[0.0, 0.0, 5.0, -2.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 99.0, float("inf"), 0.7, 3.0]])
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    advantages, returns = masked_gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    assert torch.allclose(advantages, torch.tensor([[0.21712, 0.246, 0.0, 0.0, 0.3, 0.0]]), atol=1e-6)
+    assert torch.allclose(returns, torch.tensor([[0.71712, 0.846, 0.0, 0.0, 1.0, 0.0]]), atol=1e-6)
+
+
+def test_the_score_lands_on_the_last_token_the_model_wrote():
+    # Row 0: a single turn of 2 tokens; row 1: an episode whose last model token (index 4) follows
+    # the environment's tokens 2-3; row 2: empty.  A count of the mask would put row 1's score on
+    # index 2, an environment token.
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 0, 0, 1], [0, 0, 0, 0, 0]])
+    assert last_token_index(mask).tolist() == [1, 4, 0]
+    rewards = shaped_rewards(torch.tensor([1.0, 2.0, 3.0]), torch.ones(3, 5), mask, kl_coef=0.1)
+    assert torch.allclose(rewards, torch.tensor([[-0.1, 0.9, 0, 0, 0], [-0.1, -0.1, 0, 0, 1.9], [3.0, 0, 0, 0, 0]]))
 
 
 def test_gae_truncation_bootstraps_and_termination_does_not():

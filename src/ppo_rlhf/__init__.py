@@ -2,8 +2,10 @@
 
 Layers, bottom to top:
 - ``ppo_rlhf.core``      pure-tensor math (masked statistics, GAE, KL, clipped losses); imports only torch
+- ``ppo_rlhf.envs``      environments for multi-turn episodes: gymnasium's protocol with text, tools,
+                         TRL's environment classes
 - ``ppo_rlhf.models``    loading Hugging Face models, value heads, the four PPO roles
-- ``ppo_rlhf.rollout``   generation, response masks, log-probs, scoring
+- ``ppo_rlhf.rollout``   generation, episodes, response and loss masks, log-probs, scoring
 - ``ppo_rlhf.trainers``  SFT, reward model, PPO for language models
 - ``ppo_rlhf.tasks``     the built-in "double it, in the style asked" task
 - ``ppo_rlhf.stages``    each command's run from its config (run folders)

@@ -8,9 +8,10 @@ Each stage reads one kind of row, with field names set by flags:
 
 and also takes the public shapes of the same data, converted here row by row:
 
-    conversational     {messages: [...]} for sft (the last message, the assistant's, is the
-                       completion); chosen / rejected as lists of messages for rm; a prompt given as
-                       messages stays messages (--chat-template formats it)
+    conversational     {messages: [...]} for sft (each assistant message is a completion, the
+                       conversation before it its prompt; a ``tools`` column lists the tools the
+                       template renders, as in TRL); chosen / rejected as lists of messages for rm;
+                       a prompt given as messages stays messages (--chat-template formats it)
     implicit prompt    {chosen, rejected} without a prompt (Anthropic's hh-rlhf): the prompt is their
                        longest common prefix, cut back to the end of its last assistant turn marker
                        ("\\n\\nAssistant:"), as TRL's extract_prompt does
@@ -91,7 +92,7 @@ def completion_rows(prompt_field: str, completion_field: str, chat_template: boo
     def convert(rows: list[dict]) -> list[dict]:
         shape = _one_shape(rows, shape_of)
         if shape == "conversational":
-            return [_from_messages(row, prompt_field, completion_field) for row in rows]
+            return [turn for row in rows for turn in _from_messages(row, prompt_field, completion_field)]
         if shape == "Alpaca":
             return [_with(row, **{prompt_field: alpaca_prompt(row, chat_template), completion_field: str(row["output"])})
                     for row in rows]
@@ -100,12 +101,17 @@ def completion_rows(prompt_field: str, completion_field: str, chat_template: boo
     return convert
 
 
-def _from_messages(row: dict, prompt_field: str, completion_field: str) -> dict:
+def _from_messages(row: dict, prompt_field: str, completion_field: str) -> list[dict]:
+    """A conversation's rows: one per assistant message after the first message, its completion,
+    with the conversation before it as the prompt -- so a multi-turn trace (an agent's tool calls,
+    the tools' answers, its final answer) trains every turn the assistant wrote and none of what
+    the user or the tools wrote."""
     messages = row["messages"]
     if not _is_messages(messages) or len(messages) < 2 or messages[-1].get("role") != "assistant":
         raise DataError(f"{_where(row)}: 'messages' must be a list of {{role, content}} messages ending with the "
                         f"assistant's (the completion to learn), after at least one other")
-    return _with(row, **{prompt_field: messages[:-1], completion_field: str(messages[-1]["content"])})
+    return [_with(row, **{prompt_field: messages[:i], completion_field: str(message["content"])})
+            for i, message in enumerate(messages) if i > 0 and message.get("role") == "assistant"]
 
 
 # ---------------------------------------------------------------- rm (pairwise)

@@ -29,14 +29,20 @@ GROUP_METHODS = ("grpo", "dr-grpo", "rloo")
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of each response's last unmasked token (0 for an empty response)."""
-    return (mask.sum(dim=1) - 1).clamp(min=0)
+    """(B,) index of each response's last unmasked token (0 for an empty response).  Read from
+    the positions, not the count: a multi-turn episode's mask has gaps where the environment spoke."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    return (mask.bool() * positions).argmax(dim=-1)
 
 
-def shaped_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+def shaped_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float,
+                   token_rewards: torch.Tensor | None = None) -> torch.Tensor:
     """``r[t] = -kl_coef * kl[t]`` on every response token, plus the score on the last: (B,) and
-    (B, T) -> (B, T)."""
+    (B, T) -> (B, T).  ``token_rewards``: (B, T) rewards given at tokens of their own besides (a
+    multi-turn episode's step rewards, each on the last token of its turn)."""
     rewards = keep_masked(-kl_coef * kl, mask)
+    if token_rewards is not None:
+        rewards = rewards + keep_masked(token_rewards, mask)
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last_token_index(mask)] += scores
     return rewards

@@ -4,7 +4,9 @@
 caller says, for every step, what value to bootstrap from and whether the recursion continues:
 
 - a language-model response: the episode is the response; it ends after the last unmasked token,
-  where nothing is bootstrapped (V after the last token is 0).  ``masked_gae`` builds that case.
+  where nothing is bootstrapped (V after the last token is 0).  ``masked_gae`` builds that case,
+  and for a multi-turn episode runs over the model's tokens only: what the environment wrote in
+  between is not a step of the policy, so token t's successor is the model's next token.
 - a gym rollout: a *terminated* step bootstraps from 0, a *truncated* step (time limit) bootstraps
   from V(final observation) -- the episode did not really end, it was cut off -- and in both cases
   the advantage recursion stops there because the next step belongs to a new episode.
@@ -50,14 +52,21 @@ def gae_advantages(
 def masked_gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE for token sequences: (B, T) rewards and values, ``mask`` 1 on response tokens.
+    """GAE for token sequences: (B, T) rewards and values, ``mask`` 1 on the tokens the policy wrote.
 
-    A response is one episode that ends at its last unmasked token; V after it is 0.  Masked
-    positions come back as 0 in both outputs.
+    A response is one episode that ends at its last unmasked token; V after it is 0.  The
+    recursion runs over the unmasked tokens only, in order: where the mask has a gap (the
+    environment's tokens between two turns of an episode) token t's next step is the next
+    unmasked token, and the gap is neither discounted nor bootstrapped (docs/design.md,
+    "Episodes").  Masked positions come back as 0 in both outputs.
 
     Returns:
         advantages (B, T), returns (B, T) with ``returns = advantages + values``.
     """
+    # The unmasked tokens of each row moved to its front, in order (a stable sort; the identity for
+    # a single-turn response, whose mask is already a prefix), and moved back at the end.
+    order = torch.sort((~mask.bool()).to(torch.uint8), dim=-1, stable=True).indices  # (B, T)
+    mask, rewards, values = (t.gather(-1, order) for t in (mask, rewards, values))
     # Padding is selected away (keep_masked), never multiplied by 0: padded positions may hold
     # anything, a critic's output past the end of a response say, and 0 * inf is NaN.
     values, rewards = keep_masked(values, mask), keep_masked(rewards, mask)
@@ -66,4 +75,4 @@ def masked_gae(
     next_values = torch.nn.functional.pad(values[..., 1:], (0, 1), value=0.0) * next_mask
     advantages = keep_masked(gae_advantages(rewards, values, next_values, next_mask, gamma, lam), mask)
     returns = keep_masked(advantages + values, mask)
-    return advantages, returns
+    return tuple(torch.empty_like(t).scatter_(-1, order, t) for t in (advantages, returns))

@@ -123,7 +123,7 @@ def shared_prompts_agree(model, sequences: Sequences, temperature: float = 1.0) 
             shared = forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature)
         except PromptSharingUnsupported as why:
             return str(why)
-    mask = sequences.response_mask.bool()
+    mask = sequences.loss_mask.bool()
     tokens = sequences.response_ids
     gap = (logprobs_from_logits(whole.logits, tokens) - logprobs_from_logits(shared.logits, tokens))[mask].abs()
     # Rounding alone: ~1e-6 in float32, ~1e-2 in bf16; a wrong mask or position moves log-probs by ~1.

@@ -47,15 +47,17 @@ def generate_responses(model, tokenizer, generator: Generator, prompts: list[str
     return Responses(sequences, texts, finished)
 
 
-def apply_chat_template(tokenizer, prompts: list) -> list[str]:
+def apply_chat_template(tokenizer, prompts: list, tools: list | None = None) -> list[str]:
     """Format each prompt (a user message string, or a list of chat messages) with the
-    tokenizer's chat template, ending with the assistant's turn opened."""
+    tokenizer's chat template, ending with the assistant's turn opened.  ``tools``: each prompt's
+    tool schemas (or None), which the template lists (a conversational row's ``tools``)."""
     if getattr(tokenizer, "chat_template", None) is None:
         return [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
     formatted = []
-    for prompt in prompts:
+    for prompt, prompt_tools in zip(prompts, tools or [None] * len(prompts)):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        formatted.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        formatted.append(tokenizer.apply_chat_template(messages, tools=prompt_tools or None, tokenize=False,
+                                                       add_generation_prompt=True))
     return formatted
 
 

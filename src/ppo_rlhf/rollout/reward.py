@@ -13,16 +13,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import os
-import sys
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -31,15 +26,18 @@ from ppo_rlhf.models.loading import max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
+from ppo_rlhf.user_code import load_function  # noqa: F401 -- also ppo_rlhf.rollout.reward.load_function
 
 
 @dataclass
 class ScoringBatch:
     rows: list[dict]  # the prompt rows, as read from the data
-    prompts: list[str]  # (B) prompt texts
-    responses: list[str]  # (B) decoded responses, special tokens removed
+    prompts: list[str]  # (B) prompt texts (an episode's: the row's, with what its environment's reset observed)
+    responses: list[str]  # (B) decoded responses, special tokens removed (an episode's: its last model turn)
     finished: list[bool]  # (B) the response ended with EOS
     sequences: Sequences  # token ids of prompt + response in the policy's tokenizer
+    conversations: list[list[dict]] | None = None  # (B) an episode's messages after the prompt; None: single turn
+    environments: list | None = None  # (B) each episode's environment object (TRL's ``environments=``)
 
 
 class ScoringReward:
@@ -223,70 +221,6 @@ class ModelReward(ScoringReward):
         return logits.gather(1, labels[:, None]).squeeze(1)
 
 
-def import_module(module_name: str):
-    """A module by dotted name, or a ``.py`` file by path.
-
-    The current folder is searched too (after everything else), as ``python -m`` would: the
-    ``ppo-rlhf`` console script does not put it on ``sys.path``, and a reward module sitting
-    beside the data is the common case.
-    """
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ImportError(f"no file {path}")
-        name = _file_module_name(path)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # so what it defines can be pickled and found again
-        spec.loader.exec_module(module)
-        return module
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        cwd = os.getcwd()
-        if error.name != module_name.split(".")[0] or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.append(cwd)
-        return importlib.import_module(module_name)
-
-
-def _file_module_name(path: Path) -> str:
-    """The name a reward file is registered under in ``sys.modules``: its stem, unless that names
-    another module (``json.py``, ``torch.py``): then a name of its own, so that the real module is
-    not replaced for everything imported after it (docs/design.md, "Rewards")."""
-    name = path.stem
-    other = sys.modules.get(name)
-    if other is None:
-        try:
-            other = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            other = None
-    if other is None:
-        return name
-    origin = getattr(other, "__file__", None) or getattr(other, "origin", None)
-    if origin and os.path.exists(origin) and Path(origin).resolve() == path.resolve():
-        return name  # the same file, loaded again
-    return f"ppo_rlhf_reward_file_{name}"
-
-
-def load_function(dotted_path: str):
-    """``package.module:function``, ``package.module.function`` or ``path/file.py:function`` -> the function."""
-    module_name, sep, attribute = dotted_path.rpartition(":")
-    if not sep:
-        module_name, _, attribute = dotted_path.rpartition(".")
-    if not module_name or not attribute:
-        raise ConfigError(f"reward function must look like 'package.module:function', got {dotted_path!r}")
-    try:
-        module = import_module(module_name)
-    except Exception as error:  # noqa: BLE001 -- whatever the user's module raises on import, named
-        raise ConfigError(f"cannot import module {module_name!r} for reward function {dotted_path!r}: "
-                          f"{type(error).__name__}: {error}") from None
-    function = getattr(module, attribute, None)
-    if not callable(function):
-        raise ConfigError(f"{module_name!r} has no function {attribute!r} (reward function {dotted_path!r})")
-    return function
-
-
 def _real(score) -> bool:
     """A real number: int, float, bool (True is 1, False 0) or a numpy scalar of them; never text."""
     return isinstance(score, numbers.Real)
@@ -347,7 +281,8 @@ def check_columns(rewards, rows: list[dict], source: str) -> None:
 
 # Keywords a reward function may name besides its data columns; they win over a column of the same name.
 RESPONSES, TRL_RESPONSES = "responses", "completions"
-PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids")
+PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids", "conversations",
+                      "environments")
 NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerState to give
 
 
@@ -434,24 +369,34 @@ class FunctionReward(ScoringReward):
                               f"to the prompt rows or give the parameter a default")
 
     def _arguments(self, prompts: list, responses: list, columns: dict, finished: list,
-                   completion_ids) -> tuple[list, dict]:
-        """(positional, keyword) arguments of one call: the keywords the function names, or all."""
+                   completion_ids, conversations: list | None = None, environments: list | None = None
+                   ) -> tuple[list, dict]:
+        """(positional, keyword) arguments of one call: the keywords the function names, or all.
+        Episodes add ``conversations`` (each one's messages after the prompt) and ``environments``
+        (TRL's name); TRL-style functions get the conversations as their ``completions``, as TRL
+        passes a multi-turn completion."""
         offered = {**columns, "finished": finished, "completion_ids": completion_ids}
+        episode = {"environments": environments,  # a single turn: an episode of one message, with no environment
+                   "conversations": conversations or [[{"role": "assistant", "content": r}] for r in responses]}
         if self.trl_style:
-            offered.update(prompts=prompts, completions=responses)
+            offered.update(prompts=prompts, completions=responses if conversations is None else conversations)
             args = []
         else:
             args = [prompts, responses]
-        kwargs = offered if self.takes_all else {k: v for k, v in offered.items() if k in self.named}
-        return args, kwargs
+        if self.takes_all:  # **kwargs: the episode's keywords where there are episodes (TRL's rule for environments)
+            return args, {**offered, **(episode if conversations is not None else {})}
+        return args, {k: v for k, v in {**offered, **episode}.items() if k in self.named}
 
     def _call(self, batch: ScoringBatch):
         """The function's result for ``batch`` (a coroutine for an async function)."""
         wants_ids = self.takes_all or "completion_ids" in self.named
         completion_ids = ([ids[mask.bool()].tolist() for ids, mask in
                            zip(batch.sequences.response_ids, batch.sequences.response_mask)] if wants_ids else None)
+        conversations = copy.deepcopy(batch.conversations) if batch.conversations is not None else None
+        environments = batch.environments if batch.environments is not None else [None] * len(batch.responses)
         args, kwargs = self._arguments(copy.deepcopy(batch.prompts), list(batch.responses),
-                                       row_columns(batch.rows, self.prompt_field), list(batch.finished), completion_ids)
+                                       row_columns(batch.rows, self.prompt_field), list(batch.finished), completion_ids,
+                                       conversations, environments)
         return self.function(*args, **kwargs)
 
     def _raised(self, error: Exception) -> RewardError:

@@ -8,6 +8,18 @@ The logits that predict response token t sit at position P-1+t, so every per-tok
 the response (log-probs, values, KL, rewards, advantages) is (B, T) and aligned with
 ``response_mask``.
 
+Two masks over the response (docs/design.md, "Episodes"): ``response_mask`` says which tokens are
+there (attended to), ``loss_mask`` which of them the model wrote and is trained on.  A single-turn
+response is all the model's own, and the two are one tensor.  A multi-turn episode continues the
+prompt with the model's turns *and* what the environment or its tools answered in between:
+
+    response:   r1 r2 E | o1 o2 o3 | r3 E  P P     (model | environment | model | pad)
+    response_mask: 1  1 1 |  1  1  1 |  1 1  0 0
+    loss_mask:     1  1 1 |  0  0  0 |  1 1  0 0
+
+Every policy, KL, entropy and value term reads ``loss_mask``; the forward passes attend
+``response_mask``.
+
 A response ends at the first of its *stop ids* (E above): the tokenizer's EOS and every
 end-of-turn id the model declares (see :func:`stop_token_ids`).
 """
@@ -65,8 +77,13 @@ class Sequences:
 
     prompt_ids: torch.Tensor  # (B, P) left-padded
     prompt_mask: torch.Tensor  # (B, P)
-    response_ids: torch.Tensor  # (B, T) pad after the first stop id
-    response_mask: torch.Tensor  # (B, T) 1 up to and including the first stop id
+    response_ids: torch.Tensor  # (B, T) pad after the response (a single turn: after its first stop id)
+    response_mask: torch.Tensor  # (B, T) 1 on every token of the response, attended to
+    loss_mask: torch.Tensor | None = None  # (B, T) 1 on the tokens the model wrote; None: response_mask
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:  # a single turn: every response token is the model's
+            self.loss_mask = self.response_mask
 
     @property
     def input_ids(self) -> torch.Tensor:  # (B, P+T)
@@ -85,7 +102,12 @@ class Sequences:
         return self.prompt_ids.shape[1]
 
     def select(self, index: torch.Tensor) -> "Sequences":
-        return Sequences(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index], self.response_mask[index])
+        return Sequences(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
+                         self.response_mask[index], self.separate_loss_mask(lambda mask: mask[index]))
+
+    def separate_loss_mask(self, transform) -> torch.Tensor | None:
+        """``transform(loss_mask)`` where it is a tensor of its own, None where it is response_mask."""
+        return None if self.loss_mask is self.response_mask else transform(self.loss_mask)
 
     @staticmethod
     def concat(parts: list["Sequences"], pad_token_id: int) -> "Sequences":
@@ -93,11 +115,13 @@ class Sequences:
         the right), as one batch of them all would be."""
         prompt_width = max(p.prompt_ids.shape[1] for p in parts)
         response_width = max(p.response_ids.shape[1] for p in parts)
+        own_loss_masks = any(p.loss_mask is not p.response_mask for p in parts)
         return Sequences(
             torch.cat([pad_columns(p.prompt_ids, prompt_width, pad_token_id, left=True) for p in parts]),
             torch.cat([pad_columns(p.prompt_mask, prompt_width, 0, left=True) for p in parts]),
             torch.cat([pad_columns(p.response_ids, response_width, pad_token_id) for p in parts]),
             torch.cat([pad_columns(p.response_mask, response_width, 0) for p in parts]),
+            torch.cat([pad_columns(p.loss_mask, response_width, 0) for p in parts]) if own_loss_masks else None,
         )
 
 

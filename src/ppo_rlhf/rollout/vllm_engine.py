@@ -27,6 +27,7 @@ truncated importance sampling (``--tis-cap``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -210,6 +211,7 @@ class VLLMGenerator:
         self.last_sync_seconds = 0.0
         self.fixed_weights = False  # True: the model never changes, its weights are sent once
         self.synced = False  # the engine holds the model's weights
+        self.holding = False  # inside holding_weights: a multi-turn rollout's calls, synced once
         self.vllm = import_vllm()
         self.llm = self.build(model, memory_utilization, max_rows)
 
@@ -314,12 +316,15 @@ class VLLMGenerator:
         if self.llm is None:
             raise RuntimeError("this vLLM engine was closed (another was built in this process: vLLM holds one "
                                "engine per process); build the generator again")
-        self.wake_up()
-        sync_seconds = self.sync_weights(model)
+        sync_seconds = 0.0
+        if not self.holding:
+            self.wake_up()
+            sync_seconds = self.sync_weights(model)
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         outputs = self.llm.generate(prompts, self.sampling_params(len(prompts), decoding), use_tqdm=False)
         (decoding or self).rng.draws += 1
-        self.sleep()
+        if not self.holding:
+            self.sleep()
         tokens = [list(out.outputs[0].token_ids)[: self.max_new_tokens] or [self.pad_token_id] for out in outputs]
         logprobs = [[step[token].logprob if step and token in step else 0.0 for step, token in
                      zip(out.outputs[0].logprobs or [], ids)] for out, ids in zip(outputs, tokens)]
@@ -338,6 +343,20 @@ class VLLMGenerator:
             self.last_logprobs = (engine_logprobs * response_mask).to(prompt_ids.device)
             self.last_sync_seconds = sync_seconds
         return response_ids.to(prompt_ids.device), response_mask.to(prompt_ids.device)
+
+    @contextlib.contextmanager
+    def holding_weights(self, model):
+        """A multi-turn rollout (rollout/episodes.py): the actor's weights synced once, and the
+        engine kept awake, for every turn's ``generate``; ``last_sync_seconds`` is that one sync."""
+        self.wake_up()
+        seconds = self.sync_weights(model)
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            self.sleep()
+            self.last_sync_seconds = seconds
 
     # ------------------------------------------------------------ a GPU shared with training
     def sleep(self) -> None:
@@ -365,6 +384,9 @@ class EngineDecoding:
 
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.engine.generate(model, prompt_ids, prompt_mask, decoding=self)
+
+    def holding_weights(self, model):
+        return self.engine.holding_weights(model)
 
 
 _live_engine: "weakref.ref[VLLMGenerator] | None" = None

@@ -19,6 +19,9 @@ from ppo_rlhf.rollout.engines import RolloutEngineOptions, make_engine, require_
 from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
+from ppo_rlhf.envs import environment_source
+from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_renders_tools
+from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
@@ -26,7 +29,8 @@ from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 
 
 @dataclass
-class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, RolloutEngineOptions):
+class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, RolloutEngineOptions,
+                 EnvironmentOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model")
 
@@ -54,6 +58,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
         check(self.do_sample or self.temperature == 1.0, "temperature",
               "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
+        self.validate_environment()
 
 
 def training_run_warning(config: EvalConfig) -> str | None:
@@ -88,6 +93,10 @@ def run_eval(config: EvalConfig) -> dict:
     if rank() == 0 and (warning := training_run_warning(config)):
         print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
+    environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
+                                      tool_timeout=config.tool_timeout, environment_config=config.environment_config,
+                                      action_names=config.action_names or None,
+                                      observation_text=config.observation_text)
     if config.prompts:
         rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)},
                          prompt_rows(config.prompt_field, config.chat_template), config.data_split)
@@ -102,6 +111,9 @@ def run_eval(config: EvalConfig) -> dict:
     check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
+    apply_chat_template_file(tokenizer, config.chat_template_file)
+    if environments is not None:
+        check_template_renders_tools(tokenizer, environments.tools, config.model)
     accelerator = config.accelerator()
     model.to(accelerator.device)
     reward = build_reward(config, tokenizer, None, functions) if scored else None
@@ -115,7 +127,10 @@ def run_eval(config: EvalConfig) -> dict:
                  max_prompt_length, max_new_tokens)
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
-                          max_new_tokens=max_new_tokens, chat_template=config.chat_template)
+                          max_new_tokens=max_new_tokens, chat_template=config.chat_template,
+                          environments=environments, environment_weight=config.environment_reward_weight,
+                          limits=EpisodeLimits(max_prompt_length, config.max_length, config.max_turns,
+                                               config.max_episode_tokens, config.chat_template), seed=config.seed)
     generator = None
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,

@@ -69,9 +69,11 @@ def score_advantages(estimator: str, scores: torch.Tensor, samples_per_prompt: i
 
 def critic_free_advantages(estimator: str, scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor,
                            kl_coef_in_reward: float, gamma: float, samples_per_prompt: int,
-                           greedy_scores: torch.Tensor | None = None) -> torch.Tensor:
+                           greedy_scores: torch.Tensor | None = None, token_rewards: torch.Tensor | None = None
+                           ) -> torch.Tensor:
     """(B, T) advantages without a critic: the reward-to-go of the shaped rewards in which the
     score is replaced by the score less its baseline.  With the KL in the loss (coefficient 0
-    here) and gamma 1, every token of a response gets that one number."""
+    here) and gamma 1, every token of a response gets that one number.  ``token_rewards``: an
+    episode's per-turn rewards (reinforce++ only: a baseline of whole episodes has none)."""
     centred = score_advantages(estimator, scores, samples_per_prompt, greedy_scores)  # (B,)
-    return reward_to_go(shaped_rewards(centred, kl, mask, kl_coef_in_reward), mask, gamma)
+    return reward_to_go(shaped_rewards(centred, kl, mask, kl_coef_in_reward, token_rewards), mask, gamma)

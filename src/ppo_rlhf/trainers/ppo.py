@@ -48,6 +48,8 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.envs import environment_source
+from ppo_rlhf.envs.options import check_template_renders_tools
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
@@ -55,8 +57,7 @@ from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits, shared_prompts_agree
-from ppo_rlhf.rollout.responses import generate_responses
-from ppo_rlhf.rollout.reward import ScoringBatch
+from ppo_rlhf.rollout.episodes import Episodes, EpisodeLimits, episode_seeds, roll_out, samples_of, score_episodes
 from ppo_rlhf.rollout.sequences import Sequences, pad_columns
 from ppo_rlhf.sharding import gathered, load_whole_optimizer_state, plain, shard, sharding_from_launch, whole_optimizer_state
 from ppo_rlhf.trainers.estimators import (
@@ -91,7 +92,8 @@ class Experience:
 
     @property
     def mask(self) -> torch.Tensor:
-        return self.sequences.response_mask
+        """(B, T) the tokens the model wrote: every loss, KL, entropy and value term reads this one."""
+        return self.sequences.loss_mask
 
     def select(self, index: torch.Tensor) -> "Experience":
         tensors = [getattr(self, field.name) for field in dataclasses.fields(self)[1:]]
@@ -100,43 +102,39 @@ class Experience:
 
 @dataclass
 class Rollout:
-    """Stages 1-2 on this process's rows: the responses and their scores, before any batch-level
-    arithmetic; (b,) and (b, T) row for row with ``rows``."""
+    """Stages 1-2 on this process's rows: the episodes (one turn each without an environment) and
+    their scores, before any batch-level arithmetic; (b,) and (b, T) row for row with ``rows``."""
 
     rows: list[dict]
-    prompts: list
-    sequences: Sequences
-    texts: list[str]  # decoded responses
-    finished: torch.Tensor  # (b,) bool: ended with a stop id
-    raw_scores: torch.Tensor  # (b,) as the reward gave them
-    scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong)
+    episodes: Episodes
+    finished: torch.Tensor  # (b,) bool: the last model turn ended with a stop id
+    raw_scores: torch.Tensor  # (b,) as the rewards gave them (the environment's included)
+    scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong); what lands on the last token
     components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
-    engine_logprobs: torch.Tensor | None = None  # (b, T) the engine's log-probs of the responses; torch engine: None
+    turn_rewards: torch.Tensor | None = None  # (b, T) --turn-rewards per-turn: step rewards on each turn's last token
+
+    @property
+    def sequences(self) -> Sequences:
+        return self.episodes.sequences
 
     def select(self, index: list[int]) -> "Rollout":
         tensor_index = torch.tensor(index, dtype=torch.long, device=self.scores.device)
-        return Rollout([self.rows[i] for i in index], [self.prompts[i] for i in index],
-                       self.sequences.select(tensor_index), [self.texts[i] for i in index],
-                       self.finished[tensor_index], self.raw_scores[tensor_index], self.scores[tensor_index],
+        return Rollout([self.rows[i] for i in index], self.episodes.select(index), self.finished[tensor_index],
+                       self.raw_scores[tensor_index], self.scores[tensor_index],
                        {name: part[tensor_index] for name, part in self.components.items()},
-                       None if self.engine_logprobs is None else self.engine_logprobs[tensor_index])
+                       None if self.turn_rewards is None else self.turn_rewards[tensor_index])
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
-        return Rollout([r for p in parts for r in p.rows], [x for p in parts for x in p.prompts],
-                       Sequences.concat([p.sequences for p in parts], pad_token_id),
-                       [t for p in parts for t in p.texts], torch.cat([p.finished for p in parts]),
+        episodes = Episodes.concat([p.episodes for p in parts], pad_token_id)
+        turn_rewards = None
+        if parts[0].turn_rewards is not None:
+            width = episodes.sequences.response_ids.shape[1]
+            turn_rewards = torch.cat([pad_columns(p.turn_rewards, width, 0.0) for p in parts])
+        return Rollout([r for p in parts for r in p.rows], episodes, torch.cat([p.finished for p in parts]),
                        torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
                        {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
-                       concat_engine_logprobs(parts))
-
-
-def concat_engine_logprobs(parts: list[Rollout]) -> torch.Tensor | None:
-    """The parts' engine log-probs, right-padded with 0 to the longest response (None without)."""
-    if any(p.engine_logprobs is None for p in parts):
-        return None
-    width = max(p.engine_logprobs.shape[1] for p in parts)
-    return torch.cat([pad_columns(p.engine_logprobs, width, 0.0) for p in parts])
+                       turn_rewards)
 
 
 def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -183,6 +181,17 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
     return one_step and no_dropout and kl_free_reward and critic is None
 
 
+def environments_of(config: PPOConfig, environment=None, tools: list | None = None):
+    """The EnvironmentSource of the run's episodes (envs/__init__.py), from the config and what was
+    given in Python; None: single-turn rollouts.  Given objects turn episodes on as the flags do."""
+    if environment is not None or tools:
+        config.validate_environment(given=True)
+    return environment_source(environment if environment is not None else config.environment,
+                              list(tools or []) + list(config.tool), tool_parser=config.tool_parser,
+                              tool_timeout=config.tool_timeout, environment_config=config.environment_config,
+                              action_names=config.action_names or None, observation_text=config.observation_text)
+
+
 def micro_batches(rows: int, size: int | None, device: torch.device) -> list[torch.Tensor]:
     """Row indices 0..rows-1 in consecutive groups of ``size`` (None: one group of all)."""
     return list(torch.arange(rows, device=device).split(size or rows))
@@ -227,6 +236,12 @@ class PPOTrainer(PPOLoop):
         accelerator: the device and autocast (hardware.py); default: the ones ``config`` asks for.
             Every role is moved to its device; the trained weights (actor, critic) are upcast to
             float32, the frozen ones (reference, reward, a LoRA base) stay as loaded.
+        environment: play each prompt as a multi-turn episode (docs/agents.md): a class of TRL's
+            ``environment_factory`` shape (``reset()`` and tool methods) or of gymnasium's with
+            text (``reset`` / ``step``), a function making one, or a string as ``--environment``
+            takes it; default: ``config.environment``.
+        tools: functions the model may call (type hints and a docstring each), besides
+            ``config.tool``; alone, an episode ends at the first turn that calls none.
 
     Built from the config, the trainer seeds everything with ``config.seed`` before it loads a
     model; given a model, it draws a fresh value head from torch's random state as it finds it
@@ -234,8 +249,11 @@ class PPOTrainer(PPOLoop):
     """
 
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
-                 critic: Critic | None = None, generator: Generator | None = None, accelerator=None):
+                 critic: Critic | None = None, generator: Generator | None = None, accelerator=None,
+                 environment=None, tools: list | None = None):
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
+        # Episodes' environments, made (and checked) before any model loads.
+        self.environments = environments_of(config, environment, tools)
         if model is None:  # the pieces around a model of one's own, given without it, would be dropped
             given = [name for name, part in (("ref", ref), ("tokenizer", tokenizer), ("critic", critic),
                                              ("generator", generator), ("accelerator", accelerator)) if part is not None]
@@ -246,13 +264,14 @@ class PPOTrainer(PPOLoop):
             config.model, model = str(model), None
         if isinstance(tokenizer, (str, Path)):
             tokenizer = load_tokenizer(str(tokenizer))
+        pays = self.environments is not None and self.environments.pays
         if model is None:
-            self.run_parts = run = build_run(config, reward)
+            self.run_parts = run = build_run(config, reward, self.environments)
             model, ref, reward, tokenizer, critic = run.model, run.ref, run.reward, run.tokenizer, run.critic
             generator, accelerator = run.generator, run.accelerator
         else:
             ref, reward, tokenizer, generator, accelerator = complete_parts(config, model, ref, reward, tokenizer,
-                                                                            generator, accelerator)
+                                                                            generator, accelerator, pays)
         self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator)
 
     def set_up(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None,
@@ -283,6 +302,11 @@ class PPOTrainer(PPOLoop):
         # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
+        self.draws = 0  # rollouts drawn in this iteration (the environments' seeds)
+        self.episode_limits = EpisodeLimits(config.max_prompt_length, config.max_length, config.max_turns,
+                                            config.max_episode_tokens, config.chat_template)
+        if self.environments is not None:
+            check_template_renders_tools(tokenizer, self.environments.tools, config.model or "the model")
         self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
         # Prompt sharing: None until the first batch has checked it against the full pass.
         self.share_prompts = None if prompt_sharing_possible(config, self.sharding) else False
@@ -364,8 +388,8 @@ class PPOTrainer(PPOLoop):
         # Each reward's own scores, of the batch as drawn (step's reward/<name> metrics).
         self.reward_components = {name: gather_rows(part) for name, part in rollout.components.items()}
         # A few of this batch's rollouts, for people to read (trainers/ppo_loop.py logs them).
-        self.last_samples = [{"prompt": p, "response": r, "score": float(x)} for p, r, x in
-                             zip(rollout.prompts[:SAMPLES_KEPT], rollout.texts, rollout.raw_scores[:SAMPLES_KEPT].tolist())]
+        self.last_samples = samples_of(rollout.episodes, rollout.raw_scores, SAMPLES_KEPT)
+        self.last_rollout = rollout  # as drawn: --save-rollouts writes it, the episode metrics read it
         if config.dynamic_sampling:
             rollout = self.keep_informative_groups(rollout, draw_more, metrics)
         greedy = self.greedy_baseline(rollout, metrics) if self.greedy_generator is not None else None
@@ -377,9 +401,9 @@ class PPOTrainer(PPOLoop):
 
         # The whole batch, in every process (one process: these are the tensors themselves).
         sequences = self.gather_sequences(rollout.sequences)
-        mask = sequences.response_mask
+        mask = sequences.loss_mask
         logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
-        engine_logprobs = gather_rows(rollout.engine_logprobs)
+        engine_logprobs = gather_rows(rollout.episodes.engine_logprobs)
         raw_scores, scores = gather_rows(rollout.raw_scores), self.normalise_scores(gather_rows(rollout.scores))
         greedy_scores = None
         if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
@@ -388,8 +412,10 @@ class PPOTrainer(PPOLoop):
 
         # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
         # and the reward is the score alone; either way kl[t] is logged and drives the controller.
+        # An episode's per-turn rewards (--turn-rewards per-turn) land on each turn's last token.
         kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
-        rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward)
+        turn_rewards = gather_rows(rollout.turn_rewards)
+        rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward, turn_rewards)
 
         # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline
         if values is not None:
@@ -397,7 +423,7 @@ class PPOTrainer(PPOLoop):
             advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
         else:
             advantages = critic_free_advantages(config.estimator, scores, kl, mask, kl_coef_in_reward, config.gamma,
-                                                config.samples_per_prompt, greedy_scores)
+                                                config.samples_per_prompt, greedy_scores, turn_rewards)
             returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
@@ -408,37 +434,57 @@ class PPOTrainer(PPOLoop):
         return experience, metrics
 
     def roll_out(self, rows: list[dict], metrics: dict[str, float]) -> Rollout:
-        """Stages 1-2 on this process's ``rows``: responses sampled from the actor, then scored,
-        each score shaped on its own (missing EOS, overlong) -- what needs the whole batch waits
-        for the gathered batch."""
+        """Stages 1-2 on this process's ``rows``: episodes played by the actor (one turn each without
+        an environment), then scored, each score shaped on its own (missing EOS, overlong) -- what
+        needs the whole batch waits for the gathered batch."""
         config = self.config
         start = time.perf_counter()
-        prompts = [row[config.prompt_field] for row in rows]
+        prompts = [row.get(config.prompt_field) for row in rows]
         check_prompt_groups(prompts, config.samples_per_prompt)
         with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
-            responses = generate_responses(self.actor, self.tokenizer, self.generator, prompts,
-                                           config.max_prompt_length, config.chat_template)
+            episodes = roll_out(self.actor, self.tokenizer, self.generator, rows, prompts, self.episode_limits,
+                                self.environments, self.environment_seeds(len(rows)))
         # An engine with weights of its own (vllm) reports the seconds it took to receive the actor's.
         sync = getattr(self.generator, "last_sync_seconds", None)
         if sync is not None:
             metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + sync
         metrics["time/generate"] += time.perf_counter() - start - (sync or 0.0)
-        engine_logprobs = getattr(self.generator, "last_logprobs", None)
         start = time.perf_counter()
-        raw_scores, finished = self.score(rows, prompts, responses)
-        # Each reward's own scores (several are summed with weights).
-        components = {name: part.to(self.device).float()
-                      for name, part in getattr(self.reward, "last_components", {}).items()}
+        raw_scores, components = self.score(rows, episodes)
         metrics["time/score"] += time.perf_counter() - start
-        scores = self.shape_scores(raw_scores, finished, responses.sequences.response_mask.sum(dim=1))
-        return Rollout(rows, prompts, responses.sequences, responses.texts, finished, raw_scores, scores, components,
-                       engine_logprobs)
+        finished = torch.tensor(episodes.finished, device=self.device)
+        scores, turn_rewards = self.place_turn_rewards(raw_scores, episodes)
+        scores = self.shape_scores(scores, finished, episodes.sequences.loss_mask.sum(dim=1))
+        return Rollout(rows, episodes, finished, raw_scores, scores, components, turn_rewards)
 
-    def score(self, rows: list[dict], prompts: list, responses) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b,) scores as the reward gave them, on the trainer's device, and (b,) finished flags."""
-        raw = self.reward(ScoringBatch(rows, prompts, responses.texts, responses.finished, responses.sequences))
+    def environment_seeds(self, rows: int) -> list[int] | None:
+        """This process's episodes' environment seeds (rollout/episodes.py, episode_seeds); None
+        without an environment.  Each call within an iteration is a new draw."""
+        if self.environments is None:
+            return None
+        k = self.config.samples_per_prompt
+        self.draws += 1
+        return episode_seeds(self.config.seed, self.iteration, self.draws, self.rank * rows // k, rows // k, k)
+
+    def score(self, rows: list[dict], episodes: Episodes) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(b,) scores as the rewards gave them (the environment's included), on the trainer's
+        device, and each reward's own (b,) scores by name."""
+        raw, parts = score_episodes(self.reward, rows, episodes, self.config.environment_reward_weight)
         # A reward function's scores come on the CPU.
-        return raw.to(self.device).float(), torch.tensor(responses.finished, device=self.device)
+        return raw.to(self.device).float(), {name: part.to(self.device) for name, part in parts.items()}
+
+    def place_turn_rewards(self, raw_scores: torch.Tensor, episodes: Episodes
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """--turn-rewards per-turn: the environment's step rewards moved from the episode's score to
+        the last model token of each turn they answered, (b, T); the score keeps the rest."""
+        if self.config.turn_rewards != "per-turn" or not episodes.environments:
+            return raw_scores, None
+        weight = self.config.environment_reward_weight
+        turn_rewards = torch.zeros_like(episodes.sequences.loss_mask, dtype=torch.float32, device=self.device)
+        for row, (ends, steps) in enumerate(zip(episodes.turn_ends, episodes.step_rewards)):
+            for end, reward in zip(ends, steps):
+                turn_rewards[row, end] += weight * reward
+        return raw_scores - turn_rewards.sum(dim=1), turn_rewards
 
     def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
                                 metrics: dict[str, float]) -> Rollout:
@@ -456,7 +502,7 @@ class PPOTrainer(PPOLoop):
         found, generated_tokens = 0, 0.0
         while True:
             informative = informative_groups(gather_rows(rollout.scores).reshape(-1, k))  # (groups,)
-            generated_tokens += sum_across_processes(rollout.sequences.response_mask.sum().float()).item()
+            generated_tokens += sum_across_processes(rollout.sequences.loss_mask.sum().float()).item()
             rounds.append((rollout, informative))
             found += int(informative.sum())
             if found >= wanted or len(rounds) > config.max_resample_rounds:
@@ -525,13 +571,14 @@ class PPOTrainer(PPOLoop):
         ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
         estimator = self.config.kl_estimator_used
         kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
-        return logprobs, ref_logprobs, keep_masked(kl, sequences.response_mask), values
+        return logprobs, ref_logprobs, keep_masked(kl, sequences.loss_mask), values
 
     def gather_sequences(self, sequences: Sequences) -> Sequences:
         """Every process's sequences, padded as one process pads the whole batch (prompts on the left)."""
         pad = self.tokenizer.pad_token_id
         return Sequences(gather_rows(sequences.prompt_ids, pad, left=True), gather_rows(sequences.prompt_mask, left=True),
-                         gather_rows(sequences.response_ids, pad), gather_rows(sequences.response_mask))
+                         gather_rows(sequences.response_ids, pad), gather_rows(sequences.response_mask),
+                         sequences.separate_loss_mask(gather_rows))
 
     def decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> Generator:
         """The rollout engine with other decoding settings (ReMax's greedy baseline, the in-run
@@ -546,14 +593,17 @@ class PPOTrainer(PPOLoop):
         """ReMax: the shaped score (one per prompt) of each prompt's greedy response."""
         k = self.config.samples_per_prompt
         start = time.perf_counter()
+        rows, prompts = rollout.rows[::k], [row.get(self.config.prompt_field) for row in rollout.rows[::k]]
+        seeds = None if self.environments is None else rollout.episodes.seeds[::k]
         with gathered(self.actor):
-            greedy = generate_responses(self.actor, self.tokenizer, self.greedy_generator, rollout.prompts[::k],
-                                        self.config.max_prompt_length, self.config.chat_template)
+            greedy = roll_out(self.actor, self.tokenizer, self.greedy_generator, rows, prompts, self.episode_limits,
+                              self.environments, seeds)
         metrics["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
-        raw, finished = self.score(rollout.rows[::k], rollout.prompts[::k], greedy)
+        raw, _ = self.score(rows, greedy)
         metrics["time/score"] += time.perf_counter() - start
-        return self.shape_scores(raw, finished, greedy.sequences.response_mask.sum(dim=1))
+        finished = torch.tensor(greedy.finished, device=self.device)
+        return self.shape_scores(raw, finished, greedy.sequences.loss_mask.sum(dim=1))
 
     def shape_scores(self, scores: torch.Tensor, finished: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Each response's score on its own: --missing-eos-penalty, --overlong-buffer."""
@@ -769,6 +819,7 @@ class PPOTrainer(PPOLoop):
         another batch of rows, for --dynamic-sampling (see make_experience)."""
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
+        self.draws = 0  # rollouts drawn in this iteration (environment seeds)
         experience, stage_metrics = self.make_experience(rows, draw_more)
         timings = {k: v for k, v in stage_metrics.items() if k.startswith("time/")}
         start = time.perf_counter()
@@ -812,6 +863,7 @@ class PPOTrainer(PPOLoop):
             # chosen for their spread, so their mean says less of how the policy does).
             **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
         }
+        metrics.update(self.episode_metrics(self.last_rollout.episodes))
         for name, part in self.reward_components.items():  # each reward as it came, before its weight
             metrics[f"reward/{name}"] = part.mean().item()
             metrics[f"reward/{name}_std"] = part.std(unbiased=False).item()
@@ -825,6 +877,24 @@ class PPOTrainer(PPOLoop):
         if (self.config.score_norm or self.config.score_clip is not None or self.config.missing_eos_penalty is not None
                 or self.config.overlong_buffer is not None):
             metrics["score_used"] = experience.scores.mean().item()
+        return metrics
+
+    def episode_metrics(self, episodes: Episodes) -> dict[str, float]:
+        """Per episode of the batch as drawn, over every process: turns, tokens (the model's and the
+        environment's), the share cut by a limit, and tool calls, errors and timeouts (and what else
+        the environments count, as env/<name>); nothing for single-turn rollouts."""
+        if self.environments is None:
+            return {}
+        names = sorted(set(episodes.stats) | {"calls", "errors", "timeouts"})
+        totals = torch.tensor([len(episodes.turns), sum(episodes.turns), episodes.sequences.response_mask.sum().item(),
+                               sum(episodes.truncated), *(episodes.stats[name] for name in names)],
+                              dtype=torch.float64, device=self.device)
+        totals = sum_across_processes(totals).tolist() if self.processes > 1 else totals.tolist()
+        count = max(totals[0], 1)
+        metrics = {"episode/turns": totals[1] / count, "episode/tokens": totals[2] / count,
+                   "episode/truncated": totals[3] / count}
+        for name, total in zip(names, totals[4:]):
+            metrics[f"tools/{name}" if name in ("calls", "errors", "timeouts") else f"env/{name}"] = total / count
         return metrics
 
     # ------------------------------------------------------------ checkpoint state

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, any_number, at_least, between, check, option
 from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
+from ppo_rlhf.envs.options import EnvironmentOptions
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.engines import RolloutEngineOptions
@@ -60,7 +61,7 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 @dataclass
 class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions, TaskOptions,
-                RolloutEngineOptions):
+                RolloutEngineOptions, EnvironmentOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -226,6 +227,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     eval_size: int = option(2000, "held-out prompts per evaluation", range=above(0))
     show_samples: int = option(0, "held-out prompts whose greedy responses before and after PPO go in summary.json",
                                range=at_least(0))
+    save_rollouts: int = option(0, "every N iterations, write that iteration's rollouts to rollouts/iteration_N.jsonl: "
+                                   "prompts, messages, token ids, the loss mask, rewards, tool calls (0: never)",
+                                range=at_least(0))
     sample_every: int = option(10, "every N iterations, print a few training rollouts (prompt, response, score) and "
                                    "add them to samples.jsonl and TensorBoard (0: never)", range=at_least(0))
     eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
@@ -269,13 +273,16 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
               "0 without held-out prompts (--eval-prompts, or a --task's)", self.show_samples)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         self.validate_rewards()
+        self.validate_environment()
 
-    def require_a_reward(self) -> None:
-        """A run needs a reward: the config's own, or the task's rule.  Not part of ``validate``: a
-        config built in Python may leave the reward to the trainer (``PPOTrainer(config, reward=f)``)."""
-        if not self.reward_count() and self.task is None:
+    def require_a_reward(self, environment_pays: bool = False) -> None:
+        """A run needs a reward: the config's own, the task's rule, or an environment's
+        (``environment_pays``).  Not part of ``validate``: a config built in Python may leave the
+        reward to the trainer (``PPOTrainer(config, reward=f)``)."""
+        if not self.reward_count() and self.task is None and not environment_pays:
             raise ConfigError("no reward: give --reward-model DIR, --reward-fn module:function or --reward-url URL "
-                              "(several are summed), or --task doubling for its rule")
+                              "(several are summed), --task doubling for its rule, or an --environment that pays "
+                              "rewards (tools alone do not)")
 
     def validate_estimator(self) -> None:
         """Samples per prompt, critic settings and paper defaults for the advantage estimator."""

@@ -12,6 +12,7 @@ Run folder:
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import atomic_directory
+from ppo_rlhf.checkpoint import atomic_directory, atomic_write_text, strict_json
+from ppo_rlhf.rollout.episodes import rollout_records
 from ppo_rlhf.config import to_dict
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator
@@ -137,7 +139,9 @@ class PPOLoop:
         return Evaluator(self.tokenizer, eval_rows, task.metric if task else None,
                          reward=None if task else self.reward, prompt_field=config.prompt_field,
                          max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
-                         chat_template=config.chat_template)
+                         chat_template=config.chat_template, environments=self.environments,
+                         limits=self.episode_limits, environment_weight=config.environment_reward_weight,
+                         seed=config.seed)
 
     def evaluate(self, sampled: bool | None = None) -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
@@ -179,6 +183,7 @@ class PPOLoop:
         """The iterations left, each logged; evaluated every ``eval_every`` and at the end; saved
         every ``save_every``, at the end, and at a Ctrl-C (interrupts.py)."""
         config, main, first = self.config, is_main_process(), self.iteration
+        out_folder = Path(config.out)
         curves = CURVES + reward_curves(self.reward)
         bar = tqdm(range(first, config.iterations), desc="ppo", mininterval=1.0, disable=not main)
         for iteration in bar:
@@ -196,6 +201,8 @@ class PPOLoop:
             if "eval/response_length" in metrics:
                 run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
             self.show_samples_if_due(done, iteration == first, run_log)
+            if config.save_rollouts and done % config.save_rollouts == 0:
+                self.save_rollouts(out_folder, done)
             progress.scores.setdefault("first", metrics["score"])
             progress.scores["last"] = metrics["score"]
             if main and iteration == first and (warning := score_spread_warning(metrics, done)):
@@ -224,6 +231,14 @@ class PPOLoop:
             for sample in self.last_samples[:2]:
                 tqdm.write(f"iteration {done} sample: {sample['prompt']!r} -> {sample['response']!r} "
                            f"(score {sample['score']:.3g})")
+
+    def save_rollouts(self, out: Path, done: int) -> None:
+        """--save-rollouts: this iteration's rollouts, every process's, as drawn, to
+        rollouts/iteration_NNNN.jsonl (written once, whole or not at all)."""
+        rollout = self.last_rollout
+        records = gather_objects(rollout_records(rollout.rows, rollout.episodes, rollout.raw_scores))
+        text = "".join(json.dumps(strict_json(record), ensure_ascii=False) + "\n" for record in records)
+        on_main_process(atomic_write_text, out / "rollouts" / f"iteration_{done:04d}.jsonl", text)
 
     # ------------------------------------------------------------ checkpoints (trainers/resume.py)
     def trained_modules(self) -> nn.Module:

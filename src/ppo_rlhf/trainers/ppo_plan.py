@@ -39,6 +39,11 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     k = config.samples_per_prompt
     prompts = f"{config.batch_size} prompts" if k == 1 else f"{config.batch_size // k} prompts x {k} samples"
     reward = roles.reward.plan() if hasattr(roles.reward, "plan") else type(roles.reward).__name__  # a ScoringReward of one's own
+    environments = getattr(trainer, "environments", None)
+    if environments is not None and environments.pays:
+        paid = f"{config.environment_reward_weight:g} x the environment's rewards" + (
+            " (each step's on its turn)" if config.turn_rewards == "per-turn" else "")
+        reward = paid if roles.reward is None else f"{reward} + {paid}"
     decoding = f"sampled at temperature {config.temperature:g}" if config.do_sample else "GREEDY"
     if config.estimator == "remax":
         decoding += ", plus one greedy response per prompt (the baseline)"
@@ -51,7 +56,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"critic:    {critic}",
         f"reward:    {reward}",
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
-        f"up to {config.max_new_tokens} new tokens" + _engine(config),
+        f"up to {config.max_new_tokens} new tokens" + (" a turn" if environments is not None else "") + _engine(config),
+        *([episode_line(config, environments)] if environments is not None else []),
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
@@ -62,6 +68,17 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"KL:        {kl}",
         *variant_lines(config),
     ]
+
+
+def episode_line(config: PPOConfig, environments) -> str:
+    """How an episode runs (docs/agents.md)."""
+    tools = environments.tools
+    names = ", ".join(t["function"]["name"] for t in tools)
+    budget = (f"{config.max_episode_tokens} tokens" if config.max_episode_tokens is not None
+              else "what --max-length leaves after the prompt")
+    return (f"episodes:  {environments.description}; up to {config.max_turns} turns and {budget}"
+            + (f"; tools {names} (parsed as {config.tool_parser}, {config.tool_timeout:g} s each)" if tools else "")
+            + "; the environment's tokens attended, never trained on")
 
 
 def variant_lines(config: PPOConfig) -> list[str]:

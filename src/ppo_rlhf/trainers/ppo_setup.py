@@ -14,6 +14,7 @@ import torch
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.distributed import on_main_process, rank, world_size
+from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.models import ModelError, load_tokenizer
@@ -112,12 +113,13 @@ class RunParts:
     eval_rows: list[dict]
 
 
-def build_run(config: PPOConfig, reward=None) -> RunParts:
+def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     """Every role from the config, in the order the command line always used: seeded first (a
     fresh value head draws its weights), the data and the rewards that need no model checked
-    before any model loads."""
+    before any model loads.  ``environments``: the episodes' (envs.EnvironmentSource), whose
+    rewards may be the run's only ones."""
     if reward is None:
-        config.require_a_reward()
+        config.require_a_reward(environments is not None and environments.pays)
     set_threads(config.num_threads)
     seed_everything(config.seed)
     require_engine(config)  # vLLM asked for and absent: said before anything loads
@@ -135,8 +137,11 @@ def build_run(config: PPOConfig, reward=None) -> RunParts:
     else:
         roles = load_roles(config, task, reward=reward)  # the given reward instead of the config's
         check_columns([roles.reward], train_rows, config.prompts or f"the {config.task} task's prompts")
+    apply_chat_template_file(roles.tokenizer, config.chat_template_file)
+    # An episode may fill what --max-length leaves after its prompt, a single turn --max-new-tokens.
+    after_prompt = config.max_length - config.max_prompt_length if environments is not None else config.max_new_tokens
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
-                 config.chat_template, config.max_prompt_length, config.max_new_tokens)
+                 config.chat_template, config.max_prompt_length, after_prompt)
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
                     task, train_rows, eval_rows)
@@ -149,7 +154,8 @@ def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generato
                        config.max_length, max_rows=config.batch_size)
 
 
-def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator) -> tuple:
+def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator,
+                   environment_pays: bool = False) -> tuple:
     """An in-memory model given: the missing pieces around it.  The reference is a frozen copy of
     the model (None for a peft model: its base with adapters disabled), the tokenizer is
     ``config.model``'s, the reward the config's unless given."""
@@ -161,9 +167,11 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
         if config.model is None:
             raise ConfigError("no tokenizer: give tokenizer= with an in-memory model, or config.model")
         tokenizer = load_tokenizer(config.model)
+    apply_chat_template_file(tokenizer, config.chat_template_file)
     if ref is None and not hasattr(model, "peft_config"):
         ref = copy.deepcopy(model)
     accelerator = accelerator or config.accelerator(shards=True)
-    reward = as_reward(reward, config, tokenizer, make_task(config, config.seed) if reward is None else None)
+    reward = as_reward(reward, config, tokenizer, make_task(config, config.seed) if reward is None else None,
+                       environment_pays)
     generator = generator or make_generator(config, tokenizer, model, accelerator)
     return ref, reward, tokenizer, generator, accelerator

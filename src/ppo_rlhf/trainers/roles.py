@@ -52,7 +52,7 @@ POLICY, CRITIC, REWARD = "policy", "critic", "reward"  # adapter names on the sh
 class Roles:
     actor: object  # causal LM, or a peft model with the policy adapter active
     ref: object | None  # None: the actor's base with adapters disabled
-    reward: CombinedReward  # the reward model, functions and URL of the run, summed with their weights
+    reward: CombinedReward | None  # the reward model, functions and URL, summed; None: the environment's alone
     critic: Critic | None  # SharedHeadCritic, ModelCritic or AdapterCritic; None: a critic-free estimator
     tokenizer: object
 
@@ -151,15 +151,17 @@ def reward_functions(config, task) -> list:
 
 
 def build_reward(config, tokenizer, task, functions: list | None = None,
-                 model_reward: ModelReward | None = None) -> CombinedReward:
+                 model_reward: ModelReward | None = None) -> CombinedReward | None:
     """Every reward of the run as one (PPOConfig or EvalConfig): the reward model first, then
-    the functions and the URL, weighted by ``reward_weights`` in that order."""
+    the functions and the URL, weighted by ``reward_weights`` in that order.  None when there is
+    none, which the caller allowed: an environment's rewards are then the score (``require_a_reward``)."""
     functions = reward_functions(config, task) if functions is None else functions
     if model_reward is None and config.reward_model:
         model = load_sequence_classifier(config.reward_model, config.load_dtype)
         model_reward = ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,
                                    chat_template=config.chat_template, description=f"model {config.reward_model}")
-    return CombinedReward(([model_reward] if model_reward is not None else []) + functions, config.reward_weights)
+    parts = ([model_reward] if model_reward is not None else []) + functions
+    return CombinedReward(parts, config.reward_weights) if parts else None
 
 
 def shares_vocabulary(folder: str, tokenizer, actor) -> bool:
@@ -199,14 +201,14 @@ def build_critic(config: PPOConfig, tokenizer, actor) -> Critic | None:
     return ModelCritic.from_pretrained_trunk(critic_init_folder(config, tokenizer, actor), config.load_dtype)
 
 
-def as_reward(reward, config: PPOConfig, tokenizer, task=None) -> ScoringReward:
+def as_reward(reward, config: PPOConfig, tokenizer, task=None, environment_pays: bool = False) -> ScoringReward | None:
     """The reward a PPOTrainer was given, as one that scores a ScoringBatch (docs/design.md,
     "Rewards").  Accepted: None (the config's rewards, or the task's rule); a ScoringReward (used
     as it is); a Python function ``f(prompts, responses, **columns)``; a string -- ``module:function``
     or ``file.py:function``, else a reward-model folder; a sequence classifier (an ``nn.Module``,
     reading the policy's tokenizer); or a list of these, summed with ``config.reward_weights``."""
     if reward is None:
-        config.require_a_reward()
+        config.require_a_reward(environment_pays)
         return build_reward(config, tokenizer, task)
     if isinstance(reward, ScoringReward):
         return reward

@@ -133,7 +133,8 @@ def completion_token_rows(tokenizer, prompts: list[str], completions: list[str],
 
 def _prompts(tokenizer, rows: list[dict], config: SFTConfig) -> list[str]:
     prompts = [r[config.prompt_field] for r in rows]
-    return apply_chat_template(tokenizer, prompts) if config.chat_template else prompts
+    # A row's tools (TRL's conversational format): listed by the template, as PPO's episodes list theirs.
+    return apply_chat_template(tokenizer, prompts, [r.get("tools") for r in rows]) if config.chat_template else prompts
 
 
 def sft_examples(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None):

@@ -1,0 +1,120 @@
+"""The options of multi-turn episodes, shared by ``ppo`` and ``eval`` (docs/agents.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppo_rlhf.config import ConfigError, above, any_number, check, option
+
+TURN_REWARDS = ("sum", "per-turn")
+
+
+@dataclass
+class EnvironmentOptions:
+    environment: str | None = option(None, "play each prompt as a multi-turn episode with an environment: "
+                                           "module:Class (TRL's environment_factory shape -- reset() and tool "
+                                           "methods -- or gymnasium's reset / step in text), gym:ID (a gymnasium "
+                                           "environment with discrete actions, played by their names, e.g. "
+                                           "gym:FrozenLake-v1), or textarena:ID (pip install -e '.[envs]')")
+    tool: list[str] = option([], "a tool the model may call, module:function (type hints and a docstring give its "
+                                 "schema); repeat the flag for several; alone, an episode ends at the first turn "
+                                 "without a tool call")
+    max_turns: int = option(8, "with --environment or --tool: the model's turns in an episode at most",
+                            range=above(0))
+    max_episode_tokens: int | None = option(None, "with --environment or --tool: the tokens after the prompt at most "
+                                                  "(the model's and the environment's); empty: what --max-length "
+                                                  "leaves after the prompt", range=above(0))
+    tool_timeout: float = option(10.0, "seconds a tool call may take; past it the model is told the tool timed out",
+                                 range=above(0))
+    tool_parser: str = option("hermes", "how tool calls are read from the model's text: hermes "
+                                        "(<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, Qwen's and "
+                                        "Hermes' templates) or module:function (text -> list of ToolCall)")
+    environment_config: str = option("", "arguments the environment is made with, 'key=value,...' (values read as "
+                                          "YAML), e.g. is_slippery=false for gym:FrozenLake-v1")
+    action_names: list[str] = option([], "gym:ID: the name of each action, in the action order (default: the "
+                                         "environment's own, or ppo-rlhf's table for gymnasium's text games)")
+    observation_text: str | None = option(None, "gym:ID: module:function (observation, env) -> text, to show the "
+                                                "model each observation (default: the environment's ansi render)")
+    turn_rewards: str = option("sum", "the environment's step rewards: sum (the episode's total, at its last token, "
+                                      "like any score) or per-turn (each on the last token of the turn it answered; "
+                                      "estimators gae and reinforce++, which credit tokens by their return)",
+                               choices=TURN_REWARDS)
+    environment_reward_weight: float = option(1.0, "weight of the environment's rewards in an episode's score, "
+                                                   "beside --reward-weights' for the other rewards",
+                                              range=any_number())
+    chat_template_file: str | None = option(None, "a Jinja chat template to use instead of the tokenizer's (one that "
+                                                  "renders tools, for a model whose own does not); saved with the "
+                                                  "trained model")
+
+    def has_episodes(self) -> bool:
+        """Whether rollouts are multi-turn episodes (by the flags; the Python API may give objects)."""
+        return self.environment is not None or bool(self.tool)
+
+    def validate_environment(self, given: bool = False) -> None:
+        """The rules between the episode options; ``given``: an environment or tools were given as
+        Python objects (PPOTrainer(environment=..., tools=...)), which turn episodes on too."""
+        if not (given or self.has_episodes()):
+            alone = "left out without --environment or --tool"
+            for key, default in (("max_turns", 8), ("max_episode_tokens", None), ("tool_timeout", 10.0),
+                                 ("tool_parser", "hermes"), ("turn_rewards", "sum"),
+                                 ("environment_reward_weight", 1.0)):
+                check(getattr(self, key) == default, key, alone, getattr(self, key))
+            for key in ("environment_config", "action_names", "observation_text"):
+                check(not getattr(self, key), key, alone, getattr(self, key))
+            return
+        self.chat_template = True  # turns are chat messages: the template frames them (docs/agents.md)
+        gym = (self.environment or "").startswith("gym:")
+        for key in ("action_names", "observation_text"):
+            check(gym or not getattr(self, key), key, "left out without --environment gym:ID", getattr(self, key))
+        if self.turn_rewards == "per-turn" and getattr(self, "estimator", "gae") not in ("gae", "reinforce++"):
+            raise ConfigError(f"invalid value for 'turn_rewards': 'per-turn' with estimator {self.estimator}; a "
+                              f"group or greedy baseline compares whole episodes (sum), per-turn rewards need an "
+                              f"estimator that credits each token by its return: gae or reinforce++")
+        if self.max_episode_tokens is not None:
+            check(self.max_episode_tokens < self.max_length, "max_episode_tokens",
+                  f"< max_length ({self.max_length}), which holds the prompt and the episode", self.max_episode_tokens)
+        from ppo_rlhf.envs import parse_config_values
+
+        parse_config_values(self.environment_config)  # a malformed one fails here, at start
+
+
+def check_template_renders_tools(tokenizer, schemas: list[dict], where: str) -> None:
+    """ConfigError at start when tools are given but the chat template leaves them out of the
+    prompt, or cannot render a tool's answer: the model would never learn they exist."""
+    if not schemas:
+        return
+    name = schemas[0]["function"]["name"]
+    question = [{"role": "user", "content": "?"}]
+    answered = question + [{"role": "assistant", "content": "!"}, {"role": "tool", "name": name, "content": "\x01"}]
+    try:
+        listed = name in tokenizer.apply_chat_template(question, tools=schemas, tokenize=False,
+                                                       add_generation_prompt=True)
+        answers = "\x01" in tokenizer.apply_chat_template(answered, tools=schemas, tokenize=False,
+                                                          add_generation_prompt=True)
+        problem = None if listed and answers else ("does not list the tools in the prompt" if not listed else
+                                                   "does not render a tool's answer (role 'tool')")
+    except Exception as error:  # noqa: BLE001 -- a template that raises on tools or a tool message
+        problem = f"raises on tools ({type(error).__name__}: {error})"
+    if problem:
+        raise ConfigError(f"{where}'s chat template {problem}, so the model cannot see its tools; give a template "
+                          f"that renders them with --chat-template-file (ppo-rlhf ships one for ChatML models such "
+                          f"as SmolLM2 and Qwen: {tool_template_path()})")
+
+
+def tool_template_path():
+    """The ChatML template with tools that ppo-rlhf ships (Hermes-style tool calls)."""
+    from importlib.resources import files
+
+    return files("ppo_rlhf.envs").joinpath("chatml_tools.jinja")
+
+
+def apply_chat_template_file(tokenizer, path: str | None) -> None:
+    """--chat-template-file: the tokenizer formats with that template from now on (and is saved with it)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; no such file (a Jinja chat template)")
+    tokenizer.chat_template = file.read_text()

@@ -1,0 +1,170 @@
+"""Tools: plain Python functions the model calls by writing a tool call (docs/agents.md).
+
+A tool is a function with type hints and a docstring (Google style, an ``Args:`` line per
+parameter): its JSON schema is read from them (transformers' ``get_json_schema``, what TRL and
+the chat templates use) and rendered into the prompt by the chat template.  ``async def`` tools
+are awaited.  Everything that can go wrong with a call is the model's mistake, not the run's: a
+call that cannot be read, an unknown tool, wrong arguments, a tool that raises or runs past
+``--tool-timeout`` -- the model gets an error message as the tool's answer and the episode goes
+on, and each is counted (``tools/calls``, ``tools/errors``, ``tools/timeouts``).
+
+:class:`ToolEnvironment` is the environment of tools alone (``--tool`` without
+``--environment``): each turn's calls are run and their results are the next observation; a turn
+without a call is the model's answer and ends the episode, as in TRL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from ppo_rlhf.config import ConfigError
+from ppo_rlhf.envs.parsers import ToolCall, ToolCallParser, parse_hermes
+
+
+def tool_schema(function: Callable) -> dict:
+    """The JSON schema a chat template renders for ``function``; ConfigError naming the tool and
+    what it lacks (type hints, a docstring, a described argument)."""
+    from transformers.utils import get_json_schema
+
+    name = getattr(function, "__name__", repr(function))
+    try:
+        return get_json_schema(function)
+    except Exception as error:  # noqa: BLE001 -- transformers' parsing errors have several types
+        raise ConfigError(f"tool {name}: {error}; a tool needs a type hint on every argument and a docstring "
+                          f"describing it (Args: name: what it is), as TRL's tools do") from None
+
+
+def tool_result_text(result) -> str:
+    """A tool's return value as the content of its message: text as it is, anything else as JSON
+    where it can be (str() where it cannot)."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+@dataclass
+class ToolAnswer:
+    message: dict  # {"role": "tool", "name": ..., "content": ...}
+    outcome: str  # ok | error | timeout
+
+
+class ToolBox:
+    """Named tools, each call run in a thread of its own that may take ``timeout`` seconds.
+
+    A call past its time is answered with an error and left to finish in the background (a
+    thread cannot be stopped from outside; it holds no lock of the run's)."""
+
+    def __init__(self, functions: list[Callable], timeout: float):
+        self.functions = {}
+        for function in functions:
+            name = getattr(function, "__name__", None)
+            if not callable(function) or not name:
+                raise ConfigError(f"a tool must be a named function, got {function!r:.80}")
+            if name in self.functions:
+                raise ConfigError(f"two tools are named {name}: a tool call names the tool, so names must differ")
+            self.functions[name] = function
+        self.schemas = [tool_schema(function) for function in self.functions.values()]
+        self.timeout = timeout
+
+    def __bool__(self) -> bool:
+        return bool(self.functions)
+
+    def answer(self, call: ToolCall) -> ToolAnswer:
+        """Run one parsed call; the tool message the model reads next, and how it went."""
+        name = call.name or "unknown"
+        if call.error is not None:
+            return self.error(name, call.error)
+        function = self.functions.get(call.name)
+        if function is None:
+            return self.error(name, f"there is no tool named {call.name!r}; the tools are {', '.join(self.functions)}")
+        try:
+            inspect.signature(function).bind(**call.arguments)
+        except TypeError as error:
+            return self.error(name, f"wrong arguments for {call.name}: {error}")
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                result = function(**call.arguments)
+                if inspect.isawaitable(result):
+                    result = asyncio.run(result)
+                outcome["result"] = result
+            except BaseException as error:  # noqa: BLE001 -- a tool's exception is its answer to the model
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, daemon=True, name=f"tool-{name}")
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            return ToolAnswer(tool_message(name, f"Error: {name} did not answer within {self.timeout:g} seconds"),
+                              "timeout")
+        if "error" in outcome:
+            error = outcome["error"]
+            return self.error(name, f"{name} raised {type(error).__name__}: {error}")
+        return ToolAnswer(tool_message(name, tool_result_text(outcome["result"])), "ok")
+
+    @staticmethod
+    def error(name: str, text: str) -> ToolAnswer:
+        return ToolAnswer(tool_message(name, f"Error: {text}"), "error")
+
+
+def tool_message(name: str, content: str) -> dict:
+    return {"role": "tool", "name": name, "content": content}
+
+
+class ToolUse:
+    """The part of an environment that reads a turn's tool calls and answers them: shared by the
+    environment of tools alone and by TRL's environment classes (envs/trl.py)."""
+
+    def __init__(self, toolbox: ToolBox, parser: ToolCallParser = parse_hermes):
+        self.toolbox, self.parser = toolbox, parser
+        self.tool_stats: Counter = Counter()  # calls, errors, timeouts of the current episode
+        self.tool_log: list[dict] = []  # each call and its answer, for --save-rollouts
+
+    @property
+    def tools(self) -> list[dict]:
+        return self.toolbox.schemas
+
+    def start_episode(self) -> None:
+        self.tool_stats, self.tool_log = Counter(), []
+
+    def answer_calls(self, text: str) -> list[dict] | None:
+        """The tool messages answering every call in ``text``; None when it makes no call."""
+        calls = self.parser(text)
+        if not calls:
+            return None
+        messages = []
+        for call in calls:
+            answer = self.toolbox.answer(call)
+            self.tool_stats["calls"] += 1
+            if answer.outcome != "ok":
+                self.tool_stats[answer.outcome + "s"] += 1  # errors, timeouts
+            self.tool_log.append({"name": call.name, "arguments": call.arguments, "text": call.text,
+                                  "result": answer.message["content"], "outcome": answer.outcome})
+            messages.append(answer.message)
+        return messages
+
+
+class ToolEnvironment(ToolUse):
+    """``--tool`` alone: the row's prompt, then the model's turns and the tools' answers, until a
+    turn calls no tool (the model's answer).  No reward of its own: the run's reward functions
+    score the episode."""
+
+    name = "tools"
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[None, dict]:
+        self.start_episode()
+        return None, {}
+
+    def step(self, action: str) -> tuple[list[dict] | None, float, bool, bool, dict]:
+        answers = self.answer_calls(action)
+        return answers, 0.0, answers is None, False, {}

@@ -1,0 +1,77 @@
+"""User code loaded by name: ``package.module:function`` or ``path/file.py:function`` -- reward
+functions, tools, environments, tool parsers -- one way for all of them (docs/design.md, "Rewards")."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from ppo_rlhf.config import ConfigError
+
+
+def import_module(module_name: str):
+    """A module by dotted name, or a ``.py`` file by path.
+
+    The current folder is searched too (after everything else), as ``python -m`` would: the
+    ``ppo-rlhf`` console script does not put it on ``sys.path``, and a reward module sitting
+    beside the data is the common case.
+    """
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ImportError(f"no file {path}")
+        name = _file_module_name(path)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # so what it defines can be pickled and found again
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        cwd = os.getcwd()
+        if error.name != module_name.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(module_name)
+
+
+def _file_module_name(path: Path) -> str:
+    """The name a user's file is registered under in ``sys.modules``: its stem, unless that names
+    another module (``json.py``, ``torch.py``): then a name of its own, so that the real module is
+    not replaced for everything imported after it (docs/design.md, "Rewards")."""
+    name = path.stem
+    other = sys.modules.get(name)
+    if other is None:
+        try:
+            other = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            other = None
+    if other is None:
+        return name
+    origin = getattr(other, "__file__", None) or getattr(other, "origin", None)
+    if origin and os.path.exists(origin) and Path(origin).resolve() == path.resolve():
+        return name  # the same file, loaded again
+    return f"ppo_rlhf_reward_file_{name}"
+
+
+def load_function(dotted_path: str, what: str = "reward function"):
+    """``package.module:function``, ``package.module.function`` or ``path/file.py:function`` -> the
+    function (or class: anything callable); ``what`` names it in the errors."""
+    module_name, sep, attribute = dotted_path.rpartition(":")
+    if not sep:
+        module_name, _, attribute = dotted_path.rpartition(".")
+    if not module_name or not attribute:
+        raise ConfigError(f"{what} must look like 'package.module:function', got {dotted_path!r}")
+    try:
+        module = import_module(module_name)
+    except Exception as error:  # noqa: BLE001 -- whatever the user's module raises on import, named
+        raise ConfigError(f"cannot import module {module_name!r} for {what} {dotted_path!r}: "
+                          f"{type(error).__name__}: {error}") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"{module_name!r} has no function {attribute!r} ({what} {dotted_path!r})")
+    return function

@@ -1,0 +1,387 @@
+"""Multi-turn episodes (docs/agents.md): token in, token out; the loss mask; limits; tools and
+their errors; TRL's environment classes; gymnasium environments in text; the trainer on episodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.envs import environment_source
+from ppo_rlhf.envs.options import check_template_renders_tools, tool_template_path
+from ppo_rlhf.envs.parsers import ToolCall, parse_hermes
+from ppo_rlhf.envs.tools import ToolBox, ToolEnvironment
+from ppo_rlhf.rollout.episodes import ChatContinuation, EpisodeLimits, episode_seeds, roll_out
+from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.runlog import read_metrics
+from ppo_rlhf.trainers.ppo import PPOTrainer
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+from toy_envs import Counter, LetterGame, add, divide, sleepy
+from zoo import PROMPTS, THREADS, run, run_failing, same_actor_as_straight_run, write_jsonl
+
+TEMPLATE = str(tool_template_path())
+# The zoo's models have 128 positions: prompt and episode fit in them.
+BUDGET = ["--batch-size", 4, "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 128,
+          "--eval-every", 0, "--save-every", 0, "--sample-every", 0, *THREADS]
+
+
+@pytest.fixture(scope="module")
+def qwen(zoo):
+    """The zoo's ChatML model (<|im_start|> / <|im_end|>), its tokenizer and the shipped tool template."""
+    tokenizer = AutoTokenizer.from_pretrained(zoo["qwen2"])
+    tokenizer.chat_template = tool_template_path().read_text()
+    return AutoModelForCausalLM.from_pretrained(zoo["qwen2"]), tokenizer
+
+
+class Scripted:
+    """A Generator that writes given token ids, turn after turn (each call: one list per row)."""
+
+    def __init__(self, turns: list[list[list[int]]], stop_ids: list[int], pad: int):
+        self.turns, self.stop_token_ids, self.pad = list(turns), stop_ids, pad
+        self.contexts = []  # the ids each call was asked to continue
+
+    def generate(self, model, prompt_ids, prompt_mask):
+        self.contexts.append([ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)])
+        rows = self.turns.pop(0)
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [self.pad] * (width - len(r)) for r in rows])
+        return ids, torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+
+
+def always_call(name: str, arguments: dict):
+    """A parser that reads one call of ``name`` in every turn (tiny models write none of their own)."""
+    return lambda text: [ToolCall(name, arguments, text=text)]
+
+
+# ---------------------------------------------------------------- token in, token out
+def test_the_tokens_trained_on_are_the_tokens_sampled_even_where_text_would_re_encode_otherwise(qwen):
+    model, tokenizer = qwen
+    # The model writes "good" one character at a time: decoded and encoded again, the text
+    # becomes other ids (the BPE merges it), so a rollout that re-tokenized would train on tokens
+    # the model never sampled.
+    letters = [tokenizer.convert_tokens_to_ids(c) for c in "good"]
+    assert tokenizer("good", add_special_tokens=False)["input_ids"] != letters
+    stop = tokenizer.eos_token_id
+    turns = [[letters + [stop]], [letters[::-1] + [stop]]]
+    generator = Scripted(turns, [stop], tokenizer.pad_token_id)
+    source = environment_source(tools=[add], tool_parser=lambda text: [ToolCall("add", {"a": 1, "b": 2})]
+                                if len(text) and text == "good" else [])
+    episodes = roll_out(model, tokenizer, generator, [{"prompt": "hello"}], ["hello"],
+                        EpisodeLimits(128, 400, max_turns=4, chat_template=True), source)
+    sequences = episodes.sequences
+    ids, loss_mask = sequences.response_ids[0].tolist(), sequences.loss_mask[0].tolist()
+    model_ids = [token for token, own in zip(ids, loss_mask) if own]
+    assert model_ids == letters + [stop] + letters[::-1] + [stop]  # exactly what was sampled, both turns
+    assert episodes.turns == [2] and episodes.conversations[0][1] == {"role": "tool", "name": "add", "content": "3"}
+    # The second turn continued from the first turn's own ids, then the template's answer.
+    second_context = generator.contexts[1][0]
+    prompt = sequences.prompt_ids[0][sequences.prompt_mask[0].bool()].tolist()
+    assert second_context[:len(prompt) + 5] == prompt + letters + [stop]
+    answer = tokenizer.decode([token for token, own in zip(ids, loss_mask) if not own and token != tokenizer.pad_token_id])
+    assert answer == "\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_turn_cut_by_its_token_limit_is_closed_as_the_template_closes_a_turn(qwen):
+    model, tokenizer = qwen
+    continuation = ChatContinuation(tokenizer, None)
+    assert continuation.turn_end == "<|im_end|>\n"
+    answer = [{"role": "user", "content": "again"}]
+    stopped = tokenizer.decode(continuation.ids(answer, tokenizer.eos_token_id, stopped=True))
+    cut = tokenizer.decode(continuation.ids(answer, 5, stopped=False))
+    assert stopped == "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
+    assert cut == "<|im_end|>" + stopped  # the turn the model left open is closed first
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(qwen):
+    _, tokenizer = qwen
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    # A template that writes only the last message: what came before changes as messages follow.
+    tokenizer.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
+    with pytest.raises(ValueError, match="renders an assistant turn differently"):
+        ChatContinuation(tokenizer, None).ids([{"role": "user", "content": "x"}], None, stopped=False)
+
+
+# ---------------------------------------------------------------- limits
+@pytest.mark.parametrize("limit, expected_turns, truncated", [
+    (dict(max_turns=2), 2, True),  # the turn limit: the episode is cut short
+    (dict(max_turns=8, max_episode_tokens="two turns"), 2, True),  # the token budget: no room for a third turn
+    (dict(max_turns=8), 3, False),  # the environment ends it (2 calls of the add tool, then an answer)
+], ids=["max-turns", "max-episode-tokens", "environment"])
+def test_an_episode_ends_at_each_limit(qwen, limit, expected_turns, truncated):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    turns = [[[7, 8, stop]]] * 8
+    if limit.get("max_episode_tokens") == "two turns":  # two turns and one answer fit, not another answer
+        answer = ChatContinuation(tokenizer, ToolBox([add], 1.0).schemas).ids(
+            [{"role": "tool", "name": "add", "content": "2"}], stop, stopped=True)
+        limit = {**limit, "max_episode_tokens": 3 + len(answer) + 3 + 2}
+    calls = iter([True, True, False, False, False, False, False, False])
+    source = environment_source(tools=[add], tool_parser=lambda text: [ToolCall("add", {"a": 1, "b": 1})]
+                                if next(calls) else [])
+    limits = EpisodeLimits(128, 400, chat_template=True, **limit)
+    episodes = roll_out(model, tokenizer, Scripted(turns, [stop], tokenizer.pad_token_id), [{"prompt": "hi"}], ["hi"],
+                        limits, source)
+    assert episodes.turns == [expected_turns] and episodes.truncated == [truncated]
+    assert (episodes.sequences.response_mask.sum().item() <= limit["max_episode_tokens"]
+            if "max_episode_tokens" in limit else True)
+    # Every episode ends with the model's own turn: what the environment said last is not kept.
+    assert episodes.sequences.loss_mask[0, episodes.sequences.response_mask[0].sum() - 1] == 1
+
+
+def test_a_turn_past_the_token_budget_is_cut_and_counted_truncated(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    source = environment_source(tools=[add], tool_parser=lambda text: [])
+    episodes = roll_out(model, tokenizer, Scripted([[[5] * 12 + [stop]]], [stop], tokenizer.pad_token_id),
+                        [{"prompt": "hi"}], ["hi"], EpisodeLimits(128, 400, 4, 8, True), source)
+    assert episodes.sequences.response_mask.sum().item() == 8 and episodes.truncated == [True]
+    assert episodes.finished == [False]  # cut before its stop id
+
+
+# ---------------------------------------------------------------- tools and their errors
+def test_hermes_tool_calls_are_read_from_the_text():
+    calls = parse_hermes('think <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> and '
+                         '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}\n</tool_call>')
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("add", {"a": 1, "b": 2}, None),
+                                                              ("add", {"a": 3, "b": 4}, None)]
+    assert parse_hermes("no call here") == []
+    assert parse_hermes('<tool_call>{"name": "add", "arguments": {"a": 1}')[0].error is not None  # cut: broken JSON
+
+
+@pytest.mark.parametrize("text, outcome, says", [
+    ('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "ok", "5"),
+    ('<tool_call>{"name": "add", "arguments": {"a": 2,</tool_call>', "errors", "not valid JSON"),
+    ('<tool_call>["add"]</tool_call>', "errors", "a tool call is a JSON object"),
+    ('<tool_call>{"name": "mul", "arguments": {}}</tool_call>', "errors", "there is no tool named 'mul'"),
+    ('<tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>', "errors", "wrong arguments for add"),
+    ('<tool_call>{"name": "divide", "arguments": {"a": 1, "b": 0}}</tool_call>', "errors",
+     "divide raised ZeroDivisionError"),
+    ('<tool_call>{"name": "sleepy", "arguments": {"seconds": 5}}</tool_call>', "timeouts", "did not answer within"),
+], ids=["ok", "broken-json", "not-an-object", "unknown-tool", "wrong-arguments", "raises", "timeout"])
+def test_every_tool_call_error_is_told_to_the_model_and_counted(text, outcome, says):
+    environment = ToolEnvironment(ToolBox([add, divide, sleepy], timeout=0.2), parse_hermes)
+    environment.reset(seed=0, options={})
+    observation, reward, terminated, truncated, _ = environment.step(text)
+    assert not terminated and observation[0]["role"] == "tool" and says in observation[0]["content"]
+    assert environment.tool_stats["calls"] == 1
+    assert environment.tool_stats.get("errors", 0) == (outcome == "errors")
+    assert environment.tool_stats.get("timeouts", 0) == (outcome == "timeouts")
+    assert environment.tool_log[0]["outcome"] == {"ok": "ok", "errors": "error", "timeouts": "timeout"}[outcome]
+    # A turn without a call is the answer: the episode ends.
+    assert environment.step("the answer is 5")[2] is True
+
+
+# ---------------------------------------------------------------- TRL's environment classes and gymnasium
+def test_a_trl_environment_class_runs_unchanged(qwen):
+    model, tokenizer = qwen
+    source = environment_source("toy_envs:Counter", tool_parser=always_call("increment", {"by": 1}))
+    assert [t["function"]["name"] for t in source.tools] == ["increment"]
+    stop = tokenizer.eos_token_id
+    episodes = roll_out(model, tokenizer, Scripted([[[5, stop]] * 2] * 3, [stop], tokenizer.pad_token_id),
+                        [{"prompt": "go", "target": 2}, {"prompt": "go", "target": 3}], ["go", "go"],
+                        EpisodeLimits(128, 400, max_turns=3, chat_template=True), source)
+    # reset() got each row's own target and its string was appended to the prompt; get_reward() scored the end.
+    assert [p[-1]["content"] for p in episodes.prompts] == ["go (count to 2)", "go (count to 3)"]
+    assert episodes.episode_rewards == [0.0, 1.0]  # three increments: right for target 3 only
+    assert [c[1]["content"] for c in episodes.conversations] == ["1", "1"]
+
+
+def test_frozen_lake_is_played_by_its_action_names(qwen):
+    source = environment_source("gym:FrozenLake-v1", environment_config="is_slippery=false")
+    environment = source.environments(1)[0]
+    assert environment.action_names == ["left", "down", "right", "up"]
+    # A row's own map: 2x2, the goal right of the start.
+    observation, _ = environment.reset(seed=0, options={"desc": ["SG", "FF"]})
+    assert "left, down, right, up" in observation and "SG" in observation.replace("\x1b[41m", "").replace("\x1b[0m", "")
+    assert environment.step("I go nowhere")[:4] == (
+        "That is not an action. Answer with one of: left, down, right, up.", 0.0, False, False)
+    _, reward, terminated, _, _ = environment.step("Right!")
+    assert reward == 1.0 and terminated and environment.tool_stats["invalid_actions"] == 1
+
+
+@pytest.mark.parametrize("environment, says", [
+    ("toy_envs:NoReset", "has no reset()"),
+    ("toy_envs:no_docstring", "cannot be made with no arguments"),
+    ("gym:CartPole-v1", "have no names ppo-rlhf knows"),
+    ("gym:Pendulum-v1", "not a discrete set"),
+    ("gym:NoSuchGame-v0", "gym:NoSuchGame-v0"),
+], ids=["no-reset", "a-function-that-makes-no-environment", "unnamed-actions", "continuous-actions", "unknown-id"])
+def test_an_environment_that_cannot_play_is_refused_at_start(environment, says):
+    with pytest.raises(ConfigError, match=says):
+        environment_source(environment)
+
+
+@pytest.mark.parametrize("tool, says", [("toy_envs:no_hints", "type hint"), ("toy_envs:no_docstring", "docstring")])
+def test_a_tool_without_type_hints_or_docstring_is_refused_by_name(tool, says):
+    with pytest.raises(ConfigError, match=f"tool {tool.split(':')[1]}:.*{says}"):
+        environment_source(tools=[tool])
+
+
+def test_a_chat_template_that_cannot_show_tools_is_refused_saying_how_to_give_one(zoo):
+    tokenizer = AutoTokenizer.from_pretrained(zoo["qwen2"])  # the zoo's plain ChatML: no tools
+    schemas = ToolBox([add], 1.0).schemas
+    with pytest.raises(ConfigError, match="does not list the tools.*--chat-template-file"):
+        check_template_renders_tools(tokenizer, schemas, "the zoo model")
+    tokenizer.chat_template = tool_template_path().read_text()
+    check_template_renders_tools(tokenizer, schemas, "the zoo model")
+
+
+# ---------------------------------------------------------------- the trainer on episodes
+def letter_game_config(zoo, tmp_path, *extra) -> list:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    return ["ppo", "--model", zoo["qwen2"], "--prompts", prompts, "--environment", "toy_envs:LetterGame",
+            "--out", tmp_path / "run", *BUDGET, *extra]
+
+
+def test_the_environments_tokens_get_no_gradient(zoo):
+    """The final hidden state at a position feeds only that position's logits and value, so a
+    gradient there means some loss (policy, KL, entropy, value) reached an environment token."""
+    config = build_config(PPOConfig, {"model": str(zoo["qwen2"]), "environment": "toy_envs:LetterGame",
+                                      "estimator": "gae", "kl_in": "loss", "kl_coef": 0.5, "entropy_coef": 0.1,
+                                      "batch_size": 4, "mini_batch_size": 4, "max_new_tokens": 6, "max_length": 128,
+                                      "num_threads": 1, "out": "unused"})
+    trainer = PPOTrainer(config, model=AutoModelForCausalLM.from_pretrained(zoo["qwen2"]),
+                         tokenizer=AutoTokenizer.from_pretrained(zoo["qwen2"]))
+    experience, _ = trainer.make_experience([{"prompt": p} for p in PROMPTS[:4]])
+    loss_mask, response_mask = experience.sequences.loss_mask, experience.sequences.response_mask
+    environment_tokens = response_mask.bool() & ~loss_mask.bool()
+    assert environment_tokens.sum() > 10  # the environment spoke between the turns
+    caught = []
+    hook = trainer.actor.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: caught.append(args[0]) or args[0].retain_grad())
+    trainer.actor.train()
+    trainer.accumulate_gradients(experience, torch.arange(4), warming_up=False)
+    hook.remove()
+    hidden_grad = caught[0].grad[:, :-1]  # (B, T, H): the positions that predict response tokens
+    assert hidden_grad[environment_tokens].abs().max() == 0
+    assert hidden_grad[loss_mask.bool()].abs().max() > 0
+
+
+def test_ppo_on_episodes_logs_them_and_saves_what_happened(zoo, tmp_path, capsys):
+    run(letter_game_config(zoo, tmp_path, "--iterations", 2, "--save-rollouts", 2, "--sample-every", 1,
+                           "--turn-rewards", "per-turn"))
+    printed = capsys.readouterr().out
+    assert "episodes:  environment toy_envs:LetterGame" in printed and "[user] again, with more" in printed
+    last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert last["episode/turns"] == 2.0 and last["episode/tokens"] > last["response_length"]
+    assert {"episode/truncated", "tools/calls", "reward/environment"} <= set(last)
+    assert not (tmp_path / "run" / "rollouts" / "iteration_0001.jsonl").exists()
+    records = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "iteration_0002.jsonl").open()]
+    assert len(records) == 4
+    record = records[0]
+    assert [m["role"] for m in record["messages"]] == ["assistant", "user", "assistant"]
+    assert len(record["loss_mask"]) == len(record["response_ids"]) and 0 in record["loss_mask"]
+    assert record["turn_rewards"] == [float(min(m["content"].count("e"), 8)) for m in record["messages"][::2]]
+
+
+def test_per_turn_rewards_land_on_each_turns_last_token(zoo):
+    config = build_config(PPOConfig, {"model": str(zoo["qwen2"]), "environment": "toy_envs:LetterGame",
+                                      "turn_rewards": "per-turn", "batch_size": 4, "mini_batch_size": 4,
+                                      "max_new_tokens": 6, "max_length": 128, "num_threads": 1, "out": "unused",
+                                      "kl_coef": 0.0})
+    trainer = PPOTrainer(config, model=AutoModelForCausalLM.from_pretrained(zoo["qwen2"]),
+                         tokenizer=AutoTokenizer.from_pretrained(zoo["qwen2"]))
+    rows = [{"prompt": p} for p in PROMPTS[:4]]
+    rollout = trainer.roll_out(rows, {"time/generate": 0.0, "time/score": 0.0})
+    episodes = rollout.episodes
+    for row in range(4):
+        expected = torch.zeros_like(rollout.turn_rewards[row])
+        for end, reward in zip(episodes.turn_ends[row], episodes.step_rewards[row]):
+            expected[end] = reward
+        assert torch.equal(rollout.turn_rewards[row], expected)
+        assert rollout.scores[row] == 0  # nothing left for the episode's end
+        assert rollout.raw_scores[row] == sum(episodes.step_rewards[row])
+
+
+@pytest.mark.parametrize("extra", [
+    ["--estimator", "grpo", "--samples-per-prompt", 2],
+    ["--estimator", "rloo", "--samples-per-prompt", 2, "--dynamic-sampling"],
+    ["--estimator", "remax"],
+    ["--rollout-micro-batch-size", 1, "--train-micro-batch-size", 1],
+    ["--lora", "--critic", "lora"],
+], ids=["grpo", "dynamic-sampling", "remax", "micro-batches", "lora"])
+def test_episodes_run_with_each_estimator_and_option(zoo, tmp_path, extra):
+    run(letter_game_config(zoo, tmp_path, "--iterations", 1, *extra))
+    assert read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["episode/turns"] == 2.0
+
+
+def test_a_run_on_episodes_resumes_to_the_weights_of_a_straight_run(zoo, tmp_path):
+    run(letter_game_config(zoo, tmp_path / "straight", "--iterations", 3, "--save-every", 1))
+    run(letter_game_config(zoo, tmp_path / "resumed", "--iterations", 2, "--save-every", 1))
+    run(letter_game_config(zoo, tmp_path / "resumed", "--iterations", 3, "--save-every", 1, "--resume"))
+    same_actor_as_straight_run(tmp_path / "straight" / "run", tmp_path / "resumed" / "run", zoo["qwen2"])
+
+
+def test_an_environment_that_raises_stops_the_run_naming_it_and_the_row(zoo, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", zoo["qwen2"], "--prompts", prompts, "--environment", "toy_envs:RaisingStep",
+                       "--out", tmp_path / "run", "--iterations", 2, *BUDGET], capsys)
+    assert "environment RaisingStep: step() raised KeyError" in err and "prompts.jsonl:" in err
+    assert "--resume" in err and "Traceback" not in err
+
+
+def test_tools_from_python_and_the_shipped_template(zoo, tmp_path):
+    def doubled(prompts, responses, conversations, environments):
+        assert all(c[0]["role"] == "assistant" for c in conversations) and len(environments) == len(responses)
+        return [float(len(r) % 3) for r in responses]
+
+    config = PPOConfig(model=str(zoo["qwen2"]), prompts=str(write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
+                                                                                              PROMPTS])),
+                       chat_template_file=TEMPLATE, out=str(tmp_path / "api"), iterations=1, batch_size=4,
+                       mini_batch_size=2, max_new_tokens=6, max_length=128, eval_every=0, save_every=0, num_threads=1)
+    summary = PPOTrainer(config, reward=doubled, tools=[add]).train()
+    assert summary["iterations"] == 1
+    saved = AutoTokenizer.from_pretrained(Path(summary["checkpoints"]["actor"]))
+    assert saved.chat_template == tool_template_path().read_text()  # the template trained with goes with the model
+
+
+def test_episode_seeds_follow_the_prompt_group_and_the_batch_place():
+    one_process = episode_seeds(0, 3, 1, 0, 4, 2)
+    assert one_process[0] == one_process[1] and one_process[0] != one_process[2]  # a group shares its start
+    assert episode_seeds(0, 3, 1, 2, 2, 2) == one_process[4:]  # a second process's half is the same
+    assert episode_seeds(0, 4, 1, 0, 4, 2) != one_process  # another iteration, other episodes
+
+
+GAME = {"environment": "toy_envs:LetterGame"}
+
+
+@pytest.mark.parametrize("values, says", [
+    ({**GAME, "max_turns": 0}, "'max_turns'.*> 0"),
+    ({"max_turns": 3}, "'max_turns'.*left out without --environment or --tool"),
+    ({**GAME, "action_names": ["a"]}, "'action_names'.*left out without --environment gym:ID"),
+    ({**GAME, "turn_rewards": "per-turn", "estimator": "grpo", "samples_per_prompt": 2}, "gae or reinforce\\+\\+"),
+    ({**GAME, "environment_config": "is_slippery"}, "key=value"),
+    ({**GAME, "max_episode_tokens": 256}, "'max_episode_tokens'.*< max_length"),
+], ids=["zero-turns", "turns-without-environment", "action-names-off-gym", "per-turn-with-a-group", "config",
+        "episode-longer-than-max-length"])
+def test_episode_options_are_checked_at_start(values, says):
+    with pytest.raises(ConfigError, match=says):
+        build_config(PPOConfig, values)
+
+
+@pytest.mark.learning
+@pytest.mark.slow
+def test_a_tiny_models_score_on_a_two_turn_game_rises(tmp_path, monkeypatch, learning_seed, record_outcome):
+    """A user's random tiny model (tests/test_default_learning.py's, with ChatML tokens) plays
+    LetterGame: two turns, each paid the number of 'e's it writes; the README's defaults (PPO with
+    a critic), per-turn rewards."""
+    from test_default_learning import users_tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    users_tiny_model(tmp_path / "DIR", learning_seed, arch="qwen2")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    run(["ppo", "--model", "DIR", "--prompts", "prompts.jsonl", "--environment", "toy_envs:LetterGame",
+         "--turn-rewards", "per-turn", "--max-new-tokens", 24, "--iterations", ITERATIONS, "--seed", learning_seed,
+         "--out", "runs/game", "--num-threads", 1])
+    scores = [row["score"] for row in read_metrics(tmp_path / "runs" / "game" / "metrics.jsonl") if "score" in row]
+    first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
+    record_outcome("last_over_first", last / first)
+    assert last > 1.5 * first, (first, last, scores)
+
+
+ITERATIONS = 20

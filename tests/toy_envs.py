@@ -1,0 +1,101 @@
+"""Toy environments and tools for the multi-turn tests (tests/test_episodes.py): each of the
+shapes a user gives -- plain tools, a TRL environment_factory class, a gymnasium text environment --
+and the broken ones a user might write."""
+
+from __future__ import annotations
+
+import time
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def divide(a: float, b: float) -> float:
+    """Divide a by b.
+
+    Args:
+        a: the dividend
+        b: the divisor
+    """
+    return a / b  # b = 0 raises: the model is told, the episode goes on
+
+
+def sleepy(seconds: float) -> str:
+    """Sleep, then answer.
+
+    Args:
+        seconds: how long to sleep
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+def no_hints(a, b):
+    """Adds without type hints."""
+    return a + b
+
+
+def no_docstring(a: int) -> int:
+    return a
+
+
+class Counter:
+    """TRL's environment_factory shape: reset() given the row's columns it names, public methods
+    are tools, get_reward() scores the finished episode."""
+
+    def __init__(self):
+        self.count = 0
+        self.target = 0
+
+    def reset(self, target: int = 2, **kwargs) -> str:
+        self.count, self.target = 0, int(target)
+        return f" (count to {self.target})"
+
+    def increment(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        self.count += by
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count == self.target)
+
+
+class LetterGame:
+    """gymnasium's protocol in text: two turns; each turn pays the number of times the model writes
+    the letter 'e' (at most 8).  What the environment says between the turns is long, so a loss on
+    its tokens would show."""
+
+    def __init__(self, turns: int = 2):
+        self.turns = turns
+        self.turn = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.turn = 0
+        return None, {}  # the row's prompt as it is
+
+    def step(self, action: str):
+        self.turn += 1
+        reward = float(min(action.count("e"), 8))
+        done = self.turn >= self.turns
+        return (None if done else "again, with more of them please"), reward, done, False, {}
+
+
+class RaisingStep(LetterGame):
+    def step(self, action: str):
+        raise KeyError("the board")
+
+
+class NoReset:
+    def step(self, action):  # gymnasium's step without a reset
+        return None, 0.0, True, False, {}
