@@ -22,13 +22,13 @@ from test_readme import readme_commands
 from zoo import PROMPTS, make_tokenizer, run, write_jsonl
 
 
-def users_tiny_model(folder, seed: int = 0, arch: str = "llama") -> None:
+def users_tiny_model(folder, seed: int = 0, arch: str = "llama", positions: int = 512) -> None:
     """``arch`` llama, or qwen2 for a tokenizer with ChatML's turn tokens (the episode tests')."""
     tokenizer = make_tokenizer(arch)
     torch.manual_seed(seed)
     config_class = LlamaConfig if arch == "llama" else Qwen2Config
     config = config_class(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                           bos_token_id=tokenizer.bos_token_id)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)

@@ -99,6 +99,47 @@ def test_two_processes_train_like_one(sft_model, tmp_path, variant):
     assert state["trainer"]["iteration"] == 10
 
 
+def test_two_processes_keep_each_episode_with_its_row_and_train_like_one(tmp_path):
+    """Episodes (docs/agents.md) of TRL's environment shape, K = 2 samples of each row: each row's
+    reset() appends its own target to the prompt, and its get_reward() pays reaching it.  Greedy,
+    so a process draws what one process would; the saved rollouts must be the same, row for row."""
+    from test_default_learning import users_tiny_model
+
+    # The tool template's prompt is ~470 tokens in the tiny vocabulary: room for it and two turns.
+    users_tiny_model(tmp_path / "model", arch="qwen2", positions=1024)
+    toy = Path(__file__).parent / "toy_envs.py"
+    rows = [{"prompt": f"count {i}", "target": 1 + i % 2} for i in range(8)]
+    prompts = tmp_path / "rows.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["ppo", "--model", tmp_path / "model", "--prompts", prompts, "--environment", f"{toy}:Counter",
+            "--tool-parser", f"{toy}:calls_increment", "--chat-template-file", tool_template(), "--max-turns", 2,
+            "--estimator", "reinforce++", "--samples-per-prompt", 2, "--batch-size", 8, "--mini-batch-size", 4,
+            "--ppo-epochs", 1, "--max-new-tokens", 4, "--max-length", 1024, "--no-do-sample", "--lr", 1e-3, "--adam-eps", 1e-5,
+            "--iterations", 2, "--save-rollouts", 1, "--eval-every", 0, "--save-every", 0, "--num-threads", 1]
+    assert main([str(a) for a in args + ["--out", tmp_path / "one"]]) == 0
+    result = launch(args + ["--out", tmp_path / "two"], processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for iteration in (1, 2):
+        name = f"rollouts/iteration_{iteration:04d}.jsonl"
+        one = [json.loads(line) for line in (tmp_path / "one" / name).read_text().splitlines()]
+        two = [json.loads(line) for line in (tmp_path / "two" / name).read_text().splitlines()]
+        assert [r["prompt"] for r in two] == [r["prompt"] for r in one]
+        assert [r["response_ids"] for r in two] == [r["response_ids"] for r in one]
+        for record in two:  # each episode played its own row: its target in its prompt, its reward by it
+            target = int(record["prompt"][-1]["content"].split("count to ")[1].rstrip(")"))
+            assert record["turns"] == 2 and record["episode_reward"] == float(target == 2)
+    a, b = (weights(tmp_path / run / "checkpoints" / "actor") for run in ("one", "two"))
+    differences = {k: (a[k] - b[k]).abs().max().item() for k in a}
+    print(sorted(differences.items(), key=lambda kv: -kv[1])[:5])
+    assert max(differences.values()) <= 1e-5
+
+
+def tool_template() -> str:
+    from ppo_rlhf.envs.options import tool_template_path
+
+    return str(tool_template_path())
+
+
 def test_a_resume_in_two_processes_ends_where_a_straight_run_does_and_one_process_is_refused(sft_model, tmp_path):
     straight = launch(ppo_args(sft_model, tmp_path / "straight", "--iterations", 4, "--save-every", 2), processes=2)
     assert straight.returncode == 0, straight.stderr[-3000:]

@@ -99,3 +99,11 @@ class RaisingStep(LetterGame):
 class NoReset:
     def step(self, action):  # gymnasium's step without a reset
         return None, 0.0, True, False, {}
+
+
+def calls_increment(text: str):
+    """A tool-call parser that reads one call of Counter's tool in every turn (tiny random models
+    write none), so each episode runs to --max-turns."""
+    from ppo_rlhf.envs.parsers import ToolCall
+
+    return [ToolCall("increment", {"by": 1}, text=text)]
