@@ -381,6 +381,39 @@ def test_eval_with_the_vllm_engine_answers_as_the_torch_engine(vllm_sft_model, t
 
 
 @needs_vllm
+@needs_vllm
+def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, monkeypatch):
+    """Multi-turn episodes (docs/agents.md) generate turn by turn on the engine: one call per turn,
+    the actor's weights synced once for all of them; the engine's log-probs on the model's tokens."""
+    from transformers import Qwen2Config
+
+    from ppo_rlhf.rollout import vllm_engine
+    from ppo_rlhf.runlog import read_metrics
+    from zoo import PROMPTS, write_jsonl
+
+    tokenizer = make_tokenizer("qwen2")  # ChatML turn tokens and a chat template
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    syncs, turns = [], []
+    sync, generate = vllm_engine.VLLMGenerator.sync_weights, vllm_engine.VLLMGenerator.generate
+    monkeypatch.setattr(vllm_engine.VLLMGenerator, "sync_weights", lambda self, model: syncs.append(1) or sync(self, model))
+    monkeypatch.setattr(vllm_engine.VLLMGenerator, "generate",
+                        lambda self, *args, **kwargs: turns.append(1) or generate(self, *args, **kwargs))
+    run(["ppo", "--model", tmp_path / "model", "--prompts", write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
+                                                                                            PROMPTS]),
+         "--environment", f"{Path(__file__).parent / 'toy_envs.py'}:LetterGame", "--rollout-engine", "vllm",
+         "--vllm-memory-utilization", 0.01, "--estimator", "grpo", "--samples-per-prompt", 2, "--batch-size", 4,
+         "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 128, "--iterations", 2,
+         "--eval-every", 0, "--save-every", 0, "--out", tmp_path / "run", *THREADS])
+    last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert last["episode/turns"] == 2.0 and len(turns) == 4 and len(syncs) == 2  # two turns a rollout, one sync
+    assert last["rollout/logprob_diff_max"] < LOGPROB_TOLERANCE  # read on the model's tokens only
+
+
 @pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
 def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, tmp_path, launch):
     """2 processes: each builds its own engine (vLLM's external launcher, data parallel) and rolls
