@@ -72,7 +72,7 @@ def test_the_update_trains_and_logs_as_with_a_pass_of_their_own(zoo, overrides):
     assert fast_metrics[0]["kl"] == pytest.approx(0, abs=1e-6) and fast_metrics[-1]["kl"] > 1e-4  # filled in by the update
     # Without its own pass the actor runs one forward pass less per iteration (two model calls where
     # prompts are shared: the distinct prompts, then the responses).
-    assert fast.share_prompts is slow.share_prompts is True
+    assert fast.pass_plan.share_prompts is slow.pass_plan.share_prompts is True
     assert slow_calls - fast_calls == 3 * 2
 
 

@@ -17,14 +17,15 @@ from ppo_rlhf.rollout.logprobs import (
     forward_response,
     forward_shared_prompts,
     logprobs_from_logits,
-    shared_prompts_agree,
 )
+from ppo_rlhf.rollout.passes import PassPlan, checked_plan
 from ppo_rlhf.rollout.sequences import Sequences
 from ppo_rlhf.trainers.ppo import PPOTrainer, prompt_sharing_possible
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from zoo import PROMPTS, REWARDS_MODULE, make_tokenizer
 
 PAD = 0
+SHARED = PassPlan(share_prompts=True)  # the own forward's logits, prompts shared: what these tests compare
 
 
 def grouped_sequences(vocab: int, k: int = 3, seed: int = 0) -> Sequences:
@@ -77,7 +78,7 @@ def test_the_shared_pass_gives_the_full_passs_logits_and_hidden_states(zoo, arch
     on = sequences.response_mask.bool()
     torch.testing.assert_close(shared.logits[on], whole.logits[on], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(shared.hidden[on], whole.hidden[on], rtol=1e-5, atol=1e-5)
-    assert shared_prompts_agree(model, sequences) is None
+    assert checked_plan(model, sequences, SHARED) == (SHARED, [])
 
 
 def test_a_one_token_response_needs_only_the_prompt_pass():
@@ -137,7 +138,8 @@ def test_a_cache_that_drops_positions_is_refused_and_the_check_says_why():
     first_rows, prompt_of_row = distinct_prompts(sequences)
     with torch.no_grad(), pytest.raises(PromptSharingUnsupported, match="DynamicSlidingWindowLayer"):
         forward_shared_prompts(model, sequences, first_rows, prompt_of_row)
-    assert "DynamicSlidingWindowLayer" in shared_prompts_agree(model, sequences)
+    plan, warnings = checked_plan(model, sequences, SHARED)
+    assert not plan.share_prompts and "DynamicSlidingWindowLayer" in warnings[0]
 
 
 def test_a_shared_pass_that_disagrees_is_caught_by_the_check(monkeypatch):
@@ -153,7 +155,8 @@ def test_a_shared_pass_that_disagrees_is_caught_by_the_check(monkeypatch):
         return forward(*args, position_ids=position_ids, **kwargs)
 
     monkeypatch.setattr(model, "forward", shifted_when_cached)
-    assert "differ from the full pass's" in shared_prompts_agree(model, sequences)
+    plan, warnings = checked_plan(model, sequences, SHARED)
+    assert not plan.share_prompts and "differ from the model's own padded pass" in warnings[0]
 
 
 def config_of(zoo, **overrides) -> PPOConfig:
@@ -189,7 +192,7 @@ def test_a_run_trains_as_it_does_without_sharing(zoo, overrides):
         metrics = trainer.step(rows)
         runs.append((trainer, start, metrics, len(calls)))
     (shared, start, shared_metrics, shared_calls), (whole, _, whole_metrics, whole_calls) = runs
-    assert shared.share_prompts is True and whole.share_prompts is False
+    assert shared.pass_plan.share_prompts is True and whole.pass_plan.share_prompts is False
     trained = dict(shared.actor.named_parameters())
     moved = max((trained[name] - weights).abs().max().item() for name, weights in start.items())
     assert moved > 1e-3  # it trained
@@ -205,9 +208,13 @@ def test_a_run_trains_as_it_does_without_sharing(zoo, overrides):
 
 
 def test_a_model_that_fails_the_check_trains_without_sharing_and_says_so(zoo, monkeypatch, capsys):
-    monkeypatch.setattr("ppo_rlhf.trainers.ppo.shared_prompts_agree", lambda *args: "its cache is a FancyCache")
+    def fancy(*args, **kwargs):
+        raise PromptSharingUnsupported("its cache is a FancyCache")
+
+    monkeypatch.setattr("ppo_rlhf.rollout.logprobs.forward_shared_prompts", fancy)
     trainer = PPOTrainer(config_of(zoo))
-    assert trainer.share_prompts is None  # not yet checked
+    assert trainer.pass_plan is None and trainer.wanted_pass_plan.share_prompts  # not yet checked
     trainer.step([{"prompt": p} for p in PROMPTS[:2] for _ in range(4)])
-    assert trainer.share_prompts is False
-    assert "warning: --share-prompts is off for this run: its cache is a FancyCache" in capsys.readouterr().out
+    assert trainer.pass_plan.share_prompts is False
+    assert ("warning: --share-prompts off for this run (--no-share-prompts): its cache is a FancyCache"
+            in capsys.readouterr().out)

@@ -8,6 +8,7 @@ import torch
 
 from ppo_rlhf.core.logprobs import token_logprobs
 from ppo_rlhf.rollout.generation import cache_of
+from ppo_rlhf.rollout.packing import PackedBatch, pack, padded_tokens
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
 
@@ -25,7 +26,7 @@ def output_layer(model) -> torch.nn.Module:
 
 @dataclass
 class ResponseForward:
-    logits: torch.Tensor  # (B, T, V) float32, already divided by the temperature
+    logits: torch.Tensor | None  # (B, T, V) float32, already divided by the temperature; None: fused (hidden only)
     hidden: torch.Tensor  # (B, T, H) input of the output layer at the positions that predict each response token
 
 
@@ -33,8 +34,8 @@ class PromptSharingUnsupported(RuntimeError):
     """The model's forward cannot continue from a cache of shared prompts (see forward_shared_prompts)."""
 
 
-def forward_response(model, sequences: Sequences, temperature: float = 1.0, share_prompts: bool = False
-                     ) -> ResponseForward:
+def forward_response(model, sequences: Sequences, temperature: float = 1.0, share_prompts: bool = False,
+                     fused: bool = False, pack: bool = False, pad_token_id: int = 0) -> ResponseForward:
     """Run the causal LM over prompt + response; keep the positions that predict the response.
 
     The logits come from the model's own forward, the one generation samples from: some
@@ -44,23 +45,46 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0, shar
     the projection of every prompt token.  The hidden states the value head reads are what the
     output layer receives, caught on their way in: the same positions, after the final norm.
 
+    ``fused``: no logits at all (the model projects one position), only the hidden states, caught
+    as the trunk gives them; rollout/output_layer.py turns them into log-probs a chunk at a time.
     ``share_prompts``: where rows repeat a prompt (``--samples-per-prompt K``), run each distinct
     prompt once and the responses on its keys and values (:func:`forward_shared_prompts`).
+    ``pack`` (with ``fused``): rows packed end to end without padding (rollout/packing.py).  With
+    both, each call takes the layout that runs fewer positions.
     """
+    packed = pack_if_shorter(sequences, pad_token_id) if pack and fused else None
     if share_prompts and len(sequences.prompt_ids) > 1:
         first_rows, prompt_of_row = distinct_prompts(sequences)
-        if len(first_rows) < len(prompt_of_row):
-            return forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature)
+        if len(first_rows) < len(prompt_of_row) and (packed is None or shared_tokens(sequences, first_rows) < packed.tokens):
+            return forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature, fused)
+    if packed is not None:
+        with caught_hidden(model, fused=True, calls=1) as caught:
+            model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, logits_to_keep=1)
+        return ResponseForward(logits=None, hidden=packed.gather(caught[0]))
     attention_mask = sequences.attention_mask
     response_length = sequences.response_ids.shape[1]
-    with caught_output_inputs(model, calls=1) as caught:
+    with caught_hidden(model, fused, calls=1) as caught:
         out = model(
             input_ids=sequences.input_ids, attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-            logits_to_keep=response_length + 1,
+            logits_to_keep=1 if fused else response_length + 1,
         )
+    if fused:  # the trunk's every position: P-1+t predicts response token t
+        start = sequences.prompt_length - 1
+        return ResponseForward(logits=None, hidden=caught[0][:, start:start + response_length])
     # Position P-1+t predicts response token t: of the T+1 kept positions, drop the last.
     return scaled(ResponseForward(logits=out.logits[:, :-1], hidden=caught[0][:, :-1]), temperature)
+
+
+def pack_if_shorter(sequences: Sequences, pad_token_id: int) -> PackedBatch | None:
+    """The batch packed (rollout/packing.py), where that runs fewer positions than padded."""
+    packed = pack(sequences, pad_token_id)
+    return packed if packed.tokens < padded_tokens(sequences) else None
+
+
+def shared_tokens(sequences: Sequences, first_rows: torch.Tensor) -> int:
+    """The positions a pass with shared prompts runs: each distinct prompt once, every response."""
+    return len(first_rows) * sequences.prompt_length + sequences.response_ids.numel()
 
 
 def distinct_prompts(sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +97,7 @@ def distinct_prompts(sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def forward_shared_prompts(model, sequences: Sequences, first_rows: torch.Tensor, prompt_of_row: torch.Tensor,
-                           temperature: float = 1.0) -> ResponseForward:
+                           temperature: float = 1.0, fused: bool = False) -> ResponseForward:
     """forward_response's logits and hidden states with each distinct prompt run once
     (docs/design.md, "Shared prompts").
 
@@ -93,7 +117,7 @@ def forward_shared_prompts(model, sequences: Sequences, first_rows: torch.Tensor
     attention_mask = sequences.attention_mask
     positions = position_ids_from_mask(attention_mask)
     calls = 1 if response_length == 1 else 2
-    with caught_output_inputs(model, calls) as caught:
+    with caught_hidden(model, fused, calls) as caught:
         prompt_out = model(input_ids=sequences.prompt_ids[first_rows], attention_mask=sequences.prompt_mask[first_rows],
                            position_ids=positions[first_rows, :prompt_length], use_cache=True, logits_to_keep=1)
         cache_name, cache = cache_of(prompt_out)
@@ -105,50 +129,47 @@ def forward_shared_prompts(model, sequences: Sequences, first_rows: torch.Tensor
         logits = [prompt_out.logits[prompt_of_row]]
         if response_length > 1:
             response_out = model(input_ids=sequences.response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                                 position_ids=positions[:, prompt_length:-1], use_cache=True, **{cache_name: cache})
+                                 position_ids=positions[:, prompt_length:-1], use_cache=True,
+                                 logits_to_keep=1 if fused else 0, **{cache_name: cache})
             logits.append(response_out.logits)
+    if fused:  # the prompt pass's last position, then every position of the response pass
+        hidden = torch.cat([caught[0][prompt_of_row][:, -1:], *caught[1:]], dim=1)
+        return ResponseForward(logits=None, hidden=hidden)
     hidden = torch.cat([caught[0][prompt_of_row], *caught[1:]], dim=1)
     return scaled(ResponseForward(logits=torch.cat(logits, dim=1), hidden=hidden), temperature)
 
 
-def shared_prompts_agree(model, sequences: Sequences, temperature: float = 1.0) -> str | None:
-    """None where forward_shared_prompts gives this model's full-pass log-probs on ``sequences``
-    (a batch with repeated prompts), else why not.  Run once per run, before sharing is used:
-    an architecture whose forward continues from a cache differently (its own masks or
-    positions) shows here, not as a quietly wrong gradient."""
-    first_rows, prompt_of_row = distinct_prompts(sequences)
-    with torch.no_grad():
-        whole = forward_response(model, sequences, temperature)
-        try:
-            shared = forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature)
-        except PromptSharingUnsupported as why:
-            return str(why)
-    mask = sequences.loss_mask.bool()
-    tokens = sequences.response_ids
-    gap = (logprobs_from_logits(whole.logits, tokens) - logprobs_from_logits(shared.logits, tokens))[mask].abs()
-    # Rounding alone: ~1e-6 in float32, ~1e-2 in bf16; a wrong mask or position moves log-probs by ~1.
-    tolerance = 1e-3 if whole.hidden.dtype == torch.float32 else 5e-2
-    if gap.numel() and gap.mean() > tolerance:
-        return f"its log-probs differ from the full pass's by {gap.mean():.2g} on average (tolerance {tolerance:g})"
-    return None
+def trunk_of(model) -> torch.nn.Module:
+    """The model's trunk: the transformer whose last hidden state (after the final norm) the output
+    layer reads, also through a peft wrapper."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model
 
 
-class caught_output_inputs:
-    """Context: the hidden states the output layer receives, one tensor per model call (a
-    forward pre-hook); checks on exit that the model made exactly ``calls`` of them."""
+class caught_hidden:
+    """Context: one hidden-state tensor per model call -- what the output layer receives (a forward
+    pre-hook: the positions the model projects), or with ``fused`` what the trunk gives (a forward
+    hook: every position); checks on exit that the model made exactly ``calls`` of them."""
 
-    def __init__(self, model, calls: int):
-        self.layer, self.calls, self.caught = output_layer(model), calls, []
+    def __init__(self, model, fused: bool, calls: int):
+        self.layer = trunk_of(model) if fused else output_layer(model)
+        self.fused, self.calls, self.caught = fused, calls, []
         self.model_name = type(model).__name__
 
     def __enter__(self) -> list[torch.Tensor]:
-        self.hook = self.layer.register_forward_pre_hook(lambda module, args: self.caught.append(args[0]))
+        if self.fused:
+            self.hook = self.layer.register_forward_hook(
+                lambda module, args, output: self.caught.append(output.last_hidden_state if hasattr(
+                    output, "last_hidden_state") else output[0]))
+        else:
+            self.hook = self.layer.register_forward_pre_hook(lambda module, args: self.caught.append(args[0]))
         return self.caught
 
     def __exit__(self, kind, error, traceback) -> None:
         self.hook.remove()
         if kind is None and len(self.caught) != self.calls:
-            raise RuntimeError(f"{self.model_name} ran its output layer {len(self.caught)} times in {self.calls} "
+            where = "its trunk" if self.fused else "its output layer"
+            raise RuntimeError(f"{self.model_name} ran {where} {len(self.caught)} times in {self.calls} "
                                f"forward pass(es); forward_response expects once a pass")
 
 

@@ -32,7 +32,7 @@ from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, RolloutEngineOptions,
                  EnvironmentOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
-    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model")
+    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file")
 
     model: str | None = option(None, "causal LM folder to evaluate")
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.data import load_rows, prompt_check, text
+from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import completion_rows
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
@@ -47,6 +48,7 @@ def run_sft(config: SFTConfig) -> dict:
     else:
         tokenizer = task.tokenizer
         model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, dropout=config.dropout, seed=config.seed)
+    apply_chat_template_file(tokenizer, config.chat_template_file)
     check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template)
     if config.data:
         rows = load_rows(config.data, {config.prompt_field: prompt_check(config.chat_template),

@@ -31,10 +31,8 @@ from ppo_rlhf.config import ConfigError
 from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
-    entropy_from_logits,
     aggregate_loss,
     explained_variance,
-    full_kl,
     informative_groups,
     keep_masked,
     kl_penalty,
@@ -56,7 +54,7 @@ from ppo_rlhf.models import load_tokenizer
 from ppo_rlhf.models.lora import adapters_disabled
 from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
-from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits, shared_prompts_agree
+from ppo_rlhf.rollout.passes import PassPlan, ResponseStats, checked_plan, full_kl_between, response_stats
 from ppo_rlhf.rollout.episodes import Episodes, EpisodeLimits, episode_seeds, roll_out, samples_of, score_episodes
 from ppo_rlhf.rollout.sequences import Sequences, pad_columns
 from ppo_rlhf.sharding import gathered, load_whole_optimizer_state, plain, shard, sharding_from_launch, whole_optimizer_state
@@ -192,9 +190,43 @@ def environments_of(config: PPOConfig, environment=None, tools: list | None = No
                               action_names=config.action_names or None, observation_text=config.observation_text)
 
 
-def micro_batches(rows: int, size: int | None, device: torch.device) -> list[torch.Tensor]:
-    """Row indices 0..rows-1 in consecutive groups of ``size`` (None: one group of all)."""
-    return list(torch.arange(rows, device=device).split(size or rows))
+def token_micro_batches(lengths: torch.Tensor, max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:
+    """Row indices 0..B-1 in micro-batches: without a token budget, consecutive groups of
+    ``max_rows`` (None: one group of all); with one (--max-tokens-per-micro-batch), rows longest
+    first, each into the first group whose ``lengths`` (B,) still fit ``max_tokens`` (a longer row
+    alone) and that holds fewer than ``max_rows`` rows -- uneven rows then share a pass by their
+    tokens, not by their count (docs/design.md, "Long responses")."""
+    rows = len(lengths)
+    if max_tokens is None:
+        return [list(range(start, min(start + (max_rows or rows), rows))) for start in range(0, rows, max_rows or rows)]
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(rows), key=lambda r: -int(lengths[r])):
+        length = int(lengths[row])
+        target = next((g for g, left in enumerate(room) if left >= length and len(groups[g]) < (max_rows or rows)),
+                      None)
+        if target is None:
+            groups.append([row])
+            room.append(max_tokens - length)
+        else:
+            groups[target].append(row)
+            room[target] -= length
+    return [sorted(group) for group in groups]
+
+
+def split_by_tokens(index: torch.Tensor, lengths: torch.Tensor, processes: int) -> list[torch.Tensor]:
+    """A minibatch's rows ``index`` split over the processes with about equal tokens each: longest
+    first, each to the process holding the fewest so far (every process computes the same split).
+    One process: all of them, in order."""
+    if processes == 1:
+        return [index]
+    shares: list[list[int]] = [[] for _ in range(processes)]
+    tokens = [0] * processes
+    for position in sorted(range(len(index)), key=lambda i: -int(lengths[index[i]])):
+        process = min(range(processes), key=lambda p: (tokens[p], p))
+        shares[process].append(position)
+        tokens[process] += int(lengths[index[position]])
+    return [index[sorted(share)] for share in shares]
 
 
 def under_autocast(method):
@@ -308,8 +340,12 @@ class PPOTrainer(PPOLoop):
         if self.environments is not None:
             check_template_renders_tools(tokenizer, self.environments.tools, config.model or "the model")
         self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
-        # Prompt sharing: None until the first batch has checked it against the full pass.
-        self.share_prompts = None if prompt_sharing_possible(config, self.sharding) else False
+        # How the forward passes run (rollout/passes.py): what the config asks for, decided on the
+        # first batch against the model's own padded pass (None until then).
+        self.wanted_pass_plan = PassPlan(config.temperature, tokenizer.pad_token_id,
+                                         share_prompts=prompt_sharing_possible(config, self.sharding),
+                                         fused=config.fused_output_layer, pack=config.padding_free)
+        self.pass_plan: PassPlan | None = None
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
@@ -356,18 +392,20 @@ class PPOTrainer(PPOLoop):
             lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps))
 
     # ------------------------------------------------------------ forward passes
-    def policy_and_values(self, sequences: Sequences) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Response logits (B, T, V) of the actor and values (B, T) of the critic (None without one)."""
-        out = forward_response(self.actor, sequences, self.config.temperature, bool(self.share_prompts))
-        values = None if self.critic is None else self.critic.values(sequences, out.hidden)
-        return out.logits, values
+    def policy_and_values(self, sequences: Sequences) -> tuple[ResponseStats, torch.Tensor | None]:
+        """The actor's log-probs of the response tokens (and what the full KL needs) and the critic's
+        values (B, T) (None without one)."""
+        stats = response_stats(self.actor, sequences, self.pass_plan)
+        values = None if self.critic is None else self.critic.values(sequences, stats.hidden)
+        return stats, values
 
     @under_autocast
-    def reference_logits(self, sequences: Sequences) -> torch.Tensor:
+    def reference_stats(self, sequences: Sequences) -> ResponseStats:
+        """The reference's log-probs of the response tokens (rollout/passes.py)."""
         if self.ref is None:  # LoRA on one base: the reference is the base itself
             with adapters_disabled(self.actor):
-                return forward_response(self.actor, sequences, self.config.temperature, bool(self.share_prompts)).logits
-        return forward_response(self.ref, sequences, self.config.temperature, bool(self.share_prompts)).logits
+                return response_stats(self.actor, sequences, self.pass_plan)
+        return response_stats(self.ref, sequences, self.pass_plan)
 
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
@@ -544,34 +582,40 @@ class PPOTrainer(PPOLoop):
         if rows == 0:  # dynamic sampling kept none of this process's groups
             empty = torch.zeros_like(sequences.response_ids, dtype=torch.float32)
             return empty, empty, empty, None if self.critic is None else empty
-        passes = micro_batches(rows, self.config.rollout_micro_batch_size, self.device)
-        if self.share_prompts is None:
-            self.share_prompts = self.prompt_sharing_agrees(sequences.select(passes[0]))
+        lengths = sequences.attention_mask.sum(dim=1)
+        passes = [torch.tensor(group, device=self.device) for group in
+                  token_micro_batches(lengths, self.config.max_tokens_per_micro_batch,
+                                      self.config.rollout_micro_batch_size)]
+        if self.pass_plan is None:
+            self.pass_plan = self.checked_pass_plan(sequences.select(passes[0]))
         parts = [self.old_and_reference(sequences.select(index)) for index in passes]
-        logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts]) for i in range(3))
-        values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])
+        # Back in row order (a token budget groups rows by length).
+        order = torch.argsort(torch.cat(passes))
+        logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts])[order] for i in range(3))
+        values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])[order]
         return logprobs, ref_logprobs, kl, values
 
-    def prompt_sharing_agrees(self, sequences: Sequences) -> bool:
-        """The first batch's check of shared prompts (shared_prompts_agree) on the actor; a model
-        whose cache does not reproduce its full pass trains without them, and the run says so."""
-        why = shared_prompts_agree(self.actor, sequences, self.config.temperature)
-        if why is not None and self.rank == 0:
-            tqdm.write(f"warning: --share-prompts is off for this run: {why}; each row runs its own prompt")
-        return why is None
+    def checked_pass_plan(self, sequences: Sequences) -> PassPlan:
+        """The first batch's check of the passes' faster ways (rollout/passes.py) on the actor: a
+        model where one does not give its own padded pass's log-probs trains without it, and the
+        run says so."""
+        plan, warnings = checked_plan(self.actor, sequences, self.wanted_pass_plan)
+        if self.rank == 0:
+            for warning in warnings:
+                tqdm.write(f"warning: {warning}")
+        return plan
 
     def old_and_reference(self, sequences: Sequences) -> tuple:
         """(logprobs, ref_logprobs, kl, values or None), each (b, T), of a micro-batch of rows."""
         if self.old_logprobs_from_update:  # filled in by the update's forward pass (actor_loss)
-            ref_logprobs = logprobs_from_logits(self.reference_logits(sequences), sequences.response_ids)
+            ref_logprobs = self.reference_stats(sequences).logprobs
             return torch.zeros_like(ref_logprobs), ref_logprobs, torch.zeros_like(ref_logprobs), None
-        logits, values = self.policy_and_values(sequences)
-        logprobs = logprobs_from_logits(logits, sequences.response_ids)
-        ref_logits = self.reference_logits(sequences)
-        ref_logprobs = logprobs_from_logits(ref_logits, sequences.response_ids)
+        stats, values = self.policy_and_values(sequences)
+        ref_stats = self.reference_stats(sequences)
         estimator = self.config.kl_estimator_used
-        kl = full_kl(logits, ref_logits) if estimator == "full" else kl_penalty(logprobs, ref_logprobs, estimator)
-        return logprobs, ref_logprobs, keep_masked(kl, sequences.loss_mask), values
+        kl = (full_kl_between(stats, ref_stats, sequences.loss_mask) if estimator == "full"
+              else kl_penalty(stats.logprobs, ref_stats.logprobs, estimator))
+        return stats.logprobs, ref_stats.logprobs, keep_masked(kl, sequences.loss_mask), values
 
     def gather_sequences(self, sequences: Sequences) -> Sequences:
         """Every process's sequences, padded as one process pads the whole batch (prompts on the left)."""
@@ -627,17 +671,17 @@ class PPOTrainer(PPOLoop):
         return scores
 
     # ------------------------------------------------------------ stage 7
-    def kl_loss(self, logits: torch.Tensor, logprobs: torch.Tensor, mb: Experience) -> tuple[torch.Tensor, torch.Tensor]:
+    def kl_loss(self, stats: ResponseStats, mb: Experience) -> tuple[torch.Tensor, torch.Tensor]:
         """kl_in: loss.  The per-token KL estimate of the *current* policy against the reference,
         aggregated as the policy loss is and differentiated directly (core/kl.py says why k1 is
         not allowed here); returns the loss and the (B, T) per-token estimate."""
         estimator = self.config.kl_estimator_used
         if estimator == "full":
             with torch.no_grad():  # the reference's full distribution, for this minibatch only
-                ref_logits = self.reference_logits(mb.sequences)
-            per_token = full_kl(logits, ref_logits)
+                ref_stats = self.reference_stats(mb.sequences)
+            per_token = full_kl_between(stats, ref_stats, mb.mask)
         else:
-            per_token = kl_penalty(logprobs, mb.ref_logprobs, estimator)
+            per_token = kl_penalty(stats.logprobs, mb.ref_logprobs, estimator)
         return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens), per_token
 
     def update(self, experience: Experience) -> dict[str, float]:
@@ -709,17 +753,23 @@ class PPOTrainer(PPOLoop):
         config = self.config
         self.optimizer.zero_grad(set_to_none=True)
         mb_tokens = experience.mask[mb_index].sum().item()
-        mine = mb_index.chunk(self.processes)[self.rank]
+        lengths = experience.sequences.attention_mask.sum(dim=1)
+        mine = split_by_tokens(mb_index, lengths, self.processes)[self.rank]
         totals: dict[str, torch.Tensor] = {}
-        parts = micro_batches(len(mine), config.train_micro_batch_size, self.device)
+        parts = [torch.tensor(group, dtype=torch.long, device=self.device) for group in
+                 token_micro_batches(lengths[mine], config.max_tokens_per_micro_batch, config.train_micro_batch_size)]
         for part_index in parts:
             mb = experience.select(mine[part_index])
             token_share = mb.mask.sum().item() / max(mb_tokens, 1)
             row_share = len(part_index) / len(mb_index)
             policy_share = token_share if config.loss_aggregation == "token-mean" else row_share
+            # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
+            # several (B, T, V) tensors for the backward pass).
+            entropy_grad = self.entropy_coef() != 0 and not warming_up
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
-                out = forward_response(self.actor, mb.sequences, config.temperature, bool(self.share_prompts))
-            actor_loss, stats = self.actor_loss(mb, out.logits, token_share, policy_share, warming_up)
+                response = response_stats(self.actor, mb.sequences, self.pass_plan, entropy=True,
+                                          entropy_grad=entropy_grad)
+            actor_loss, stats = self.actor_loss(mb, response, token_share, policy_share, warming_up)
             if self.old_logprobs_from_update:  # the old log-probs this forward gave, kept for the metrics
                 experience.logprobs[mine[part_index]] = mb.logprobs
                 experience.kl[mine[part_index]] = mb.kl
@@ -727,20 +777,20 @@ class PPOTrainer(PPOLoop):
                 approx_kl = self.sum_shares({"approx_kl": stats["approx_kl"] * token_share})["approx_kl"]
                 if self.moved_too_far(approx_kl, warming_up):
                     return None
-            stats.update(self.backward(mb, out.hidden, actor_loss, token_share))
+            stats.update(self.backward(mb, response.hidden, actor_loss, token_share))
             shares = {"pg_loss": policy_share, "kl_loss": policy_share}
             for key, value in stats.items():
                 weighted = value * shares.get(key, token_share)
                 totals[key] = weighted if key not in totals else totals[key] + weighted
         return self.sum_shares(totals)
 
-    def actor_loss(self, mb: Experience, logits: torch.Tensor, token_share: float, policy_share: float,
+    def actor_loss(self, mb: Experience, response: ResponseStats, token_share: float, policy_share: float,
                    warming_up: bool) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """Stage 7's policy side on one micro-batch: the clipped policy loss, the entropy term and,
         with --kl-in loss, the KL term, each scaled by its share of the minibatch; None while the
         critic warms up.  Returns the loss and the (unscaled) statistics."""
         config = self.config
-        logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
+        logprobs = response.logprobs
         if self.old_logprobs_from_update:  # the weights that sampled the batch: the ratio is exactly 1
             mb.logprobs = logprobs.detach()
         weights = self.tis_weights(mb)
@@ -749,18 +799,15 @@ class PPOTrainer(PPOLoop):
                                      dual_clip=config.dual_clip, ratio_level=config.ratio_level, token_weights=weights)
         if weights is not None:
             stats["tis_weight"] = masked_mean(weights, mb.mask)
-        # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
-        # several (B, T, V) tensors for the backward pass).
         entropy_coef = self.entropy_coef()
-        with torch.set_grad_enabled(entropy_coef != 0 and not warming_up):
-            entropy = masked_mean(entropy_from_logits(logits), mb.mask)
+        entropy = masked_mean(response.entropy, mb.mask)
         stats["entropy"] = entropy.detach()
         if warming_up:
             return None, stats
         loss = policy_share * pg_loss - entropy_coef * token_share * entropy
         per_token_kl = None
         if config.kl_in == "loss":
-            kl_loss, per_token_kl = self.kl_loss(logits, logprobs, mb)
+            kl_loss, per_token_kl = self.kl_loss(response, mb)
             stats["kl_loss"] = kl_loss.detach()
             loss = loss + self.kl_controller.value * policy_share * kl_loss
         if self.old_logprobs_from_update:  # the rollout's KL, as old_and_reference would have logged it

@@ -67,7 +67,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
 
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
-    input_paths: ClassVar[tuple] = ("model", "reward_model", "critic_model", "prompts", "eval_prompts")
+    input_paths: ClassVar[tuple] = ("model", "reward_model", "critic_model", "prompts", "eval_prompts",
+                                    "chat_template_file")
 
     # --- models and data
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")
@@ -160,6 +161,13 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                                         "critic passes (their logits are (rows, T, vocabulary)); "
                                                         "empty: the whole batch at once.  Same results, less memory",
                                                         range=above(0))
+    max_tokens_per_micro_batch: int | None = option(None, "fill each micro-batch of the rollout's passes and of the "
+                                                          "update up to this many tokens (prompt + response), rows "
+                                                          "grouped longest first, instead of a number of rows: long "
+                                                          "and short responses share passes by their tokens; the "
+                                                          "step stays the whole minibatch's.  Empty: by rows "
+                                                          "(--rollout-micro-batch-size, --train-micro-batch-size)",
+                                                    range=above(0))
     # --- update
     ppo_epochs: int = option(4, "passes over each rollout batch", range=above(0))
     mini_batch_size: int = option(16, "sequences per gradient step; must divide batch_size", range=above(0))
@@ -215,6 +223,13 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                     "had time to explore", range=at_least(0))
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
                                                  "storing them (actor and critic): less memory, about 30% more compute")
+    padding_free: bool = option(True, "forward passes with the batch's rows packed end to end, position ids "
+                                      "restarting at each row, instead of padded to the longest (with "
+                                      "--fused-output-layer; checked against the padded pass on the first batch, off "
+                                      "where a model differs)")
+    fused_output_layer: bool = option(True, "log-probs and entropies from the hidden states a chunk of positions at a "
+                                            "time through the output layer, never the (rows, positions, vocabulary) "
+                                            "logits (checked against the model's own forward on the first batch)")
     share_prompts: bool = option(True, "with --samples-per-prompt K > 1, run each distinct prompt once per forward "
                                        "pass and its K responses on its cached keys and values (checked against the "
                                        "full pass on the first batch; off under FSDP and --gradient-checkpointing)")

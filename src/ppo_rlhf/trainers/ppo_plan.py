@@ -63,8 +63,10 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
         *(["old log-probs: read off the update's forward pass (one step per batch: the weights that sampled "
            "it; no pass of their own)"] if trainer.old_logprobs_from_update else []),
-        *([f"prompts:   each distinct prompt runs once per forward pass, its {k} responses on its cached keys and "
-           f"values (checked against the full pass on the first batch)"] if trainer.share_prompts is None else []),
+        f"passes:    {trainer.wanted_pass_plan.describe()} (checked against the model's own padded pass on the "
+        f"first batch)" + (f"; each distinct prompt runs once per forward pass, its {k} responses on its cached keys "
+                           f"and values, where that runs fewer positions" if trainer.wanted_pass_plan.share_prompts
+                           else ""),
         f"KL:        {kl}",
         *variant_lines(config),
     ]

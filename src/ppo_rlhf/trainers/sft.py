@@ -46,6 +46,9 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
     completion_field: str = option("completion", "field of the data rows holding the completion to learn")
     chat_template: bool = option(False, "format each prompt (a user message, or a list of chat messages) with the "
                                         "tokenizer's chat template; the completion is the assistant's reply")
+    chat_template_file: str | None = option(None, "a Jinja chat template to use instead of the tokenizer's (one that "
+                                                  "renders tools, for a model whose own does not); saved with the "
+                                                  "trained model")
     steps: int = option(1500, "optimizer steps", range=above(0))
     batch_size: int = option(256, "sequences per step", range=above(0))
     lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up",
@@ -77,7 +80,7 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
     # evaluates and saves, the peak learning rate, threads, the guard.  Anything else would make
     # it another run.
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
-    input_paths: ClassVar[tuple] = ("model", "data")
+    input_paths: ClassVar[tuple] = ("model", "data", "chat_template_file")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps",
         "report_to"})

@@ -1,0 +1,224 @@
+"""Agents on SmolLM2-135M-Instruct, on the CPU (docs/agents.md): a calculator tool for products the
+model cannot do in its head, and FrozenLake played in text.
+
+    make smollm2                                        # once: the model as a folder
+    python benchmarks/bench_agents.py tools             # SFT warm-up, then 30 minutes of GRPO
+    python benchmarks/bench_agents.py frozenlake        # 30 minutes of PPO on 4x4 maps
+    python benchmarks/bench_agents.py tools --quick     # a few iterations, to see it run
+
+``tools``: "What is 347 * 29?" (a 3-digit times a 2-digit number, 4-5 digit answers), scored 1 for
+the right number in the model's last turn (ppo_rlhf.rewards:answer_match).  Held-out greedy
+accuracy on 200 problems never trained on, with the calculator (an episode: the model may call
+it, reads its answer, then answers) and without it (one turn), for the model as it comes, after a
+short SFT warm-up on generated traces (SmolLM2 calls a tool it was never shown about once in 40
+answers), and after GRPO.  The warm-up is kept short on purpose: it teaches the format, and what
+PPO adds is measured on top of it.  ``frozenlake``: FrozenLake 4x4, not slippery, each row a
+random map of its own; success rate (reaching the goal within --max-turns moves) on 100 maps never
+trained on, before and after PPO with a critic and per-turn rewards.
+
+Every step is a ``ppo-rlhf`` command, as a user runs it; its output lands in runs/bench_agents/.
+Results: benchmarks/results/agents_{tools,frozenlake}.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import agents_tools
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+MODEL = ROOT / "runs" / "smollm2-135m-instruct"
+OUT = ROOT / "runs" / "bench_agents"
+TOOL = f"{HERE / 'agents_tools.py'}:calculator"
+REWARD = "ppo_rlhf.rewards:answer_match"
+HELD_OUT = 200
+BUDGET_SECONDS = 30 * 60
+# The README's chain_sum recipe (benchmarks/bench_reasoning.py): LoRA, GRPO with 8 samples of each
+# of 4 prompts, one optimizer step a batch, lr 1e-4, temperature 0.7, k3 KL in the loss.  A tool
+# call is ~30 tokens and the answer ~10: 48 new tokens a turn, 3 turns at most.
+PPO_TOOLS = ["--lora", "--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 32,
+             "--ppo-epochs", 1, "--kl-in", "loss", "--lr", 1e-4, "--temperature", 0.7, "--max-new-tokens", 48,
+             "--max-length", 512, "--max-turns", 3]
+EPISODE_EVAL = ["--max-new-tokens", 48, "--max-length", 512, "--max-turns", 3]
+
+
+def ppo_rlhf(*args, log: Path) -> float:
+    """One ``ppo-rlhf`` command, its output in ``log``; the seconds it took."""
+    command = [sys.executable, "-m", "ppo_rlhf.cli", *map(str, args)]
+    start = time.perf_counter()
+    with open(log, "w") as file:
+        done = subprocess.run(command, stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command))}; see {log}")
+    return time.perf_counter() - start
+
+
+def evaluate(model: Path, prompts: str, out: Path, tool: bool, threads: int, template: str) -> dict:
+    """Held-out greedy accuracy (the mean 0/1 score) with the calculator or without it."""
+    extra = (["--tool", TOOL, "--chat-template-file", template, *EPISODE_EVAL] if tool else
+             ["--chat-template", "--max-new-tokens", 48, "--max-length", 512])
+    seconds = ppo_rlhf("eval", "--model", model, "--prompts", prompts, "--reward-fn", REWARD, "--size", HELD_OUT,
+                       "--out", out, "--overwrite", "--num-threads", threads, *extra, log=out.with_suffix(".log"))
+    summary = json.loads((out / "summary.json").read_text())
+    return {"accuracy": summary["score"], "seconds": round(seconds, 1), "samples": summary["samples"][:3]}
+
+
+def tools(args) -> dict:
+    OUT.mkdir(parents=True, exist_ok=True)
+    template = str(Path(__import__("ppo_rlhf.envs.options", fromlist=["x"]).tool_template_path()))
+    held_out = agents_tools.problems(HELD_OUT, seed=1)
+    train = agents_tools.problems(4000, seed=2, exclude=set(held_out))
+    prompts = agents_tools.write_jsonl(OUT / "train.jsonl", agents_tools.prompt_rows(train))
+    eval_prompts = agents_tools.write_jsonl(OUT / "held_out.jsonl", agents_tools.prompt_rows(held_out))
+    schema = __import__("ppo_rlhf.envs.tools", fromlist=["x"]).tool_schema(agents_tools.calculator)
+    traces = agents_tools.write_jsonl(OUT / "traces.jsonl", [agents_tools.trace(a, b, schema)
+                                                             for a, b in train[: args.traces]])
+    result = {"traces": args.traces, "sft_steps": args.sft_steps}
+    result["base"] = {"tool": evaluate(MODEL, eval_prompts, OUT / "eval_base_tool", True, args.threads, template),
+                      "no_tool": evaluate(MODEL, eval_prompts, OUT / "eval_base", False, args.threads, template)}
+    print("base:", {k: v["accuracy"] for k, v in result["base"].items()}, flush=True)
+    sft = OUT / "sft"
+    result["sft_seconds"] = round(ppo_rlhf(
+        "sft", "--model", MODEL, "--data", traces, "--chat-template", "--chat-template-file", template,
+        "--steps", args.sft_steps, "--batch-size", 8, "--lr", 1e-5, "--warmup-steps", 2, "--max-length", 512,
+        "--eval-fraction", 0.05, "--eval-every", 0, "--save-every", 0, "--out", sft, "--overwrite",
+        "--num-threads", args.threads, log=OUT / "sft.log"), 1)
+    warm = sft / "checkpoints" / "sft"
+    result["sft"] = {"tool": evaluate(warm, eval_prompts, OUT / "eval_sft_tool", True, args.threads, template),
+                     "no_tool": evaluate(warm, eval_prompts, OUT / "eval_sft", False, args.threads, template)}
+    print("after SFT:", {k: v["accuracy"] for k, v in result["sft"].items()}, flush=True)
+    ppo = OUT / "ppo_tools"
+    result["ppo_seconds"] = round(ppo_rlhf(
+        "ppo", "--model", warm, "--prompts", prompts, "--eval-prompts", eval_prompts, "--eval-size", HELD_OUT,
+        "--tool", TOOL, "--reward-fn", REWARD, *PPO_TOOLS, "--iterations", args.iterations,
+        "--eval-every", args.eval_every, "--no-eval-sampled", "--save-every", 0, "--save-rollouts", args.iterations,
+        "--seed", args.seed, "--out", ppo, "--overwrite", "--num-threads", args.threads, log=OUT / "ppo_tools.log"), 1)
+    metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
+    result["curve"] = [{"iteration": m["step"], "seconds": round(m.get("time/elapsed", 0.0), 1),
+                        "accuracy": m["eval/score"]} for m in metrics if "eval/score" in m]
+    trained = metrics[-1]
+    result["iteration_seconds"] = round(sum(m["time/iteration"] for m in metrics if "time/iteration" in m)
+                                        / args.iterations, 2)
+    result["training"] = {key: trained.get(key) for key in ("score", "episode/turns", "tools/calls", "tools/errors",
+                                                             "episode/tokens", "kl")}
+    actor = ppo / "checkpoints" / "actor"
+    merged = OUT / "ppo_tools_merged"
+    ppo_rlhf("merge", "--adapter", actor, "--out", merged, "--overwrite", log=OUT / "merge.log")
+    result["ppo"] = {"tool": evaluate(merged, eval_prompts, OUT / "eval_ppo_tool", True, args.threads, template),
+                     "no_tool": evaluate(merged, eval_prompts, OUT / "eval_ppo", False, args.threads, template)}
+    print("after PPO:", {k: v["accuracy"] for k, v in result["ppo"].items()}, flush=True)
+    return result
+
+
+def frozenlake(args) -> dict:
+    import gymnasium as gym
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    instructions = ("You are on a frozen lake, at the red letter. Reach the goal G without stepping on a hole H; "
+                    "S is the start, F is safe ice. Answer with one move: left, down, right or up.\n")
+
+    def maps(count: int, seed: int, exclude=()) -> list[list[str]]:
+        chosen, index = [], 0
+        while len(chosen) < count:
+            desc = generate_random_map(size=4, p=0.8, seed=seed * 100_000 + index)
+            index += 1
+            if desc not in chosen and desc not in exclude:
+                chosen.append(desc)
+        return chosen
+
+    held_out = maps(100, seed=1)
+    train = maps(2000, seed=2, exclude=held_out)
+    rows = lambda descs: [{"prompt": instructions, "desc": desc} for desc in descs]  # noqa: E731
+    prompts = agents_tools.write_jsonl(OUT / "lake_train.jsonl", rows(train))
+    eval_prompts = agents_tools.write_jsonl(OUT / "lake_held_out.jsonl", rows(held_out))
+    del gym
+    common = ["--environment", "gym:FrozenLake-v1", "--environment-config", "is_slippery=false", "--max-turns", 8,
+              "--max-new-tokens", 8, "--max-length", 512]
+
+    def success(model: Path, out: Path) -> dict:
+        seconds = ppo_rlhf("eval", "--model", model, "--prompts", eval_prompts, "--size", 100, *common, "--out", out,
+                           "--overwrite", "--num-threads", args.threads, log=out.with_suffix(".log"))
+        return {"success": json.loads((out / "summary.json").read_text())["score"], "seconds": round(seconds, 1)}
+
+    result = {"before": success(MODEL, OUT / "lake_eval_base")}
+    print("before:", result["before"], flush=True)
+    ppo = OUT / "ppo_lake"
+    result["ppo_seconds"] = round(ppo_rlhf(
+        "ppo", "--model", MODEL, "--prompts", prompts, "--eval-prompts", eval_prompts, "--eval-size", 100, *common,
+        "--lora", "--estimator", "gae", "--turn-rewards", "per-turn", "--batch-size", 32, "--mini-batch-size", 16,
+        "--ppo-epochs", 2, "--lr", 1e-4, "--temperature", 1.0, "--iterations", args.iterations,
+        "--eval-every", args.eval_every, "--no-eval-sampled", "--save-every", 0, "--seed", args.seed, "--out", ppo,
+        "--overwrite", "--num-threads", args.threads, log=OUT / "ppo_lake.log"), 1)
+    metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
+    result["curve"] = [{"iteration": m["step"], "seconds": round(m.get("time/elapsed", 0.0), 1),
+                        "success": m["eval/score"]} for m in metrics if "eval/score" in m]
+    result["iteration_seconds"] = round(sum(m["time/iteration"] for m in metrics if "time/iteration" in m)
+                                        / args.iterations, 2)
+    merged = OUT / "ppo_lake_merged"
+    ppo_rlhf("merge", "--adapter", ppo / "checkpoints" / "actor", "--out", merged, "--overwrite", log=OUT / "merge.log")
+    result["after"] = success(merged, OUT / "lake_eval_ppo")
+    print("after:", result["after"], flush=True)
+    return result
+
+
+def report(name: str, result: dict, args) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    result = {"benchmark": name, "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch "
+              f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"), "seed": args.seed,
+              "iterations": args.iterations, **result}
+    (RESULTS / f"agents_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# Agents: {name}", "", f"`python benchmarks/bench_agents.py {name}` (seed {args.seed}, "
+             f"{args.iterations} iterations, {result['machine']}, {result['date']})", ""]
+    if name == "tools":
+        lines += ["| model | held-out accuracy with the calculator | without it |", "|---|---|---|"]
+        for stage, label in (("base", "SmolLM2-135M-Instruct as it comes"),
+                             ("sft", f"after the SFT warm-up ({result['sft_steps']} steps, {result['traces']} traces)"),
+                             ("ppo", f"after GRPO ({args.iterations} iterations, {result['ppo_seconds'] / 60:.1f} min)")):
+            lines.append(f"| {label} | {result[stage]['tool']['accuracy']:.3f} | {result[stage]['no_tool']['accuracy']:.3f} |")
+        lines += ["", f"Seconds per PPO iteration: {result['iteration_seconds']}; last iteration: {result['training']}",
+                  "", "Held-out accuracy with the tool during PPO: "
+                  + ", ".join(f"{c['iteration']}: {c['accuracy']:.3f} ({c['seconds']:.0f} s)" for c in result["curve"])]
+    else:
+        lines += [f"Success on 100 held-out maps: before {result['before']['success']:.3f}, after "
+                  f"{result['after']['success']:.3f} ({args.iterations} iterations, {result['ppo_seconds'] / 60:.1f} min, "
+                  f"{result['iteration_seconds']} s an iteration)", "", "During PPO: "
+                  + ", ".join(f"{c['iteration']}: {c['success']:.3f} ({c['seconds']:.0f} s)" for c in result["curve"])]
+    (RESULTS / f"agents_{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("benchmark", choices=("tools", "frozenlake"))
+    parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--traces", type=int, default=64, help="tools: SFT warm-up traces")
+    parser.add_argument("--sft-steps", type=int, default=8, help="tools: SFT warm-up steps of 8 traces")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
+    args = parser.parse_args()
+    if not (MODEL / "config.json").is_file():
+        raise SystemExit(f"no {MODEL}: run `make smollm2` first")
+    if args.iterations is None:
+        args.iterations = 2 if args.quick else {"tools": 40, "frozenlake": 40}[args.benchmark]
+    if args.quick:
+        global HELD_OUT
+        HELD_OUT, args.eval_every = 8, 0
+    result = tools(args) if args.benchmark == "tools" else frozenlake(args)
+    report(args.benchmark, result, args)
+
+
+if __name__ == "__main__":
+    main()

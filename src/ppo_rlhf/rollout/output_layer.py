@@ -1,0 +1,121 @@
+"""The output layer applied a chunk of positions at a time, so no pass holds (rows, positions,
+vocabulary) logits (docs/design.md, "Long responses").
+
+A causal LM's forward ends in ``logits = lm_head(hidden)`` over every kept position, then whatever
+its architecture does to them: Granite divides by ``logits_scaling``, Cohere multiplies by
+``logit_scale``, Gemma 2/3 cap them with ``tanh(x / c) * c``.  With SmolLM2's 49k vocabulary, 64
+responses of 1,024 tokens are 12.9 GB of float32 logits.  Here the trunk's hidden states at the
+response positions are taken instead, and each chunk of positions goes through the output layer,
+the architecture's change and the temperature, and is reduced at once to what the update needs
+(the sampled token's log-prob, the entropy, the KL to another model's distribution).  With a
+gradient, each chunk is a checkpoint: its logits are recomputed in the backward pass, one chunk at
+a time.  The first batch of a run checks these numbers against the model's own forward
+(rollout/passes.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ppo_rlhf.core.precision import compute_dtype
+
+# Positions per chunk: 1024 x 152k x 4 bytes = 0.6 GB of float32 at most (core/logprobs.py's too).
+CHUNK_POSITIONS = 1024
+
+
+def base_of(model):
+    """The transformers model under a peft wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
+class OutputHead:
+    """``model``'s output layer and the changes its forward makes to the logits, then / temperature.
+    ``known``: whether ppo-rlhf knows the architecture's changes (checked on a first batch anyway)."""
+
+    def __init__(self, model, temperature: float = 1.0):
+        inner = base_of(model)
+        self.layer = inner.get_output_embeddings()
+        config = inner.config.get_text_config()
+        self.scale = 1.0
+        if getattr(config, "logits_scaling", None):  # Granite
+            self.scale /= config.logits_scaling
+        if getattr(config, "logit_scale", None):  # Cohere
+            self.scale *= config.logit_scale
+        self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 / 3
+        self.temperature = temperature
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, H) hidden states -> (n, V) float32 logits of the sampling distribution."""
+        logits = self.layer(hidden)
+        logits = logits.to(compute_dtype(logits))
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits / self.temperature if self.temperature != 1.0 else logits
+
+
+def _token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, entropy: bool):
+    """One chunk: (n, H), (n,) -> log-probs (n,) and entropies (n,) (or an empty tensor)."""
+    logits = head.logits(hidden)
+    logsumexp = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - logsumexp
+    if not entropy:
+        return logprobs, logprobs.new_zeros(0)
+    probabilities = torch.softmax(logits, dim=-1)
+    return logprobs, logsumexp - (probabilities * logits).sum(dim=-1)
+
+
+def token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
+                entropy: bool = False, entropy_grad: bool = False, chunk: int = CHUNK_POSITIONS
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T, H) hidden states at the positions predicting (B, T) ``tokens`` -> (B, T) log-probs and,
+    with ``entropy``, (B, T) entropies (with a gradient only for ``entropy_grad``); only the
+    positions ``mask`` selects are computed, the rest are 0."""
+    selected = mask.bool()
+    flat_hidden, flat_tokens = hidden[selected], tokens[selected]  # (N, H), (N,)
+    grad = torch.is_grad_enabled() and flat_hidden.requires_grad
+    logprob_parts, entropy_parts = [], []
+    for start in range(0, flat_tokens.shape[0], chunk):
+        piece = slice(start, start + chunk)
+        if grad:  # recomputed in the backward pass: one chunk's logits alive at a time
+            logprobs, entropies = checkpoint(_token_stats, head, flat_hidden[piece], flat_tokens[piece],
+                                             entropy, use_reentrant=False)
+        else:
+            logprobs, entropies = _token_stats(head, flat_hidden[piece], flat_tokens[piece], entropy)
+        logprob_parts.append(logprobs)
+        entropy_parts.append(entropies if entropy_grad else entropies.detach())
+    dtype = compute_dtype(hidden)
+    logprobs = hidden.new_zeros(tokens.shape, dtype=dtype).masked_scatter(
+        selected, torch.cat(logprob_parts) if logprob_parts else hidden.new_zeros(0, dtype=dtype))
+    if not entropy:
+        return logprobs, None
+    entropies = hidden.new_zeros(tokens.shape, dtype=dtype).masked_scatter(
+        selected, torch.cat(entropy_parts) if entropy_parts else hidden.new_zeros(0, dtype=dtype))
+    return logprobs, entropies
+
+
+def _full_kl(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, ref_hidden: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(head.logits(hidden), dim=-1)
+    ref_logp = torch.log_softmax(ref_head.logits(ref_hidden), dim=-1)
+    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+
+
+def full_kl_stats(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, ref_hidden: torch.Tensor,
+                  mask: torch.Tensor, chunk: int = CHUNK_POSITIONS) -> torch.Tensor:
+    """(B, T) exact KL(policy || reference) over the vocabulary at each selected position, from both
+    models' hidden states, a chunk at a time (core/kl.py ``full_kl``, without the (B, T, V) logits)."""
+    selected = mask.bool()
+    flat, ref_flat = hidden[selected], ref_hidden[selected].detach()
+    grad = torch.is_grad_enabled() and flat.requires_grad
+    parts = []
+    for start in range(0, flat.shape[0], chunk):
+        piece = slice(start, start + chunk)
+        if grad:
+            parts.append(checkpoint(_full_kl, head, flat[piece], ref_head, ref_flat[piece], use_reentrant=False))
+        else:
+            parts.append(_full_kl(head, flat[piece], ref_head, ref_flat[piece]))
+    dtype = compute_dtype(hidden)
+    return hidden.new_zeros(mask.shape, dtype=dtype).masked_scatter(
+        selected, torch.cat(parts) if parts else hidden.new_zeros(0, dtype=dtype))

@@ -1,0 +1,94 @@
+"""Padding-free passes: a batch's rows packed end to end, position ids restarting at each row
+(docs/design.md, "Long responses").
+
+A batch of responses of 32 to 1,024 tokens padded to its longest spends about half of every pass
+on padding.  Packed, each row's real tokens (its prompt without the left padding, then its
+response) sit one after another in a few long rows, and transformers reads the packing from the
+position ids: where they restart, a new sequence begins, and attention stays inside each one (its
+block-diagonal mask for sdpa and eager, varlen kernels for flash attention).  Rows go into bins
+first-fit by decreasing length, each bin as long as the longest row: a row attends no more
+positions than it would padded, and the bins hold little padding.
+
+    rows:   [p p a b c d]  [p q r]  [p p p x y]        (prompt | response, left padding dropped)
+    packed: [p p a b c d | p q r _ _ _]                 one bin, positions 0..5 0 1 2 0 1 2
+            [p p p x y _ ]                              another
+
+The hidden state that predicts response token t of a row is read back at its own place, into the
+(B, T) layout of every other per-token tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ppo_rlhf.rollout.sequences import Sequences
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (bins, C) rows end to end, pad id after the last
+    position_ids: torch.Tensor  # (bins, C) from 0 at each row's first token (and at the padding after)
+    source: torch.Tensor  # (B, T) index into the flattened (bins * C) positions predicting each response token
+    mask: torch.Tensor  # (B, T) bool: the response tokens there are (``response_mask``)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_ids.numel()
+
+    def gather(self, packed: torch.Tensor) -> torch.Tensor:
+        """(bins, C, ...) from a packed pass -> (B, T, ...) at the response positions (0 elsewhere)."""
+        flat = packed.reshape(-1, *packed.shape[2:])
+        picked = flat[self.source.reshape(-1)].reshape(*self.source.shape, *packed.shape[2:])
+        mask = self.mask.reshape(*self.mask.shape, *([1] * (packed.dim() - 2)))
+        return torch.where(mask, picked, torch.zeros((), dtype=picked.dtype, device=picked.device))
+
+
+def first_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Row indices in bins of at most ``capacity`` tokens, first fit by decreasing length
+    (deterministic: ties keep row order)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        target = next((b for b, left in enumerate(room) if left >= lengths[row]), None)
+        if target is None:
+            bins.append([row])
+            room.append(capacity - lengths[row])
+        else:
+            bins[target].append(row)
+            room[target] -= lengths[row]
+    return bins
+
+
+def pack(sequences: Sequences, pad_token_id: int) -> PackedBatch:
+    """``sequences`` packed into bins as long as the longest row (module docstring)."""
+    prompt_mask, response_mask = sequences.prompt_mask.bool(), sequences.response_mask.bool()
+    prompt_lengths = prompt_mask.sum(dim=1).tolist()
+    lengths = [p + r for p, r in zip(prompt_lengths, response_mask.sum(dim=1).tolist())]
+    capacity = max(lengths)
+    bins = first_fit_bins(lengths, capacity)
+    device = sequences.prompt_ids.device
+    input_ids = torch.full((len(bins), capacity), pad_token_id, dtype=sequences.prompt_ids.dtype, device=device)
+    position_ids = torch.zeros((len(bins), capacity), dtype=torch.long, device=device)
+    response_width = sequences.response_ids.shape[1]
+    source = torch.zeros(sequences.response_ids.shape, dtype=torch.long, device=device)
+    steps = torch.arange(response_width, device=device)
+    for b, rows in enumerate(bins):
+        offset = 0
+        for row in rows:
+            ids = torch.cat([sequences.prompt_ids[row][prompt_mask[row]], sequences.response_ids[row][response_mask[row]]])
+            input_ids[b, offset:offset + len(ids)] = ids
+            position_ids[b, offset:offset + len(ids)] = torch.arange(len(ids), device=device)
+            # Response token t of this row is predicted at its position prompt_length - 1 + t.
+            source[row] = b * capacity + offset + prompt_lengths[row] - 1 + steps
+            offset += len(ids)
+        if offset < capacity:  # the padding after the last row: a sequence of its own, from 0
+            position_ids[b, offset:] = torch.arange(capacity - offset, device=device)
+    source = torch.where(response_mask, source, torch.zeros_like(source))
+    return PackedBatch(input_ids, position_ids, source, response_mask)
+
+
+def padded_tokens(sequences: Sequences) -> int:
+    """The positions a padded pass over ``sequences`` computes."""
+    return sequences.prompt_ids.numel() + sequences.response_ids.numel()
