@@ -17,6 +17,7 @@ from ppo_rlhf.envs.parsers import ToolCall, parse_hermes
 from ppo_rlhf.envs.tools import ToolBox, ToolEnvironment
 from ppo_rlhf.rollout.episodes import ChatContinuation, EpisodeLimits, episode_seeds, roll_out
 from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.passes import response_stats
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -238,7 +239,7 @@ def letter_game_config(zoo, tmp_path, *extra) -> list:
             "--out", tmp_path / "run", *BUDGET, *extra]
 
 
-def test_the_environments_tokens_get_no_gradient(zoo):
+def test_the_environments_tokens_get_no_gradient(zoo, monkeypatch):
     """The final hidden state at a position feeds only that position's logits and value, so a
     gradient there means some loss (policy, KL, entropy, value) reached an environment token."""
     config = build_config(PPOConfig, {"model": str(zoo["qwen2"]), "environment": "toy_envs:LetterGame",
@@ -251,13 +252,19 @@ def test_the_environments_tokens_get_no_gradient(zoo):
     loss_mask, response_mask = experience.sequences.loss_mask, experience.sequences.response_mask
     environment_tokens = response_mask.bool() & ~loss_mask.bool()
     assert environment_tokens.sum() > 10  # the environment spoke between the turns
+    assert trainer.pass_plan.fused  # the policy, KL and entropy terms read these hidden states, as the value does
     caught = []
-    hook = trainer.actor.get_output_embeddings().register_forward_pre_hook(
-        lambda module, args: caught.append(args[0]) or args[0].retain_grad())
+
+    def catching(*args, **kwargs):
+        stats = response_stats(*args, **kwargs)
+        stats.hidden.retain_grad()
+        caught.append(stats.hidden)
+        return stats
+
+    monkeypatch.setattr("ppo_rlhf.trainers.ppo.response_stats", catching)
     trainer.actor.train()
     trainer.accumulate_gradients(experience, torch.arange(4), warming_up=False)
-    hook.remove()
-    hidden_grad = caught[0].grad[:, :-1]  # (B, T, H): the positions that predict response tokens
+    hidden_grad = caught[0].grad  # (B, T, H): at the positions that predict each response token
     assert hidden_grad[environment_tokens].abs().max() == 0
     assert hidden_grad[loss_mask.bool()].abs().max() > 0
 

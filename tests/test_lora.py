@@ -20,11 +20,12 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from safetensors.torch import load_file
 
 from ppo_rlhf.config import build_config
-from ppo_rlhf.core import entropy_from_logits, masked_mean, policy_loss, value_loss
+from ppo_rlhf.core import masked_mean, policy_loss, value_loss
 from ppo_rlhf.models import load_causal_lm, load_sequence_classifier
 from ppo_rlhf.models.lora import AdapterCritic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
+from ppo_rlhf.rollout.passes import response_stats
 from ppo_rlhf.rollout.responses import generate_responses
 from ppo_rlhf.rollout.reward import ScoringBatch
 from ppo_rlhf.rollout.sequences import position_ids_from_mask
@@ -149,16 +150,21 @@ def test_reference_is_the_base_and_the_first_ratio_is_one(zoo, reward_adapters):
     trainer = single_base_trainer(zoo, reward_adapters)
     sequences = rollout(trainer).sequences
     plain = load_causal_lm(zoo["llama"]).eval()
+    mask = sequences.response_mask.bool()
+
+    def logprobs(model):
+        return logprobs_from_logits(forward_response(model, sequences).logits, sequences.response_ids)[mask]
+
     with torch.no_grad():
-        expected = forward_response(plain, sequences).logits
-        reference = trainer.reference_logits(sequences)
-        actor = forward_response(trainer.actor, sequences).logits  # LoRA B starts at 0: the actor is the base
+        expected = logprobs(plain)
+        reference = trainer.reference_stats(sequences).logprobs[mask]
+        actor = logprobs(trainer.actor)  # LoRA B starts at 0: the actor is the base
     torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(actor, expected, atol=1e-5, rtol=1e-5)
     trainer.step([{"prompt": p} for p in PROMPTS[:4]])
     with torch.no_grad():
-        moved = forward_response(trainer.actor, sequences).logits
-        reference_after = trainer.reference_logits(sequences)
+        moved = logprobs(trainer.actor)
+        reference_after = trainer.reference_stats(sequences).logprobs[mask]
     assert not torch.allclose(moved, expected, atol=1e-4)  # the policy moved ...
     torch.testing.assert_close(reference_after, expected, atol=1e-5, rtol=1e-5)  # ... the reference did not
 
@@ -226,12 +232,12 @@ def test_actor_then_critic_backward_gives_the_gradients_of_the_summed_loss(zoo, 
     trainer.update(experience)  # one minibatch: the whole batch (in another order; the losses are means)
     update_grads = [p.grad.clone() for p in trainer.trainable_parameters]
     trainer.optimizer.zero_grad(set_to_none=True)
-    logits, values = trainer.policy_and_values(experience.sequences)
+    stats = response_stats(trainer.actor, experience.sequences, trainer.pass_plan, entropy=True, entropy_grad=True)
+    values = trainer.critic.values(experience.sequences, stats.hidden)
     mask = experience.mask
-    pg_loss, _ = policy_loss(logprobs_from_logits(logits, experience.sequences.response_ids), experience.logprobs,
-                             experience.advantages, mask, 0.2)
+    pg_loss, _ = policy_loss(stats.logprobs, experience.logprobs, experience.advantages, mask, 0.2)
     vf_loss, _ = value_loss(values, experience.values, experience.returns, mask, None)
-    (pg_loss + 0.5 * vf_loss - 0.01 * masked_mean(entropy_from_logits(logits), mask)).backward()
+    (pg_loss + 0.5 * vf_loss - 0.01 * masked_mean(stats.entropy, mask)).backward()
     assert any(g.abs().sum() > 0 for g in update_grads[:5]) and any(g.abs().sum() > 0 for g in update_grads[-5:])
     for parameter, expected in zip(trainer.trainable_parameters, update_grads):
         torch.testing.assert_close(parameter.grad, expected, atol=1e-6, rtol=1e-4)

@@ -381,7 +381,6 @@ def test_eval_with_the_vllm_engine_answers_as_the_torch_engine(vllm_sft_model, t
 
 
 @needs_vllm
-@needs_vllm
 def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, monkeypatch):
     """Multi-turn episodes (docs/agents.md) generate turn by turn on the engine: one call per turn,
     the actor's weights synced once for all of them; the engine's log-probs on the model's tokens."""
@@ -414,6 +413,7 @@ def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, m
     assert last["rollout/logprob_diff_max"] < LOGPROB_TOLERANCE  # read on the model's tokens only
 
 
+@needs_vllm
 @pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
 def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, tmp_path, launch):
     """2 processes: each builds its own engine (vLLM's external launcher, data parallel) and rolls

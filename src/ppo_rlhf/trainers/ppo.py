@@ -342,10 +342,12 @@ class PPOTrainer(PPOLoop):
         self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
         # How the forward passes run (rollout/passes.py): what the config asks for, decided on the
         # first batch against the model's own padded pass (None until then).
+        # Under FSDP the output layer's weights are whole only inside the model's own forward: no fused layer.
         self.wanted_pass_plan = PassPlan(config.temperature, tokenizer.pad_token_id,
                                          share_prompts=prompt_sharing_possible(config, self.sharding),
-                                         fused=config.fused_output_layer, pack=config.padding_free)
-        self.pass_plan: PassPlan | None = None
+                                         fused=config.fused_output_layer and self.sharding is None,
+                                         pack=config.padding_free)
+        self._pass_plan: PassPlan | None = None
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
@@ -395,17 +397,18 @@ class PPOTrainer(PPOLoop):
     def policy_and_values(self, sequences: Sequences) -> tuple[ResponseStats, torch.Tensor | None]:
         """The actor's log-probs of the response tokens (and what the full KL needs) and the critic's
         values (B, T) (None without one)."""
-        stats = response_stats(self.actor, sequences, self.pass_plan)
+        stats = response_stats(self.actor, sequences, self.checked_pass_plan(sequences))
         values = None if self.critic is None else self.critic.values(sequences, stats.hidden)
         return stats, values
 
     @under_autocast
     def reference_stats(self, sequences: Sequences) -> ResponseStats:
         """The reference's log-probs of the response tokens (rollout/passes.py)."""
+        plan = self.checked_pass_plan(sequences)
         if self.ref is None:  # LoRA on one base: the reference is the base itself
             with adapters_disabled(self.actor):
-                return response_stats(self.actor, sequences, self.pass_plan)
-        return response_stats(self.ref, sequences, self.pass_plan)
+                return response_stats(self.actor, sequences, plan)
+        return response_stats(self.ref, sequences, plan)
 
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
@@ -586,8 +589,7 @@ class PPOTrainer(PPOLoop):
         passes = [torch.tensor(group, device=self.device) for group in
                   token_micro_batches(lengths, self.config.max_tokens_per_micro_batch,
                                       self.config.rollout_micro_batch_size)]
-        if self.pass_plan is None:
-            self.pass_plan = self.checked_pass_plan(sequences.select(passes[0]))
+        self.checked_pass_plan(sequences.select(passes[0]))
         parts = [self.old_and_reference(sequences.select(index)) for index in passes]
         # Back in row order (a token budget groups rows by length).
         order = torch.argsort(torch.cat(passes))
@@ -596,14 +598,21 @@ class PPOTrainer(PPOLoop):
         return logprobs, ref_logprobs, kl, values
 
     def checked_pass_plan(self, sequences: Sequences) -> PassPlan:
-        """The first batch's check of the passes' faster ways (rollout/passes.py) on the actor: a
-        model where one does not give its own padded pass's log-probs trains without it, and the
-        run says so."""
-        plan, warnings = checked_plan(self.actor, sequences, self.wanted_pass_plan)
-        if self.rank == 0:
-            for warning in warnings:
-                tqdm.write(f"warning: {warning}")
-        return plan
+        """How the forward passes run, checked once, on the first batch a pass sees: the faster ways
+        (rollout/passes.py) that give the actor's own padded log-probs; a model where one does not
+        trains without it, and the run says so."""
+        if self._pass_plan is None:
+            with torch.no_grad(), self.accelerator.autocast():
+                self._pass_plan, warnings = checked_plan(self.actor, sequences, self.wanted_pass_plan)
+            if self.rank == 0:
+                for warning in warnings:
+                    tqdm.write(f"warning: {warning}")
+        return self._pass_plan
+
+    @property
+    def pass_plan(self) -> PassPlan | None:
+        """The checked plan (None before the first pass)."""
+        return self._pass_plan
 
     def old_and_reference(self, sequences: Sequences) -> tuple:
         """(logprobs, ref_logprobs, kl, values or None), each (b, T), of a micro-batch of rows."""
@@ -767,8 +776,8 @@ class PPOTrainer(PPOLoop):
             # several (B, T, V) tensors for the backward pass).
             entropy_grad = self.entropy_coef() != 0 and not warming_up
             with torch.set_grad_enabled(not warming_up), self.accelerator.autocast():
-                response = response_stats(self.actor, mb.sequences, self.pass_plan, entropy=True,
-                                          entropy_grad=entropy_grad)
+                response = response_stats(self.actor, mb.sequences, self.checked_pass_plan(mb.sequences),
+                                          entropy=True, entropy_grad=entropy_grad)
             actor_loss, stats = self.actor_loss(mb, response, token_share, policy_share, warming_up)
             if self.old_logprobs_from_update:  # the old log-probs this forward gave, kept for the metrics
                 experience.logprobs[mine[part_index]] = mb.logprobs
