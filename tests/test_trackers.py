@@ -58,9 +58,11 @@ def test_report_to_names_trackers_in_order_once_and_refuses_others():
     assert trackers.tracker_names("tensorboard") == ["tensorboard"]
     assert trackers.tracker_names("wandb, MLflow,wandb") == ["wandb", "mlflow"]
     assert trackers.tracker_names("none") == []
-    for bad in ("comet", "none,wandb", ""):
+    for bad in ("comet", ""):
         with pytest.raises(ConfigError, match="allowed: tensorboard, wandb, mlflow, trackio"):
             trackers.tracker_names(bad)
+    with pytest.raises(ConfigError, match="none means no tracker, so it goes alone and cannot go with wandb"):
+        trackers.tracker_names("none,wandb")
 
 
 def test_a_tracker_not_installed_stops_the_run_at_its_start_saying_what_to_install(tmp_path, monkeypatch, capsys):
@@ -125,9 +127,10 @@ def test_trackio_local_holds_each_step_once_after_a_resume(tmp_path, monkeypatch
     monkeypatch.setenv("TRACKIO_PROJECT", "ppo-rlhf-test")
     out = tmp_path / "run"
     crash_in_step_4_then_resume(out, "trackio", monkeypatch, after_crash=trackio.finish)
-    assert json.loads((out / trackers.TRACKER_IDS).read_text())["trackio"] == "run"
+    name = json.loads((out / trackers.TRACKER_IDS).read_text())["trackio"]
+    assert name.startswith("run-")  # the folder's name, made unique
     assert list((tmp_path / "trackio").glob("ppo-rlhf-test*.db"))
-    logged = [row["step"] for row in storage.SQLiteStorage.get_logs("ppo-rlhf-test", "run") if "loss" in row]
+    logged = [row["step"] for row in storage.SQLiteStorage.get_logs("ppo-rlhf-test", name) if "loss" in row]
     assert logged == [1, 3, 6]
 
 
@@ -160,6 +163,9 @@ def test_tensorboard_runs_of_one_folder_name_keep_their_own_events(tmp_path):
 
 @installed("wandb")
 def test_wandb_runs_of_one_folder_name_are_three_runs(tmp_path, monkeypatch):
+    import wandb
+
+    wandb.teardown()  # W&B keeps the settings (WANDB_DIR) of the first run in the process: read them afresh
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
