@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import ConfigError
+from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
@@ -48,6 +48,7 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.data import DataError, prompt_check, row_complaint
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
@@ -188,6 +189,20 @@ def micro_batches(rows: int, size: int | None, device: torch.device) -> list[tor
     return list(torch.arange(rows, device=device).split(size or rows))
 
 
+def check_step_rows(rows, prompt_field: str, check_prompt) -> None:
+    """DataError naming the first row given to ``step()`` that is not a prompt row: a dict whose
+    prompt field holds a prompt (as a data file's rows are checked; data.py)."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise DataError(f"step(): rows must be a non-empty list of prompt rows, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"step(): row {i} must be a prompt row, a dict holding '{prompt_field}', got "
+                            f"{type(row).__name__} {str(row)[:40]!r}")
+        complaint = row_complaint(row, {prompt_field: check_prompt})
+        if complaint:
+            raise DataError(f"step(): row {i} {complaint}")
+
+
 def under_autocast(method):
     """Run a PPOTrainer method under the trainer's autocast (``--mixed-precision``; none by default)."""
 
@@ -235,6 +250,8 @@ class PPOTrainer(PPOLoop):
 
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
                  critic: Critic | None = None, generator: Generator | None = None, accelerator=None):
+        # Checked again as it is now: a field set after the config was built is held to its rules.
+        config = checked_config(config, PPOConfig, "PPOTrainer")
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
         if model is None:  # the pieces around a model of one's own, given without it, would be dropped
             given = [name for name, part in (("ref", ref), ("tokenizer", tokenizer), ("critic", critic),
@@ -767,6 +784,7 @@ class PPOTrainer(PPOLoop):
     def step(self, rows: list[dict], draw_more: Callable[[], list[dict]] | None = None) -> dict[str, float]:
         """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics.  ``draw_more``:
         another batch of rows, for --dynamic-sampling (see make_experience)."""
+        check_step_rows(rows, self.config.prompt_field, prompt_check(self.config.chat_template))
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         experience, stage_metrics = self.make_experience(rows, draw_more)
