@@ -46,6 +46,8 @@ def test_preference_rows_of_each_shape():
                               "rejected": " Go away.", "_source": "hh.jsonl:1"}
     implicit_chat = [{"chosen": [USER, reply("4")], "rejected": [USER, reply("5")]}]
     assert convert(implicit_chat)[0] == {"prompt": [USER], "chosen": "4", "rejected": "5"}
+    same_chat = [{"chosen": [USER, reply("4")], "rejected": [USER, reply("4")]}]  # dropped as the same by rm
+    assert convert(same_chat)[0] == {"prompt": [USER], "chosen": "4", "rejected": "4"}
     explicit_chat = [{"prompt": [USER], "chosen": [reply("4")], "rejected": [reply("5")]}]
     assert convert(explicit_chat)[0] == {"prompt": [USER], "chosen": "4", "rejected": "5"}
     plain = [{"prompt": "p", "chosen": "a", "rejected": "b"}]

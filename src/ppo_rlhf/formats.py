@@ -237,8 +237,10 @@ def _split_conversations(row: dict, chosen_field: str, rejected_field: str) -> t
     """(prompt messages, chosen reply, rejected reply) of two conversations that differ only in
     their last turn."""
     chosen, rejected = row[chosen_field], row[rejected_field]
-    shared = 0
-    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+    # The prompt stops before each conversation's last message, its reply: two equal conversations
+    # are a pair of equal replies (the stage drops it with a count), not a prompt without replies.
+    shared, most = 0, min(len(chosen), len(rejected)) - 1
+    while shared < most and chosen[shared] == rejected[shared]:
         shared += 1
     if shared == 0:
         raise DataError(f"{_where(row)}: chosen and rejected share no prefix, so there is no prompt to find; give a "
