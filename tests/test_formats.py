@@ -46,6 +46,8 @@ def test_preference_rows_of_each_shape():
                               "rejected": " Go away.", "_source": "hh.jsonl:1"}
     implicit_chat = [{"chosen": [USER, reply("4")], "rejected": [USER, reply("5")]}]
     assert convert(implicit_chat)[0] == {"prompt": [USER], "chosen": "4", "rejected": "5"}
+    same_chat = [{"chosen": [USER, reply("4")], "rejected": [USER, reply("4")]}]  # dropped as the same by rm
+    assert convert(same_chat)[0] == {"prompt": [USER], "chosen": "4", "rejected": "4"}
     explicit_chat = [{"prompt": [USER], "chosen": [reply("4")], "rejected": [reply("5")]}]
     assert convert(explicit_chat)[0] == {"prompt": [USER], "chosen": "4", "rejected": "5"}
     plain = [{"prompt": "p", "chosen": "a", "rejected": "b"}]
@@ -71,9 +73,9 @@ def test_completion_and_prompt_rows_of_each_shape():
     ([{"chosen": [reply("a")], "rejected": [reply("b")], "_source": "p.jsonl:1"}], "share no prefix"),
     ([{"prompt": "p", "chosen": "a", "rejected": "b", "_source": "p.jsonl:1"},
       {"chosen": "p a", "rejected": "p b", "_source": "p.jsonl:2"}],
-     "p.jsonl:2: a implicit prompt, text row in a file of explicit prompt, text rows \\(p.jsonl:1\\)"),
+     "p.jsonl:2: an implicit prompt, text row in a file of explicit prompt, text rows \\(p.jsonl:1\\)"),
     ([{"chosen": [USER, reply("4"), reply("5")], "rejected": [USER, reply("6")], "_source": "p.jsonl:1"}],
-     "p.jsonl:1: a response given as messages must be one assistant message"),
+     "p.jsonl:1: field 'chosen' goes on for 2 messages .* must be one assistant message"),
 ])
 def test_bad_preference_rows_name_the_row(rows, message):
     with pytest.raises(DataError, match=message):
@@ -82,10 +84,10 @@ def test_bad_preference_rows_name_the_row(rows, message):
 
 def test_mixed_sft_shapes_and_a_conversation_without_a_reply_are_named():
     convert = completion_rows("prompt", "completion", chat_template=True)
-    with pytest.raises(DataError, match="s.jsonl:2: a Alpaca row in a file of conversational rows"):
+    with pytest.raises(DataError, match="s.jsonl:2: an Alpaca row in a file of conversational rows"):
         convert([{"messages": [USER, reply("4")], "_source": "s.jsonl:1"},
                  {"instruction": "x", "output": "y", "_source": "s.jsonl:2"}])
-    with pytest.raises(DataError, match="s.jsonl:1: 'messages' must be a list .* ending with the assistant's"):
+    with pytest.raises(DataError, match="s.jsonl:1: field 'messages' must end with the assistant's reply"):
         convert([{"messages": [USER], "_source": "s.jsonl:1"}])
 
 

@@ -58,9 +58,11 @@ def test_report_to_names_trackers_in_order_once_and_refuses_others():
     assert trackers.tracker_names("tensorboard") == ["tensorboard"]
     assert trackers.tracker_names("wandb, MLflow,wandb") == ["wandb", "mlflow"]
     assert trackers.tracker_names("none") == []
-    for bad in ("comet", "none,wandb", ""):
+    for bad in ("comet", ""):
         with pytest.raises(ConfigError, match="allowed: tensorboard, wandb, mlflow, trackio"):
             trackers.tracker_names(bad)
+    with pytest.raises(ConfigError, match="none means no tracker, so it goes alone and cannot go with wandb"):
+        trackers.tracker_names("none,wandb")
 
 
 def test_a_tracker_not_installed_stops_the_run_at_its_start_saying_what_to_install(tmp_path, monkeypatch, capsys):
@@ -125,7 +127,76 @@ def test_trackio_local_holds_each_step_once_after_a_resume(tmp_path, monkeypatch
     monkeypatch.setenv("TRACKIO_PROJECT", "ppo-rlhf-test")
     out = tmp_path / "run"
     crash_in_step_4_then_resume(out, "trackio", monkeypatch, after_crash=trackio.finish)
-    assert json.loads((out / trackers.TRACKER_IDS).read_text())["trackio"] == "run"
+    name = json.loads((out / trackers.TRACKER_IDS).read_text())["trackio"]
+    assert name.startswith("run-")  # the folder's name, made unique
     assert list((tmp_path / "trackio").glob("ppo-rlhf-test*.db"))
-    logged = [row["step"] for row in storage.SQLiteStorage.get_logs("ppo-rlhf-test", "run") if "loss" in row]
+    logged = [row["step"] for row in storage.SQLiteStorage.get_logs("ppo-rlhf-test", name) if "loss" in row]
     assert logged == [1, 3, 6]
+
+
+# ---------------------------------------------------------------- one run, one identity in every tracker
+def three_runs(tmp_path: Path, report_to: str) -> list[Path]:
+    """Two runs in folders of one name (a/run, b/run), then a/run again with --overwrite: three
+    runs, each of which must be a tracker run of its own holding its steps once."""
+    first, second = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    run(sft_args(first, report_to))
+    run(sft_args(second, report_to))
+    first_ids = json.loads((first / trackers.TRACKER_IDS).read_text()) if report_to != "tensorboard" else None
+    run(sft_args(first, report_to, "--overwrite"))
+    return [first_ids, second, first]
+
+
+def tracker_ids(runs: list, name: str) -> list[str]:
+    first_ids, second, first = runs
+    return [first_ids[name], *(json.loads((folder / trackers.TRACKER_IDS).read_text())[name] for folder in (second, first))]
+
+
+def test_tensorboard_runs_of_one_folder_name_keep_their_own_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, second, first = three_runs(tmp_path, "tensorboard")
+    for folder in (first, second):
+        events = EventAccumulator(str(folder / "tb"))
+        events.Reload()
+        assert [event.step for event in events.Scalars("loss")] == [1, 3, 6], folder
+
+
+@installed("wandb")
+def test_wandb_runs_of_one_folder_name_are_three_runs(tmp_path, monkeypatch):
+    import wandb
+
+    wandb.teardown()  # W&B keeps the settings (WANDB_DIR) of the first run in the process: read them afresh
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ids = tracker_ids(three_runs(tmp_path, "wandb"), "wandb")
+    assert len(set(ids)) == 3, ids
+    for run_id in ids:
+        assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 1, run_id
+
+
+@installed("mlflow")
+def test_mlflow_runs_of_one_folder_name_are_three_runs(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    ids = tracker_ids(three_runs(tmp_path, "mlflow"), "mlflow")
+    assert len(set(ids)) == 3, ids
+    for run_id in ids:
+        assert [point.step for point in MlflowClient().get_metric_history(run_id, "loss")] == [1, 3, 6], run_id
+
+
+@installed("trackio")
+def test_trackio_runs_of_one_folder_name_are_three_runs(tmp_path, monkeypatch):
+    import trackio.sqlite_storage as storage
+    import trackio.utils
+
+    for module in (trackio.utils, storage):
+        monkeypatch.setattr(module, "TRACKIO_DIR", tmp_path / "trackio")
+    monkeypatch.setenv("TRACKIO_PROJECT", "ppo-rlhf-identity")
+    ids = tracker_ids(three_runs(tmp_path, "trackio"), "trackio")
+    assert len(set(ids)) == 3, ids
+    for name in ids:
+        logged = [row["step"] for row in storage.SQLiteStorage.get_logs("ppo-rlhf-identity", name) if "loss" in row]
+        assert logged == [1, 3, 6], (name, logged)

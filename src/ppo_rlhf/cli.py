@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import logging
 import os
+import re
 import sys
 
 from ppo_rlhf.config import ConfigError
@@ -23,8 +24,21 @@ SUBCOMMAND_MODULES = (
 )
 
 
+# A value that begins with a minus sign and reads as a number -- with an exponent (-1e-3), as
+# inf or nan, or the first of a comma-separated list (--reward-weights -0.5,1) -- is a value, not a
+# flag.  argparse takes only -1 and -0.5 so, and refused the others as a flag missing its value;
+# no flag of ppo-rlhf begins with a minus and a digit (docs/design.md, "Configuration").
+_NUMBER = r"(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|inf(?:inity)?|nan"
+NEGATIVE_VALUE = re.compile(rf"^-(?:{_NUMBER})(?:,\s*[-+]?(?:{_NUMBER}))*$", re.IGNORECASE)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that, on an unknown flag, also suggests the closest allowed one."""
+    """argparse that reads negative numbers as values (``NEGATIVE_VALUE``) and, on an unknown
+    flag, also suggests the closest allowed one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE
 
     def error(self, message: str):  # noqa: D401
         if "unrecognized arguments" in message:

@@ -9,6 +9,7 @@ message that names the key and says what is allowed (docs/design.md, "Configurat
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import math
@@ -176,7 +177,7 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         if kind is float:
             return float(value)
         if kind is list:
-            items = _coerce_list(value)
+            items = _coerce_list(value, whole_paths=_item_type(field.type) is str)
         else:
             return kind(value)
     except (TypeError, ValueError):
@@ -211,20 +212,35 @@ def _coerce_numbers(field: dataclasses.Field, items: list) -> list:
         raise ConfigError(f"invalid value for '{field.name}': {items!r}; allowed: comma-separated {words}") from None
 
 
-def _coerce_list(value: Any) -> list:
+def _coerce_list(value: Any, whole_paths: bool = False) -> list:
     """A list field from YAML (a list, or one comma-separated string) or from flags (each
     repeated flag's value, comma-separated): one flat list.  An empty value empties the list so
     far, so that ``--reward-fn ""`` still unsets what came before it.  Numbers are converted by
-    :func:`_coerce_numbers`, other items checked by the config's ``validate``."""
+    :func:`_coerce_numbers`, other items checked by the config's ``validate``.
+
+    ``whole_paths`` (a list of strings): a value naming a file or folder that exists, or
+    ``path:function`` with such a path, is one item, commas and all; splitting it would hand on
+    the pieces of a path as items of their own (docs/design.md, "Configuration")."""
     flat = []
     for item in [value] if isinstance(value, str) else list(value):
         if isinstance(item, str) and not item.strip():
             flat = []
+        elif isinstance(item, str) and whole_paths and _names_a_path(item):
+            flat.append(item)
         elif isinstance(item, str):
             flat += [part for part in item.split(",") if part]
         else:
             flat.append(item)
     return flat
+
+
+def _names_a_path(item: str) -> bool:
+    """Whether ``item`` (``path`` or ``path:function``) names a file or folder that exists."""
+    path = item.rpartition(":")[0] if ":" in item else item
+    try:
+        return bool(path) and Path(path).exists()
+    except OSError:  # a name too long for the file system names no path
+        return False
 
 
 def read_setting(cls: type, name: str, value: Any) -> Any:
@@ -273,21 +289,66 @@ def field_value(cls: type, field: dataclasses.Field, value: Any) -> Any:
 
 def check_config(config: Any) -> None:
     """Every field of ``config`` checked as ``build_config`` checks a value read from YAML or a
-    flag, then the class's ``validate`` (the rules between fields)."""
-    for field in dataclasses.fields(config):
+    flag, then the class's ``validate`` (the rules between fields).
+
+    A config checked before is checked again from the values it was given: ``validate`` fills in
+    what was left empty (the estimator's paper defaults, LoRA's learning rate, a task's chat
+    template), and a field it filled in and nobody changed since is emptied again first, so a
+    field set after the config was built is checked as if it had been given from the start
+    rather than against what the check had derived from its old value (docs/design.md,
+    "Configuration")."""
+    fields = dataclasses.fields(config)
+    record = config.__dict__.get(_CHECKED)
+    if record is not None:
+        given, derived = record
+        for field in fields:
+            if getattr(config, field.name) == derived[field.name] != given[field.name]:
+                setattr(config, field.name, copy.deepcopy(given[field.name]))
+    for field in fields:
         setattr(config, field.name, field_value(type(config), field, getattr(config, field.name)))
+    given = {field.name: copy.deepcopy(getattr(config, field.name)) for field in fields}
     validate = getattr(config, "validate", None)
     if validate is not None:
         validate()
+    config.__dict__[_CHECKED] = (given, {field.name: copy.deepcopy(getattr(config, field.name)) for field in fields})
+
+
+_CHECKED = "_checked_from"  # (values as given, values after validate) of a config's last check
+
+
+def checked_config(config: Any, cls: type[C], taker: str) -> C:
+    """``config`` checked again for a trainer taking it (``taker``, e.g. "PPOTrainer"): a
+    ConfigError names a config of another class, and any field changed since it was built is
+    held to its declaration and the class's rules (:func:`check_config`)."""
+    if not isinstance(config, cls):
+        raise ConfigError(f"{taker} takes a {cls.__name__}, got a {type(config).__name__}: build a "
+                          f"{cls.__name__}(...) for it")
+    check_config(config)
+    return config
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.safe_load``, but a key given twice in one mapping is an error: plain PyYAML keeps
-    the last value, and the first is lost without a word."""
+    the last value, and the first is lost without a word.  Merge keys (``<<: *defaults``) are
+    read as YAML reads them: the merged keys come first and a key of the mapping's own replaces
+    one merged in, which is what a merge is for; a key given twice among the mapping's own (or
+    within a merged mapping) is still refused."""
 
     def construct_mapping(self, node, deep=False):
+        self.refuse_repeated_keys(node)
+        return super().construct_mapping(node, deep)
+
+    def refuse_repeated_keys(self, node) -> None:
+        """ConfigError for a key given twice among ``node``'s own keys, or within a mapping it
+        merges (PyYAML flattens a merged mapping's pairs into this one, where the last would win)."""
         seen = {}
-        for key_node, _ in node.value:
+        for key_node, value_node in node.value:
+            if key_node.tag == MERGE_TAG:
+                merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for mapping in merged:
+                    if isinstance(mapping, yaml.MappingNode):
+                        self.refuse_repeated_keys(mapping)
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if not isinstance(key, typing.Hashable):
@@ -296,7 +357,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise ConfigError(f"key '{key}' is given twice (lines {seen[key]} and {line}); YAML would keep only "
                                   f"the last, so give it once")
             seen[key] = line
-        return super().construct_mapping(node, deep)
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def parse_yaml(text: str) -> Any:

@@ -41,19 +41,45 @@ def text(value: Any) -> str | None:
     return f"must be a string, got {_shown(value)}"
 
 
+# The roles chat templates format; a message of another role is rendered by some templates as
+# nothing at all, by others as an error, and would be trained on or not without a word.
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def chat_messages(value: Any, last_may_be_empty: bool = False) -> str | None:
+    """A non-empty list of chat messages, each ``{role, content}`` with a role of ``ROLES`` and
+    text content that is not empty.  ``last_may_be_empty``: the last message is a reply, which a
+    stage may take empty (and drop the row with a count) rather than refuse."""
+    if not isinstance(value, list):
+        return f"must be a list of chat messages {{role, content}}, got {_shown(value)}"
+    if not value:
+        return "is an empty list of chat messages; give at least one {role, content} message"
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"message {i} must be {{'role': string, 'content': string}}, got {_shown(message)}"
+        if message["role"] not in ROLES:
+            return f"message {i} has role {message['role']!r}; allowed roles: {', '.join(ROLES)}"
+        if "content" not in message:
+            return f"message {i} (role {message['role']!r}) has no 'content'"
+        if not isinstance(message["content"], str):
+            return f"message {i} (role {message['role']!r}) must have text content, got {_shown(message['content'])}"
+        if not message["content"].strip() and not (last_may_be_empty and i == len(value) - 1):
+            return f"message {i} (role {message['role']!r}) has empty content"
+    return None
+
+
 def text_or_messages(value: Any) -> str | None:
-    """A prompt under --chat-template: a string, or a non-empty list of {role, content} messages."""
+    """A prompt under --chat-template: a string, or chat messages (:func:`chat_messages`) that end
+    before the assistant's reply -- the reply is what the model writes (a completion, a response)."""
     if isinstance(value, str):
         return None
     if not isinstance(value, list):
         return f"must be a string or a list of chat messages {{role, content}}, got {_shown(value)}"
-    if not value:
-        return "is an empty list of chat messages; give at least one {role, content} message"
-    for i, message in enumerate(value):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            return f"message {i} must be {{'role': string, 'content': string}}, got {_shown(message)}"
-    return None
+    complaint = chat_messages(value)
+    if complaint is None and value[-1]["role"] == "assistant":
+        return ("ends with an assistant message, but a prompt ends before the reply the model writes; drop that "
+                "message from the prompt (a conversation with its reply: a {messages} row)")
+    return complaint
 
 
 def prompt_check(chat_template: bool) -> FieldCheck:
@@ -162,15 +188,26 @@ def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck
         rows = convert(rows)
     checks = required if isinstance(required, dict) else dict.fromkeys(required)
     for row in rows:
-        missing = [field for field in checks if field not in row or row[field] is None]
-        if missing:
-            fields = sorted(k for k in row if k != "_source")
-            raise DataError(f"{row['_source']}: missing field '{missing[0]}' (the row has: {', '.join(fields)})")
-        for field, check in checks.items():
-            complaint = check(row[field]) if check is not None else None
-            if complaint:
-                raise DataError(f"{row['_source']}: field '{field}' {complaint}")
+        complaint = row_complaint(row, checks)
+        if complaint:
+            raise DataError(f"{row['_source']}: {complaint}")
     return rows
+
+
+def row_complaint(row: dict, checks: dict[str, FieldCheck | None]) -> str | None:
+    """What is wrong with ``row`` for ``checks`` (field -> checker, None: any value), or None: a
+    missing field, named with the fields the row has (a null one is missing, and said to be
+    null), or a field's own complaint."""
+    for field, check in checks.items():
+        if row.get(field) is None:
+            fields = ", ".join(sorted(k for k in row if k != "_source")) or "none"
+            null = ": it is null" if field in row else ""
+            return f"missing field '{field}'{null} (the row has: {fields})"
+    for field, check in checks.items():
+        complaint = check(row[field]) if check is not None else None
+        if complaint:
+            return f"field '{field}' {complaint}"
+    return None
 
 
 def drop_rows(rows: list[dict], useless: Callable[[dict], bool], why: str, source: str | Path) -> list[dict]:

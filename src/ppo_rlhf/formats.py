@@ -18,14 +18,20 @@ and also takes the public shapes of the same data, converted here row by row:
     Alpaca             {instruction, input, output} for sft, {instruction, input} as ppo prompts: the
                        Alpaca prompt template, or a user message under --chat-template
 
-A file holds one shape: a row of another shape is an error naming its file and line.
+A file holds one shape, which its first row decides: a row of another shape is an error naming
+its file and line, and a row of none names the field it lacks for the file's shape.  Each shape
+checks the fields it reads before converting a row (roles of chat messages, empty contents, null
+or mistyped values), so a malformed field is named as the file has it, not as the converted row
+would have held it; the stage then checks its own fields.  A first row of no shape that has a
+field of one ("nearly Alpaca": input and output, no instruction) is named for what it lacks.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
-from ppo_rlhf.data import DataError
+from ppo_rlhf.data import DataError, FieldCheck, chat_messages, row_complaint, text
 
 # The ends of an assistant turn's opening, in the text formats people save conversations in.
 ASSISTANT_MARKERS = ("\n\nAssistant:", "\nAssistant:", "<|im_start|>assistant\n", "<|assistant|>\n",
@@ -39,79 +45,169 @@ ALPACA_WITH_INPUT = ("Below is an instruction that describes a task, paired with
 Converter = Callable[[list[dict]], list[dict]]
 
 
-def _is_messages(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
-
-
 def _where(row: dict) -> str:
     return row.get("_source", "a row")
 
 
-def _one_shape(rows: list[dict], shape_of: Callable[[dict], str | None]) -> str | None:
-    """The shape every row has (None: the first row has none, and the stage's field check will
-    name what it lacks); DataError naming the first row of another shape."""
-    first = shape_of(rows[0])
-    if first is None:
-        return None
-    for row in rows:
-        shape = shape_of(row)
-        if shape != first:
-            what = f"a {shape} row" if shape else f"a row of none of the shapes (fields {sorted(k for k in row if k != '_source')})"
-            raise DataError(f"{_where(row)}: {what} in a file of {first} rows ({_where(rows[0])}); a file holds one "
-                            f"shape")
-    return first
+def _a(name: str) -> str:
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _with(row: dict, **fields) -> dict:
     return {**row, **fields}
 
 
+# ---------------------------------------------------------------- the checks of the fields a shape reads
+def instruction_text(value) -> str | None:
+    """An Alpaca instruction: text that says something."""
+    complaint = text(value)
+    if complaint is None and not value.strip():
+        return "is empty: an Alpaca row's instruction is its prompt"
+    return complaint
+
+
+def reply_message(value) -> str | None:
+    """A reply given as messages: exactly one assistant message (its content may be empty: the
+    row is then dropped with a count, as an empty text reply is)."""
+    complaint = chat_messages(value, last_may_be_empty=True)
+    if complaint is None and (len(value) != 1 or value[0]["role"] != "assistant"):
+        complaint = f"must be one assistant message [{{'role': 'assistant', 'content': ...}}], got {str(value)[:80]}"
+    return complaint
+
+
+def conversation_with_reply(value) -> str | None:
+    """A conversation that ends with the assistant's reply (which may be empty, as a reply may)."""
+    complaint = chat_messages(value, last_may_be_empty=True)
+    if complaint is None and value[-1]["role"] != "assistant":
+        complaint = f"must end with the assistant's reply, but ends with a {value[-1]['role']!r} message"
+    return complaint
+
+
+def conversation_to_learn(value) -> str | None:
+    """sft {messages}: at least one message, then the assistant's reply, the completion to learn."""
+    complaint = conversation_with_reply(value)
+    if complaint is None and len(value) < 2:
+        complaint = "must end with the assistant's reply (the completion to learn), after at least one other message"
+    return complaint
+
+
+def conversation_to_answer(value) -> str | None:
+    """ppo {messages}: a conversation the policy answers (a final assistant message is dropped, so
+    it may be empty; something must come before it)."""
+    ends_with_reply = isinstance(value, list) and bool(value) and isinstance(value[-1], dict) \
+        and value[-1].get("role") == "assistant"
+    complaint = chat_messages(value, last_may_be_empty=ends_with_reply)
+    if complaint is None and ends_with_reply and len(value) == 1:
+        complaint = "holds only the assistant's reply: there is no prompt before it to answer"
+    return complaint
+
+
+def assistant_turns(row: dict, prompt_field: str, completion_field: str) -> list[dict]:
+    """sft: a conversation's rows, one per assistant message after the first message -- its
+    completion, with the conversation before it as the prompt -- so a multi-turn trace (an agent's
+    tool calls, the tools' answers, its final answer) trains every turn the assistant wrote and none
+    of what the user or the tools wrote."""
+    messages = row["messages"]
+    return [_with(row, **{prompt_field: messages[:i], completion_field: message["content"]})
+            for i, message in enumerate(messages) if i > 0 and message["role"] == "assistant"]
+
+
+# ---------------------------------------------------------------- one shape of rows, and a file of them
+@dataclass(frozen=True)
+class Shape:
+    """One public shape of a stage's rows: the fields that make a row of it (present, if null), the
+    check of each field it reads (``checks``; ``optional``: fields it reads if there), and the
+    conversion into the stage's row (None: the stage's own row already).  ``holds`` tells it from
+    a shape of the same fields by a value's type (a reply as text or as messages)."""
+
+    name: str
+    fields: tuple[str, ...]
+    checks: dict[str, FieldCheck] = field(default_factory=dict)
+    optional: dict[str, FieldCheck] = field(default_factory=dict)
+    convert: Callable[[dict], dict] | None = None
+    holds: Callable[[dict], bool] = lambda row: True
+
+    def matches(self, row: dict) -> bool:
+        return all(name in row for name in self.fields) and self.holds(row)
+
+    def missing(self, row: dict) -> list[str]:
+        return [name for name in self.fields if name not in row]
+
+    def complaint(self, row: dict) -> str | None:
+        """What is wrong with a row of this shape, field by field (None: nothing)."""
+        return row_complaint(row, self.checks) or row_complaint(
+            row, {name: check for name, check in self.optional.items() if row.get(name) is not None})
+
+
+def rows_of_one_shape(shapes: list[Shape]) -> Converter:
+    """A converter of a file's rows: the shape of the first row (the first of ``shapes`` it
+    matches) is the file's; every row is held to it, checked and converted."""
+
+    def shape_of(row: dict) -> Shape | None:
+        return next((shape for shape in shapes if shape.matches(row)), None)
+
+    def convert(rows: list[dict]) -> list[dict]:
+        first = shape_of(rows[0])
+        if first is None:
+            refuse_nearly(rows[0], shapes)
+            return rows  # a row of no shape: the stage's own check names the fields it lacks
+        converted = []
+        for row in rows:
+            shape = shape_of(row)
+            if shape is None:
+                lacking = first.missing(row) or list(first.fields)
+                fields = ", ".join(sorted(k for k in row if k != "_source")) or "none"
+                raise DataError(f"{_where(row)}: missing field '{lacking[0]}' (the row has: {fields}); the file's rows "
+                                f"are {first.name} rows, as {_where(rows[0])} shows")
+            if shape is not first:
+                raise DataError(f"{_where(row)}: {_a(shape.name)} row in a file of {first.name} rows "
+                                f"({_where(rows[0])}); a file holds one shape")
+            complaint = shape.complaint(row)
+            if complaint:
+                raise DataError(f"{_where(row)}: {complaint}")
+            made = shape.convert(row) if shape.convert else row
+            converted += made if isinstance(made, list) else [made]  # a conversation may make several rows
+        return converted if first.convert else rows
+
+    return convert
+
+
+def refuse_nearly(row: dict, shapes: list[Shape]) -> None:
+    """DataError for a row that has a field of a shape but not all it needs (Alpaca's input and
+    output without an instruction), naming what it lacks for the shape it comes closest to."""
+    near = [shape for shape in shapes if any(name in row for name in (*shape.fields, *shape.optional))]
+    if not near:
+        return
+    closest = min(near, key=lambda shape: len(shape.missing(row)))
+    fields = ", ".join(sorted(k for k in row if k != "_source")) or "none"
+    raise DataError(f"{_where(row)}: missing field '{closest.missing(row)[0]}' for {_a(closest.name)} row, which needs "
+                    f"{', '.join(closest.fields)} (the row has: {fields})")
+
+
 # ---------------------------------------------------------------- Alpaca
 def alpaca_prompt(row: dict, chat_template: bool):
     """The prompt of an Alpaca row: its template as text, or the instruction (and input) as one
     user message for a chat template to format."""
-    instruction, extra = str(row["instruction"]), str(row.get("input") or "")
+    instruction, extra = row["instruction"], row.get("input") or ""
     if chat_template:
         return [{"role": "user", "content": instruction + (f"\n\n{extra}" if extra else "")}]
     return (ALPACA_WITH_INPUT if extra else ALPACA).format(instruction=instruction, input=extra)
 
 
+ALPACA_INPUT = {"input": text}  # may be absent or null: an instruction without input
+
+
 # ---------------------------------------------------------------- sft
 def completion_rows(prompt_field: str, completion_field: str, chat_template: bool) -> Converter:
     """sft: {prompt, completion} as they are; {messages} and Alpaca rows converted."""
-
-    def shape_of(row: dict) -> str | None:
-        if prompt_field in row and completion_field in row:
-            return "prompt-completion"
-        if "messages" in row:
-            return "conversational"
-        if "instruction" in row and "output" in row:
-            return "Alpaca"
-        return None
-
-    def convert(rows: list[dict]) -> list[dict]:
-        shape = _one_shape(rows, shape_of)
-        if shape == "conversational":
-            return [turn for row in rows for turn in _from_messages(row, prompt_field, completion_field)]
-        if shape == "Alpaca":
-            return [_with(row, **{prompt_field: alpaca_prompt(row, chat_template), completion_field: str(row["output"])})
-                    for row in rows]
-        return rows
-
-    return convert
-
-
-def _from_messages(row: dict, prompt_field: str, completion_field: str) -> list[dict]:
-    """A conversation's rows: one per assistant message after the first message, its completion,
-    with the conversation before it as the prompt -- so a multi-turn trace (an agent's tool calls,
-    the tools' answers, its final answer) trains every turn the assistant wrote and none of what
-    the user or the tools wrote."""
-    messages = row["messages"]
-    if not _is_messages(messages) or len(messages) < 2 or messages[-1].get("role") != "assistant":
-        raise DataError(f"{_where(row)}: 'messages' must be a list of {{role, content}} messages ending with the "
-                        f"assistant's (the completion to learn), after at least one other")
-    return [_with(row, **{prompt_field: messages[:i], completion_field: str(message["content"])})
-            for i, message in enumerate(messages) if i > 0 and message.get("role") == "assistant"]
+    return rows_of_one_shape([
+        Shape("prompt-completion", (prompt_field, completion_field)),
+        Shape("conversational", ("messages",), {"messages": conversation_to_learn},
+              convert=lambda row: assistant_turns(row, prompt_field, completion_field)),
+        Shape("Alpaca", ("instruction", "output"), {"instruction": instruction_text, "output": text}, ALPACA_INPUT,
+              convert=lambda row: _with(row, **{prompt_field: alpaca_prompt(row, chat_template),
+                                                completion_field: row["output"]})),
+    ])
 
 
 # ---------------------------------------------------------------- rm (pairwise)
@@ -119,51 +215,54 @@ def preference_rows(prompt_field: str, chosen_field: str, rejected_field: str) -
     """Pairwise rm: {prompt, chosen, rejected} with text or message responses; {chosen, rejected}
     with an implicit prompt, as text or as conversations."""
 
-    def shape_of(row: dict) -> str | None:
-        if chosen_field not in row or rejected_field not in row:
-            return None
-        explicit = "explicit prompt" if prompt_field in row else "implicit prompt"
-        return f"{explicit}, {'conversational' if _is_messages(row[chosen_field]) else 'text'}"
+    def as_text(row: dict) -> bool:
+        return not isinstance(row.get(chosen_field), list)
 
-    def convert(rows: list[dict]) -> list[dict]:
-        shape = _one_shape(rows, shape_of)
-        if shape in (None, "explicit prompt, text"):
-            return rows
-        converted = []
-        for row in rows:
-            chosen, rejected = row[chosen_field], row[rejected_field]
-            if shape.startswith("explicit"):  # responses as messages after a given prompt
-                prompt, chosen, rejected = row[prompt_field], _reply(row, chosen), _reply(row, rejected)
-            elif shape.endswith("conversational"):
-                prompt, chosen, rejected = _split_conversations(row, chosen, rejected)
-            else:
-                prompt, chosen, rejected = _split_texts(row, chosen, rejected)
-            converted.append(_with(row, **{prompt_field: prompt, chosen_field: chosen, rejected_field: rejected}))
-        return converted
+    def as_messages(row: dict) -> bool:
+        return isinstance(row.get(chosen_field), list)
 
-    return convert
+    def replies(row: dict) -> dict:  # responses as messages after a given prompt
+        return _with(row, **{chosen_field: row[chosen_field][0]["content"],
+                             rejected_field: row[rejected_field][0]["content"]})
 
+    def split_conversations(row: dict) -> dict:
+        prompt, chosen, rejected = _split_conversations(row, chosen_field, rejected_field)
+        return _with(row, **{prompt_field: prompt, chosen_field: chosen, rejected_field: rejected})
 
-def _reply(row: dict, messages) -> str:
-    """The content of a response given as messages: exactly one assistant message."""
-    if not _is_messages(messages) or len(messages) != 1 or messages[0].get("role") != "assistant":
-        raise DataError(f"{_where(row)}: a response given as messages must be one assistant message "
-                        f"[{{'role': 'assistant', 'content': ...}}], got {str(messages)[:80]}")
-    return str(messages[0]["content"])
+    def split_texts(row: dict) -> dict:
+        prompt, chosen, rejected = _split_texts(row, row[chosen_field], row[rejected_field])
+        return _with(row, **{prompt_field: prompt, chosen_field: chosen, rejected_field: rejected})
+
+    pair = (chosen_field, rejected_field)
+    return rows_of_one_shape([
+        Shape("explicit prompt, text", (prompt_field, *pair), holds=as_text),
+        Shape("explicit prompt, conversational", (prompt_field, *pair), dict.fromkeys(pair, reply_message),
+              convert=replies, holds=as_messages),
+        Shape("implicit prompt, text", pair, dict.fromkeys(pair, text), convert=split_texts, holds=as_text),
+        Shape("implicit prompt, conversational", pair, dict.fromkeys(pair, conversation_with_reply),
+              convert=split_conversations, holds=as_messages),
+    ])
 
 
-def _split_conversations(row: dict, chosen: list, rejected) -> tuple[list, str, str]:
+def _split_conversations(row: dict, chosen_field: str, rejected_field: str) -> tuple[list, str, str]:
     """(prompt messages, chosen reply, rejected reply) of two conversations that differ only in
     their last turn."""
-    if not _is_messages(rejected):
-        raise DataError(f"{_where(row)}: chosen is a conversation but rejected is not")
-    shared = 0
-    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+    chosen, rejected = row[chosen_field], row[rejected_field]
+    # The prompt stops before each conversation's last message, its reply: two equal conversations
+    # are a pair of equal replies (the stage drops it with a count), not a prompt without replies.
+    shared, most = 0, min(len(chosen), len(rejected)) - 1
+    while shared < most and chosen[shared] == rejected[shared]:
         shared += 1
     if shared == 0:
         raise DataError(f"{_where(row)}: chosen and rejected share no prefix, so there is no prompt to find; give a "
                         f"'prompt' field")
-    return chosen[:shared], _reply(row, chosen[shared:]), _reply(row, rejected[shared:])
+    for name, conversation in ((chosen_field, chosen), (rejected_field, rejected)):
+        if len(conversation) - shared != 1:
+            after = len(conversation) - shared
+            raise DataError(f"{_where(row)}: field '{name}' goes on for {after} messages after the {shared} the two "
+                            f"conversations share; after the prompt a response given as messages must be one "
+                            f"assistant message")
+    return chosen[:shared], chosen[shared]["content"], rejected[shared]["content"]
 
 
 def implicit_prompt(chosen: str, rejected: str) -> str:
@@ -180,9 +279,7 @@ def implicit_prompt(chosen: str, rejected: str) -> str:
     return prefix[:-1] if prefix.endswith(" ") and shared < min(len(chosen), len(rejected)) else prefix
 
 
-def _split_texts(row: dict, chosen, rejected) -> tuple[str, str, str]:
-    if not isinstance(chosen, str) or not isinstance(rejected, str):
-        raise DataError(f"{_where(row)}: chosen and rejected must both be text (or both conversations)")
+def _split_texts(row: dict, chosen: str, rejected: str) -> tuple[str, str, str]:
     prompt = implicit_prompt(chosen, rejected)
     if not prompt:
         raise DataError(f"{_where(row)}: chosen and rejected share no prefix, so there is no prompt to find; give a "
@@ -195,30 +292,13 @@ def prompt_rows(prompt_field: str, chat_template: bool) -> Converter:
     """ppo / eval prompts: {prompt} as it is; {messages} (a final assistant message dropped: the
     policy writes that one) and Alpaca {instruction, input} converted."""
 
-    def shape_of(row: dict) -> str | None:
-        if prompt_field in row:
-            return "prompt"
-        if "messages" in row:
-            return "conversational"
-        if "instruction" in row:
-            return "Alpaca"
-        return None
+    def before_the_reply(row: dict) -> dict:
+        messages = row["messages"]
+        return _with(row, **{prompt_field: messages[:-1] if messages[-1]["role"] == "assistant" else messages})
 
-    def convert(rows: list[dict]) -> list[dict]:
-        shape = _one_shape(rows, shape_of)
-        if shape == "conversational":
-            converted = []
-            for row in rows:
-                messages = row["messages"]
-                if _is_messages(messages) and messages[-1].get("role") == "assistant":
-                    messages = messages[:-1]
-                if not _is_messages(messages):
-                    raise DataError(f"{_where(row)}: 'messages' must hold {{role, content}} messages before the "
-                                    f"assistant's reply")
-                converted.append(_with(row, **{prompt_field: messages}))
-            return converted
-        if shape == "Alpaca":
-            return [_with(row, **{prompt_field: alpaca_prompt(row, chat_template)}) for row in rows]
-        return rows
-
-    return convert
+    return rows_of_one_shape([
+        Shape("prompt", (prompt_field,)),
+        Shape("conversational", ("messages",), {"messages": conversation_to_answer}, convert=before_the_reply),
+        Shape("Alpaca", ("instruction",), {"instruction": instruction_text}, ALPACA_INPUT,
+              convert=lambda row: _with(row, **{prompt_field: alpaca_prompt(row, chat_template)})),
+    ])

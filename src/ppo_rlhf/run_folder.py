@@ -129,6 +129,26 @@ def check_run_folder(out: str | Path, overwrite: bool, resume: bool = False, res
             "--overwrite to replace it"
         raise ConfigError(f"--out {out} already holds a run ({', '.join(present)}): pass {options}, "
                           f"or choose another --out")
+    if present and (overwrite or holds_no_work(out)):
+        deletable_outputs(out, present)
+
+
+def deletable_outputs(out: Path, present: list[str]) -> None:
+    """ConfigError naming the first folder whose entries the run's start could not delete (a
+    read-only or immutable ``checkpoints/``, a read-only mount), before anything is deleted: a
+    start that failed half-way through the deletion would leave neither run whole.  Each folder
+    that deletion empties is tried for real, as ``writable_folder`` tries --out."""
+    folders = [out]
+    for name in present:
+        if (out / name).is_dir():
+            folders += [out / name, *(p for p in (out / name).rglob("*") if p.is_dir() and not p.is_symlink())]
+    for folder in folders:
+        try:
+            tempfile.TemporaryDirectory(dir=folder, prefix=".ppo-rlhf-probe-").cleanup()
+        except OSError as error:
+            raise ConfigError(f"--out {out}: {folder} cannot be changed ({error.strerror or error}), so the previous "
+                              f"run's files there cannot be deleted to start this one (--overwrite); make it writable "
+                              f"(chmod -R u+w, or chattr -R -i), or choose another --out") from None
 
 
 def writable_folder(out: Path, existing: Path) -> None:

@@ -8,13 +8,17 @@ through accelerate's wrappers (``accelerate.tracking``), each made and started h
 through an ``Accelerator``, which would start them in every process.
 
 Each tracker's run is named after the run folder; the ids that let a ``--resume`` continue the
-same tracker run are kept in ``RUN/trackers.json``:
+same tracker run are kept in ``RUN/trackers.json``.  A new run (a new folder, or one emptied by
+``--overwrite``) is always a new tracker run, even where another run's folder has the same name:
+two runs never log into one.
 
 - tensorboard  events in ``RUN/tb``; a resume purges the events of the steps after its checkpoint.
 - wandb        the same run (``id``, ``resume="allow"``); W&B keeps the values it already has for
                the steps redone after the checkpoint (a step below its last is dropped).
 - mlflow       the same run (``run_id``); steps the run already holds are not sent again.
 - trackio      the same run (its name, ``resume="allow"``); steps it already holds are not sent again.
+               Trackio knows a run by its name alone, so a new run's name is the folder's with a
+               random suffix (``run-3f2a9c1e``): runs/a/run and runs/b/run would otherwise be one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import importlib.util
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,10 @@ def tracker_names(report_to: str | list[str] | None) -> list[str]:
     names = [str(name).strip().lower() for name in given if str(name).strip()]
     if names == ["none"]:
         return []
+    if "none" in names:
+        others = ", ".join(name for name in names if name != "none")
+        raise ConfigError(f"--report-to {report_to!r}: none means no tracker, so it goes alone and cannot go with "
+                          f"{others}; give --report-to none alone, or the trackers without it")
     unknown = [name for name in names if name not in TRACKERS]
     if unknown or not names:
         raise ConfigError(f"--report-to {report_to!r}: {', '.join(unknown) or 'nothing'} is not a tracker; allowed: "
@@ -178,7 +187,9 @@ class _Trackio(Tracker):
         from accelerate.tracking import TrackioTracker
 
         project = os.environ.get("TRACKIO_PROJECT", PROJECT)
-        self.run_id = run_id or run_name  # Trackio knows a run by its name in the project
+        # Trackio knows a run by its name in the project: a new run's is made unique, so that two
+        # run folders of one name (or a folder started again with --overwrite) are two runs.
+        self.run_id = run_id or f"{run_name}-{secrets.token_hex(4)}"
         tracker = TrackioTracker(project, name=self.run_id, resume="allow", config=config if run_id is None else None)
         tracker.start()
         if run_id is not None:

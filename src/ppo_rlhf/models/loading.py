@@ -20,13 +20,80 @@ class ModelError(ValueError):
     """A model folder that cannot serve the role asked of it; the message names the folder."""
 
 
-def require_model_folder(path: str | Path, what: str) -> Path:
+def require_model_folder(path: str | Path, what: str, prefer: tuple[str, ...] = ()) -> Path:
+    """``path`` if it holds a model (config.json); otherwise an error that says what it is when
+    ppo-rlhf wrote it -- a critic, an adapter, a run folder (and where that run's model is:
+    ``prefer`` names the checkpoints that fit the role asked for, e.g. actor or sft)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{what} not found: {path}")
     if not (path / "config.json").is_file():
+        described = critic_description(path) or run_folder_description(path, prefer)
+        if described is None and is_adapter_folder(path):
+            described = f"{path} is a LoRA adapter (adapter_config.json), not a full model folder"
+        if described is not None:
+            raise ModelError(f"{what} at {path}: {described}")
         raise FileNotFoundError(f"{what} at {path} is not a Hugging Face model folder (no config.json)")
     return path
+
+
+# What ppo-rlhf writes, read back to say what a folder given in the wrong place is (docs/design.md,
+# "Resume and divergence": folders say what they are).
+VALUE_HEAD = "value_head.safetensors"  # a critic folder's value head, beside its trunk or adapter (models/value.py)
+POLICY_CHECKPOINTS = ("actor", "sft")  # a run's causal LMs: ppo's final actor, sft's model
+REWARD_CHECKPOINTS = ("reward",)
+
+
+def critic_description(path: str | Path) -> str | None:
+    """What a critic a ppo run saved is (None for any other folder): it reads a sequence and
+    gives values; it writes no tokens and scores no answers, so it serves as no policy and no
+    reward model."""
+    path = Path(path)
+    if not (path / VALUE_HEAD).is_file():
+        return None
+    if is_adapter_folder(path):
+        kind = f"a critic adapter (a LoRA adapter with a value head, {VALUE_HEAD}: ppo --critic lora)"
+    elif (path / "config.json").is_file():
+        kind = f"a critic (a model's trunk with a value head, {VALUE_HEAD}: ppo --critic separate)"
+    else:
+        kind = f"a critic's value head alone ({VALUE_HEAD}: ppo --critic shared, a head on the actor's trunk)"
+    policy = path.parent / "actor"
+    has_policy = (policy / "config.json").is_file() or is_adapter_folder(policy)
+    beside = f"; the run's policy is {policy}" if has_policy else ""
+    return f"{path} is {kind}: it gives values of tokens, and neither writes nor scores answers{beside}"
+
+
+def refuse_critic(path: str | Path, what: str) -> None:
+    """ModelError if ``path`` is a critic (see :func:`critic_description`), given as ``what``."""
+    described = critic_description(path)
+    if described is not None:
+        raise ModelError(f"{what} at {path}: {described}")
+
+
+def run_folder_description(path: str | Path, prefer: tuple[str, ...] = ()) -> str | None:
+    """What a run folder given as a model holds (None for any other folder): where its model is."""
+    checkpoints = Path(path) / "checkpoints"
+    if not checkpoints.is_dir():
+        return None
+    models = [folder for folder in sorted(checkpoints.iterdir())
+              if folder.name != "last" and folder.is_dir() and critic_description(folder) is None
+              and ((folder / "config.json").is_file() or is_adapter_folder(folder))]
+    if not models:
+        return f"{path} is a run folder, not a model folder, and its run has saved no model yet ({checkpoints})"
+    fitting = [folder for folder in models if folder.name in prefer] or models
+    others = [str(folder) for folder in models if folder != fitting[0]]
+    return (f"{path} is a run folder, not a model folder: its model is {fitting[0]}"
+            + (f" (it also holds {', '.join(others)})" if others else ""))
+
+
+def refuse_adapter(path: str | Path, command: str) -> None:
+    """ModelError if ``path`` is a LoRA adapter: ``command`` (sft, rm) trains a full model, and an
+    adapter is only a difference from its base."""
+    if path is not None and is_adapter_only(path):
+        base = adapter_record(path).get("base_model_name_or_path") or "its base"
+        raise ModelError(f"--model {path} is a LoRA adapter (adapter_config.json, trained on {base}), and {command} "
+                         f"trains a full model: merge it into its base first (ppo-rlhf merge --adapter {path} --out "
+                         f"DIR) and give --model DIR")
 
 
 def is_adapter_only(path: str | Path) -> bool:
@@ -95,6 +162,7 @@ def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
+    refuse_critic(path, "adapter")
     record = adapter_record(path)
     if record.get("peft_type") != "LORA":
         raise ModelError(f"{path} holds a {record.get('peft_type')} adapter; ppo-rlhf loads LoRA adapters")
@@ -202,11 +270,13 @@ def max_positions(config) -> int | None:
     return None
 
 
-def check_tokenizer(tokenizer, where, chat_template: bool = False, needs_eos: bool = True) -> None:
+def check_tokenizer(tokenizer, where, chat_template: bool = False, needs_eos: bool = True,
+                    template_flag: str = "--chat-template") -> None:
     """Refuse a tokenizer that cannot do what the stage asks of it: without EOS a response could
     never end (and SFT could not teach one to); without a pad token (load_tokenizer pads with EOS
     when there is none) rows of different lengths cannot be batched; ``--chat-template`` needs a
-    chat template."""
+    chat template.  ``template_flag``: what asked for the template (a task that formats its
+    prompts with it names itself: the user never gave --chat-template)."""
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
         raise ModelError(f"{where}: its tokenizer has no pad token and no EOS token to pad with, so rows of "
                          f"different lengths cannot be batched; set pad_token (or eos_token) in its "
@@ -215,19 +285,27 @@ def check_tokenizer(tokenizer, where, chat_template: bool = False, needs_eos: bo
         raise ModelError(f"{where}: its tokenizer has no EOS token, so a response could never end; set eos_token "
                          f"in its tokenizer_config.json (e.g. tokenizer.eos_token = '</s>'; tokenizer.save_pretrained)")
     if chat_template and getattr(tokenizer, "chat_template", None) is None:
-        raise ModelError(f"{where}: its tokenizer has no chat template, so --chat-template cannot format the "
-                         f"prompts; drop --chat-template (prompts are then plain text) or give a model whose "
-                         f"tokenizer has one")
+        fix = ("drop --chat-template (prompts are then plain text) or give a model whose tokenizer has one"
+               if template_flag == "--chat-template" else "give a model whose tokenizer has one (an instruct or chat "
+                                                          "model)")
+        raise ModelError(f"{where}: its tokenizer has no chat template, so {template_flag} cannot format the "
+                         f"prompts with it; {fix}")
 
 
-def check_fits(model, tokenizer, longest: int, where, limit: str) -> None:
-    """Refuse a model whose embeddings cannot take the tokenizer's ids, or whose positions stop
-    before the ``longest`` sequence the stage will build (``limit``: the setting that allows it)."""
+def check_vocabulary(model, tokenizer, where) -> None:
+    """Refuse a model whose embeddings cannot take the tokenizer's ids (``where`` names the model:
+    its folder, or ``model=`` / ``reward=`` for one given in Python)."""
     vocabulary = model.get_input_embeddings().num_embeddings
     if vocabulary < len(tokenizer):
         raise ModelError(f"{where}: the model's vocabulary has {vocabulary} tokens but its tokenizer has "
                          f"{len(tokenizer)}, so ids from {vocabulary} up would index past the embeddings; give the "
                          f"tokenizer the model was trained with")
+
+
+def check_fits(model, tokenizer, longest: int, where, limit: str) -> None:
+    """Refuse a model whose embeddings cannot take the tokenizer's ids, or whose positions stop
+    before the ``longest`` sequence the stage will build (``limit``: the setting that allows it)."""
+    check_vocabulary(model, tokenizer, where)
     positions = max_positions(model.config)
     if positions is not None and longest > positions:
         raise ModelError(f"{where}: the model has {positions} positions but sequences here reach {longest} tokens "
@@ -251,9 +329,10 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | str | None = None):
     (AutoModelForCausalLM would happily wrap a BERT encoder or a reward model's trunk)."""
     from transformers import AutoModelForCausalLM
 
+    refuse_critic(path, "causal LM")
     if is_adapter_only(path):  # a LoRA adapter (e.g. RUN/checkpoints/actor of a --lora run)
         return load_adapter_as_model(path, "causal_lm", dtype)
-    path = require_model_folder(path, "causal LM")
+    path = require_model_folder(path, "causal LM", prefer=POLICY_CHECKPOINTS)
     config = _model_config(path, "causal LM")
     # A folder without architectures (a config written by hand) gets the benefit of the doubt.
     if config.architectures and not any(_is_causal_lm(a) for a in config.architectures):
@@ -268,9 +347,10 @@ def load_sequence_classifier(path: str | Path, dtype: torch.dtype | str | None =
     initialised, random score head, and PPO would chase noise: refuse it."""
     from transformers import AutoModelForSequenceClassification
 
+    refuse_critic(path, "reward model")
     if is_adapter_only(path):  # a reward adapter from `ppo-rlhf rm --lora`
         return load_adapter_as_model(path, "classifier", dtype)
-    path = require_model_folder(path, "reward model")
+    path = require_model_folder(path, "reward model", prefer=REWARD_CHECKPOINTS)
     config = _model_config(path, "reward model")
     if config.architectures and not any(a.endswith("ForSequenceClassification") for a in config.architectures):
         raise ModelError(f"{_describe(path, config)}, not a reward model (a ...ForSequenceClassification): "

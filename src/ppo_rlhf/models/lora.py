@@ -74,11 +74,17 @@ def target_modules(targets: str, model: nn.Module | None, output_layer: bool = T
         return [t.strip() for t in targets.split(",") if t.strip()]
     if not output_layer:
         return "all-linear"
-    output = model.get_output_embeddings() if model is not None else None
-    inputs = model.get_input_embeddings() if model is not None else None
-    if output is None or inputs is None or output.weight.data_ptr() == inputs.weight.data_ptr():
+    if model is None or model.get_output_embeddings() is None or model.get_input_embeddings() is None \
+            or output_layer_tied(model):
         return "all-linear"
     return linear_layer_names(model, most=None)
+
+
+def output_layer_tied(model: nn.Module) -> bool:
+    """Whether the model's output layer is its input embeddings (one weight): the default targets
+    then leave it unadapted, and the run's plan says so (trainers/ppo_plan.py)."""
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()
 
 
 @dataclass

@@ -16,10 +16,14 @@ import torch
 from torch import nn
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.models.loading import from_pretrained, is_adapter_only, load_adapter_as_model, write_model_folder
+from ppo_rlhf.models.loading import (  # noqa: F401 -- VALUE_HEAD: a critic folder's value head, named there
+    VALUE_HEAD,
+    from_pretrained,
+    is_adapter_only,
+    load_adapter_as_model,
+    write_model_folder,
+)
 from ppo_rlhf.sharding import load_whole_state, shard, shard_unit, unique_state_dict
-
-VALUE_HEAD = "value_head.safetensors"  # a critic folder's value head, beside its trunk or adapter
 
 
 class ValueHead(nn.Module):

@@ -16,6 +16,7 @@ import copy
 import inspect
 import math
 import numbers
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -507,8 +508,48 @@ class RewardOptions:
         return bool(getattr(self, "reward_model", None)) + len(self.reward_fn) + bool(self.reward_url)
 
     def validate_rewards(self) -> None:
-        rewards = self.reward_count() or 1  # none given: the task's rule, if there is a task
-        if self.reward_weights and len(self.reward_weights) != rewards:
+        """The reward URL's form, and the weights: not all 0, and one per reward where the config
+        names the rewards (a task's rule counts as one).  A config that names none, and no task,
+        leaves the count to the rewards a trainer is given in Python (``PPOTrainer(config,
+        reward=[f, g])``), which CombinedReward holds to it."""
+        if self.reward_url is not None:
+            check_reward_url(self.reward_url)
+        rewards = self.reward_count() or (1 if getattr(self, "task", None) is not None else 0)
+        if self.reward_weights and rewards and len(self.reward_weights) != rewards:
             raise ConfigError(f"invalid value for 'reward_weights': {len(self.reward_weights)} weights "
                               f"{self.reward_weights} for {rewards} reward(s); give one weight per reward, in the "
                               f"order reward model, functions, URL")
+        if self.reward_weights and not any(self.reward_weights):
+            raise ConfigError(f"invalid value for 'reward_weights': {self.reward_weights}; with every reward weighted "
+                              f"0 every response scores 0 and there is nothing to learn: give at least one weight "
+                              f"that is not 0")
+
+
+URL_ALLOWED = "an http:// or https:// URL with a host and, if it names one, a port from 1 to 65535 " \
+              "(e.g. http://localhost:8000/score)"
+
+
+def check_reward_url(url: str) -> None:
+    """ConfigError unless ``url`` could be requested: http or https, a host name (or address)
+    without spaces, a port from 1 to 65535.  Checked when the config is built, so a URL that
+    can never answer stops the run before any model loads, not after its first rollout and
+    every retry (docs/design.md, "Rewards")."""
+    from urllib.parse import urlsplit
+
+    def refused(why: str) -> ConfigError:
+        return ConfigError(f"invalid value for 'reward_url': {url!r}: {why}; allowed: {URL_ALLOWED}")
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
+        raise refused("not an http:// or https:// URL")
+    try:
+        port = parts.port
+    except ValueError:
+        raise refused(f"the port in {parts.netloc!r} is not a number from 1 to 65535") from None
+    if port == 0:
+        raise refused(f"port 0 in {parts.netloc!r} is no port a server listens on")
+    host = parts.hostname or ""
+    if not host:
+        raise refused(f"it names no host (before the port or path: {parts.netloc!r})")
+    if not re.fullmatch(r"[\w.-]+|[0-9a-f:.]*:[0-9a-f:.]*", host, flags=re.IGNORECASE):
+        raise refused(f"the host {host!r} holds characters no host name has")

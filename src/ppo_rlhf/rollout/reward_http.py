@@ -24,7 +24,15 @@ import urllib.request
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.rollout.reward import RewardError, ScoringBatch, ScoringReward, row_columns, run_coroutine, validated_scores
+from ppo_rlhf.rollout.reward import (
+    RewardError,
+    ScoringBatch,
+    ScoringReward,
+    check_reward_url,
+    row_columns,
+    run_coroutine,
+    validated_scores,
+)
 
 BODY_SHOWN = 200  # characters of an answer's body quoted in an error
 
@@ -34,8 +42,7 @@ class UrlReward(ScoringReward):
 
     def __init__(self, url: str, prompt_field: str = "prompt", timeout: float = 60.0, retries: int = 3,
                  backoff: float = 1.0):
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"invalid value for 'reward_url': {url!r}; allowed: an http:// or https:// URL")
+        check_reward_url(url)  # as the config checks it, for a UrlReward built in Python
         self.url, self.prompt_field = url, prompt_field
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.description = f"URL {url}"

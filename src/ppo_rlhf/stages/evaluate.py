@@ -55,6 +55,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
         self.validate_hardware()
         self.validate_task()
         self.validate_rewards()
+        check(not self.reward_weights or self.reward_count(), "reward_weights",
+              "left out without a reward to weigh (--reward-model, --reward-fn, --reward-url)", self.reward_weights)
         check(self.do_sample or self.temperature == 1.0, "temperature",
               "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
@@ -124,7 +126,7 @@ def run_eval(config: EvalConfig) -> dict:
     rows = rows[: config.size]
     max_prompt_length = config.max_length - config.max_new_tokens
     check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,
-                 max_prompt_length, max_new_tokens)
+                 max_prompt_length, max_new_tokens, config.chat_template_flag())
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template,

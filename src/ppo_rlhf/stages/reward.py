@@ -15,7 +15,7 @@ from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import drop_rows, load_rows
 from ppo_rlhf.formats import preference_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
-from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, require_model_folder
+from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, refuse_adapter, require_model_folder
 from ppo_rlhf.models.lora import save_adapter, with_adapter
 from ppo_rlhf.distributed import on_main_process
 from ppo_rlhf.sharding import whole_weights
@@ -41,6 +41,17 @@ def load_classifier_from(path: str, num_labels: int, tokenizer, dtype="auto"):
     return model
 
 
+def pairs_worth_learning(rows: list[dict], config: RewardConfig) -> list[dict]:
+    """Pairs without those that teach nothing, each kind counted (data.drop_rows): a reply that is
+    empty -- given so, or left so by an implicit prompt that took all of it (one reply a prefix
+    of the other) -- and a pair whose two replies are the same."""
+    for name in (config.chosen_field, config.rejected_field):
+        rows = drop_rows(rows, lambda row: not row[name].strip(),
+                         f"have an empty '{name}' reply (as given, or after the prompt the pair shares)", config.data)
+    return drop_rows(rows, lambda row: row[config.chosen_field] == row[config.rejected_field],
+                     "have the same chosen and rejected response", config.data)
+
+
 def run_reward(config: RewardConfig) -> dict:
     set_threads(config.num_threads)
     seed_everything(config.seed)
@@ -49,6 +60,7 @@ def run_reward(config: RewardConfig) -> dict:
     open_resumable_stage(config, out)
     task = load_task(config.task if not config.data else None, config.seed)
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
+    refuse_adapter(config.model, "rm")
     if config.model:
         tokenizer = load_tokenizer(config.model)
         model = load_classifier_from(config.model, num_labels, tokenizer, config.load_dtype)
@@ -65,8 +77,7 @@ def run_reward(config: RewardConfig) -> dict:
         if config.mode == "pairwise" else None
     rows = load_rows(config.data, config.required_fields, convert, config.data_split) if config.data else task.rm_rows()
     if config.data and config.mode == "pairwise":
-        rows = drop_rows(rows, lambda row: row[config.chosen_field] == row[config.rejected_field],
-                         "have the same chosen and rejected response", config.data)
+        rows = pairs_worth_learning(rows, config)
     check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template, needs_eos=False)
     for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)

@@ -17,7 +17,7 @@ from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import completion_rows
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
-from ppo_rlhf.models.loading import check_fits, check_tokenizer
+from ppo_rlhf.models.loading import check_fits, check_tokenizer, refuse_adapter
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import on_main_process
 from ppo_rlhf.sharding import whole_weights
@@ -42,6 +42,7 @@ def run_sft(config: SFTConfig) -> dict:
     # held-out prompts and metric mean nothing to that model).  Without --model, the task still
     # supplies the tokenizer of the model built from scratch.
     task = None if (config.model and config.data) else load_task(config.task, config.seed)
+    refuse_adapter(config.model, "sft")
     if config.model:
         # The model before its tokenizer: a folder of the wrong kind is then named as such.
         model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)

@@ -43,6 +43,12 @@ class TaskOptions:
 
     def validate_task(self) -> None:
         check_task_name(self.task)
+        # A task supplies its prompts, and its reward and metric read its own rows (a reasoning-gym
+        # problem's index): prompts of one's own beside it would be scored by a rule not theirs.
+        check(self.task is None or not getattr(self, "prompts", None), "prompts",
+              f"left out with --task {self.task}, which supplies the prompts (its reward and metric read its own "
+              f"rows); give --prompts with a reward of your own (--reward-fn, --reward-model), or --task alone",
+              getattr(self, "prompts", None))
         if self.task is not None and self.task.startswith(REASONING_GYM):
             from ppo_rlhf.tasks.reasoning_gym import parse_task_config
 
@@ -54,6 +60,15 @@ class TaskOptions:
                 check(getattr(self, key) == default, key, "left out without --task reasoning-gym:NAME",
                       getattr(self, key))
             check(not self.task_config, "task_config", "left out without --task reasoning-gym:NAME", self.task_config)
+
+    def chat_template_flag(self) -> str:
+        """What asks for the chat template, as a refusal names it: the task that formats its
+        prompts with it (reasoning-gym's are chat messages), else --chat-template."""
+        if self.task is not None and self.task.startswith(REASONING_GYM):
+            return f"--task {self.task} (its prompts are chat messages)"
+        if getattr(self, "environment", None) or getattr(self, "tool", None):
+            return "--environment / --tool (an episode's turns are chat messages)"
+        return "--chat-template"
 
 
 def problem_draw(values: dict) -> dict:

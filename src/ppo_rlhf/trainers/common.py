@@ -23,14 +23,14 @@ def set_threads(num_threads: int) -> None:
 
 
 def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, max_prompt_length: int,
-                 max_new_tokens: int) -> None:
+                 max_new_tokens: int, template_flag: str = "--chat-template") -> None:
     """Refuse a policy that cannot answer these prompts (a tokenizer without EOS or, with
     --chat-template, without a template; a vocabulary or positions too small), and say how
     many prompts are longer than ``max_prompt_length`` (they lose their start)."""
     from ppo_rlhf.models.loading import check_fits, check_tokenizer
     from ppo_rlhf.rollout.responses import prompt_lengths
 
-    check_tokenizer(tokenizer, where, chat_template)
+    check_tokenizer(tokenizer, where, chat_template, template_flag=template_flag)
     lengths = prompt_lengths(tokenizer, prompts, chat_template)
     cut = sum(length > max_prompt_length for length in lengths)
     if cut:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import ConfigError
+from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
@@ -46,6 +46,7 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.data import DataError, prompt_check, row_complaint
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.options import check_template_renders_tools
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
@@ -229,6 +230,20 @@ def split_by_tokens(index: torch.Tensor, lengths: torch.Tensor, processes: int) 
     return [index[sorted(share)] for share in shares]
 
 
+def check_step_rows(rows, prompt_field: str, check_prompt) -> None:
+    """DataError naming the first row given to ``step()`` that is not a prompt row: a dict whose
+    prompt field holds a prompt (as a data file's rows are checked; data.py)."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise DataError(f"step(): rows must be a non-empty list of prompt rows, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"step(): row {i} must be a prompt row, a dict holding '{prompt_field}', got "
+                            f"{type(row).__name__} {str(row)[:40]!r}")
+        complaint = row_complaint(row, {prompt_field: check_prompt})
+        if complaint:
+            raise DataError(f"step(): row {i} {complaint}")
+
+
 def under_autocast(method):
     """Run a PPOTrainer method under the trainer's autocast (``--mixed-precision``; none by default)."""
 
@@ -283,6 +298,8 @@ class PPOTrainer(PPOLoop):
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
                  critic: Critic | None = None, generator: Generator | None = None, accelerator=None,
                  environment=None, tools: list | None = None):
+        # Checked again as it is now: a field set after the config was built is held to its rules.
+        config = checked_config(config, PPOConfig, "PPOTrainer")
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
         # Episodes' environments, made (and checked) before any model loads.
         self.environments = environments_of(config, environment, tools)
@@ -873,6 +890,7 @@ class PPOTrainer(PPOLoop):
     def step(self, rows: list[dict], draw_more: Callable[[], list[dict]] | None = None) -> dict[str, float]:
         """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics.  ``draw_more``:
         another batch of rows, for --dynamic-sampling (see make_experience)."""
+        check_step_rows(rows, self.config.prompt_field, prompt_check(self.config.chat_template))
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)

@@ -22,8 +22,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_text, strict_json
+from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.rollout.episodes import rollout_records
-from ppo_rlhf.config import to_dict
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
@@ -92,6 +92,18 @@ class Progress:
                 "scores": self.scores}
 
 
+def refuse_a_second_train(trainer) -> None:
+    """ConfigError if the trainer's ``train()`` has run (got past its start) before: a trainer
+    trains once.  A second run into the same folder would replace the first (with ``overwrite``:
+    delete its metrics, samples and checkpoints), and the trainer's state is the first run's end,
+    not a start; continuing is ``--resume``'s work, from the folder's checkpoint (docs/design.md,
+    "Configuration")."""
+    if getattr(trainer, "trained_into", None) is not None:
+        raise ConfigError(f"train() ran already on this {type(trainer).__name__} (into {trainer.trained_into}): a "
+                          f"trainer trains once, and its run is kept; to continue that run, give a new trainer the "
+                          f"config with resume=True (and overwrite=False), or another out for a new run")
+
+
 class PPOLoop:
     """``train()`` for PPOTrainer: the attributes it reads (actor, critic, optimizer, config, ...)
     are the trainer's."""
@@ -102,9 +114,11 @@ class PPOLoop:
         ``config_record``: config.yaml's content (default: the config); ``show_samples``: overrides
         ``config.show_samples`` (the demo prints its own)."""
         config, out = self.config, Path(self.config.out)
+        refuse_a_second_train(self)
         check_run_start(config)  # cheap, and a trainer built around in-memory models has not yet
         train_rows, eval_rows = self.prompt_rows()
         prompt_rng = torch.Generator().manual_seed(config.seed)
+        self.trained_into = out  # from here on the folder is this run's (a refused start may be tried again)
         for notice in on_main_process(start_run_folder, out, config.overwrite):
             print(notice)
         # After ``--resume``: the RNG states where a straight run would be now (nothing may draw after).
@@ -175,7 +189,7 @@ class PPOLoop:
             if self.sharding is not None:
                 print(f"  sharded (FSDP): {sharded_roles(self)} split over the {n} processes, one unit per "
                       f"decoder layer; the frozen ones gathered a layer at a time for each pass")
-        for warning in plan_warnings(config):
+        for warning in plan_warnings(config, self.actor):
             print(f"warning: {warning}")
 
     def run_iterations(self, train_rows: list[dict], prompt_rng: torch.Generator, checkpoints: Checkpoints,

@@ -7,9 +7,10 @@ explore nothing, and a reward that gives every response the same score has nothi
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ppo_rlhf.config import flag_name
-from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
 
@@ -121,12 +122,29 @@ def sharded_roles(trainer) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
 
-def plan_warnings(config: PPOConfig) -> list[str]:
-    """Settings that cannot learn, known before the first rollout."""
+# Below this temperature sampling is greedy decoding in all but name: two tokens one logit apart
+# are drawn e^(1 / T) : 1 (22,026 : 1 at 0.1), so the copies of a prompt get the same response.
+GREEDY_TEMPERATURE = 0.1
+
+
+def plan_warnings(config: PPOConfig, actor=None) -> list[str]:
+    """Settings that cannot learn, known before the first rollout.  ``actor``: the policy as built
+    (what LoRA adapted on it)."""
     warnings = []
     if not config.do_sample:
         warnings.append("greedy rollouts (--no-do-sample): every copy of a prompt gets the same response and nothing "
                         "is explored, so PPO barely learns; this is a debugging mode (drop --no-do-sample to sample)")
+    elif config.temperature < GREEDY_TEMPERATURE:
+        odds = math.exp(min(1 / config.temperature, 700))
+        warnings.append(f"--temperature {config.temperature:g} samples as greedy decoding does: two tokens one logit "
+                        f"apart are drawn {odds:.3g} : 1, so the copies of a prompt get the same response and little "
+                        f"is explored, and PPO barely learns; sample at 0.6 to 1 (1: as the model was trained)")
+    if config.lora and actor is not None and config.lora_target_modules == ALL_LINEAR_AND_OUTPUT \
+            and output_layer_tied(actor):
+        warnings.append(f"--lora: the output layer of {config.model} is tied to its input embeddings, so it is not "
+                        f"adapted (an adapter merged into it would change the embeddings as well); the policy can "
+                        f"move its logits only through the layers below it, which can leave a small or randomly "
+                        f"initialised model flat where training every weight learns: drop --lora to train them all")
     if not config.lora:  # the LoRA shape options do nothing on a full model (docs/design.md, "Configuration")
         unused = [flag_name(f) for f in dataclasses.fields(LoraOptions)
                   if f.name != "lora" and getattr(config, f.name) != f.default]

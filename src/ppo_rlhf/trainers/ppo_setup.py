@@ -18,6 +18,7 @@ from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.models import ModelError, load_tokenizer
+from ppo_rlhf.models.loading import check_tokenizer, check_vocabulary
 from ppo_rlhf.rollout.engines import make_engine, require_engine
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.reward import check_columns
@@ -141,7 +142,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     # An episode may fill what --max-length leaves after its prompt, a single turn --max-new-tokens.
     after_prompt = config.max_length - config.max_prompt_length if environments is not None else config.max_new_tokens
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
-                 config.chat_template, config.max_prompt_length, after_prompt)
+                 config.chat_template, config.max_prompt_length, after_prompt, config.chat_template_flag())
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
                     task, train_rows, eval_rows)
@@ -168,6 +169,9 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
             raise ConfigError("no tokenizer: give tokenizer= with an in-memory model, or config.model")
         tokenizer = load_tokenizer(config.model)
     apply_chat_template_file(tokenizer, config.chat_template_file)
+    # What check_policy asks of a model loaded from its folder (the prompts are read at train()).
+    check_tokenizer(tokenizer, "tokenizer=", config.chat_template, template_flag=config.chat_template_flag())
+    check_vocabulary(model, tokenizer, "model=")
     if ref is None and not hasattr(model, "peft_config"):
         ref = copy.deepcopy(model)
     accelerator = accelerator or config.accelerator(shards=True)

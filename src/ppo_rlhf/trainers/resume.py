@@ -119,6 +119,7 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
     if not saved_path.is_file():
         return
     saved = json.loads(saved_path.read_text())
+    refuse_another_stage(config, saved, out)
     saved = {key: read_setting(type(config), key, value) for key, value in saved.items()}
     # Each process holds its own sampling state and part of the batch: another count is another run.
     trained_by = saved.pop(PROCESSES, 1)
@@ -141,6 +142,32 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
         raise ConfigError(f"--resume: these settings differ from the run in {out}, and changing them would make it "
                           f"another run: {'; '.join(changed)}.  Start a new run (another --out, or --overwrite) "
                           f"to use them")
+
+
+# The command of each stage that writes resumable checkpoints, by its config class.
+STAGE_COMMANDS = {"SFTConfig": ("sft", "ppo_rlhf.trainers.sft"), "RewardConfig": ("rm", "ppo_rlhf.trainers.reward"),
+                  "PPOConfig": ("ppo", "ppo_rlhf.trainers.ppo_config"),
+                  "GymPPOConfig": ("gym", "ppo_rlhf.trainers.gym_config")}
+
+
+def refuse_another_stage(config: Any, saved: dict, out: str | Path) -> None:
+    """ConfigError when the checkpoint in ``out`` is another stage's (``ppo --resume`` on an sft
+    run): its settings hold keys this stage's config has no field for.  Named as the stage whose
+    config has a field for every one of them, rather than as a list of every setting that
+    differs."""
+    import importlib
+
+    known = {field.name for field in dataclasses.fields(config)} | {PROCESSES, SHARDED}
+    if set(saved) <= known:
+        return
+    this = STAGE_COMMANDS.get(type(config).__name__, (type(config).__name__,))[0]
+    for name, (command, module) in STAGE_COMMANDS.items():
+        fields = {field.name for field in dataclasses.fields(getattr(importlib.import_module(module), name))}
+        if command != this and set(saved) <= fields | {PROCESSES, SHARDED}:
+            article = "an" if command in ("sft", "rm") else "a"  # as the letters are read: "an ess-eff-tee"
+            raise ConfigError(f"--resume: {out} holds {article} {command} run (its checkpoint's settings are those of "
+                              f"ppo-rlhf {command}), not a {this} run; continue it with ppo-rlhf {command} --resume, "
+                              f"or give this {this} run another --out")
 
 
 METRICS_ROWS = "metrics_rows"  # a checkpoint's record of the metric rows logged before it was written

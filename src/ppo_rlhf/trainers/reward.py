@@ -107,6 +107,10 @@ class RewardConfig(RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions
         check_scratch_model(self)
         check(self.rm_loss == "last-token" or self.mode == "pairwise", "rm_loss",
               "last-token in classification mode (divergence compares a chosen with a rejected sequence)", self.rm_loss)
+        # Cross-entropy over one class is 0 whatever the model says: it would train nothing.
+        check(self.mode != "classification" or self.num_labels >= 2, "num_labels",
+              ">= 2 in classification mode (cross-entropy over one class is 0 whatever the model outputs, so nothing "
+              "is learned); for one score per text, train pairs with --mode pairwise", self.num_labels)
 
     @property
     def required_fields(self) -> dict[str, FieldCheck]:

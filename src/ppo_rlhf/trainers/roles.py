@@ -33,7 +33,9 @@ from ppo_rlhf.models import (
 from ppo_rlhf.models.value import ValueHead
 from ppo_rlhf.models.loading import (
     TOKENIZER_FILES,
+    ModelError,
     adapter_base_path,
+    check_vocabulary,
     is_adapter_only,
     read_adapter,
     require_model_folder,
@@ -206,12 +208,16 @@ def as_reward(reward, config: PPOConfig, tokenizer, task=None, environment_pays:
     "Rewards").  Accepted: None (the config's rewards, or the task's rule); a ScoringReward (used
     as it is); a Python function ``f(prompts, responses, **columns)``; a string -- ``module:function``
     or ``file.py:function``, else a reward-model folder; a sequence classifier (an ``nn.Module``,
-    reading the policy's tokenizer); or a list of these, summed with ``config.reward_weights``."""
+    reading the policy's tokenizer); or a list of these, summed with ``config.reward_weights``.
+    A thing that cannot score (a class for its instance, a causal LM, a model of a smaller
+    vocabulary) is refused by name."""
     if reward is None:
         config.require_a_reward(environment_pays)
         return build_reward(config, tokenizer, task)
     if isinstance(reward, ScoringReward):
-        return reward
+        # Used as it is, whatever the config names: load_roles hands a trainer the config's own
+        # rewards this way, built from that config.
+        return one_reward(reward, config, tokenizer)
     if config.reward_count():
         raise ConfigError("the rewards are given twice: as reward= and in the config (reward_model, reward_fn, "
                           "reward_url); give them in one place")
@@ -221,16 +227,38 @@ def as_reward(reward, config: PPOConfig, tokenizer, task=None, environment_pays:
 
 def one_reward(reward, config: PPOConfig, tokenizer) -> ScoringReward:
     """One of the rewards :func:`as_reward` accepts."""
+    if isinstance(reward, type) and issubclass(reward, ScoringReward):
+        raise ConfigError(f"reward= {reward.__name__} is a class: give an instance of it, {reward.__name__}()")
     if isinstance(reward, ScoringReward):
+        if type(reward).__call__ is ScoringReward.__call__:
+            raise ConfigError(f"reward= {type(reward).__name__} is a ScoringReward without __call__(batch) -> (B,) "
+                              f"scores: define it (docs/design.md, \"Rewards\")")
         return reward
     if isinstance(reward, (str, Path)) and Path(reward).is_dir():
         model = load_sequence_classifier(str(reward), config.load_dtype)
         return ModelReward(model, load_tokenizer(str(reward)), tokenizer, label_field=config.label_field,
                            chat_template=config.chat_template, description=f"model {reward}")
     if isinstance(reward, torch.nn.Module):
+        check_reward_classifier(reward, tokenizer)
         return ModelReward(reward, tokenizer, tokenizer, label_field=config.label_field,
                            chat_template=config.chat_template, description=f"model {type(reward).__name__}")
     if isinstance(reward, str) or callable(reward):
         return FunctionReward(reward, prompt_field=config.prompt_field)
     raise ConfigError(f"reward {reward!r}: give a function, 'module:function', a reward-model folder, a sequence "
                       f"classifier, a ScoringReward or a list of these")
+
+
+def check_reward_classifier(model: torch.nn.Module, tokenizer) -> None:
+    """ModelError unless ``model``, given in Python as a reward, is a sequence classifier that can
+    read the policy's token ids: a causal LM's outputs are next-token logits, not a score (the
+    reward would be the logit of a token), and a smaller vocabulary indexes past its embeddings."""
+    name = type(model).__name__
+    if getattr(model, "get_output_embeddings", lambda: None)() is not None:
+        raise ModelError(f"reward= is a {name}, a causal language model: its outputs are next-token logits, not a "
+                         f"score; give a sequence classifier (...ForSequenceClassification, e.g. ppo-rlhf rm's "
+                         f"checkpoints/reward) or a reward function")
+    if getattr(getattr(model, "config", None), "num_labels", None) is None:
+        raise ModelError(f"reward= is a {name}, which is not a sequence classifier (no config.num_labels); give "
+                         f"a ...ForSequenceClassification, a reward function, or a ScoringReward")
+    if hasattr(model, "get_input_embeddings"):  # a transformers model (a module of one's own may embed otherwise)
+        check_vocabulary(model, tokenizer, f"reward= ({name}, reading the policy's token ids)")
