@@ -53,6 +53,10 @@ def wrong_length(prompts, responses):
 def not_a_number(prompts, responses):
     return [math.nan] * len(responses)
 
+def trl_chat_length(prompts, completions, **kwargs):
+    """A reward written for TRL's GRPOTrainer on chat data: each completion a list of messages."""
+    return [len(completion[0]["content"]) / 10 for completion in completions]
+
 def long_answer(prompts, responses):
     """1 for a response of at least 12 characters, else 0: a 0/1 reward whose groups often tie."""
     return [float(len(r) >= 12) for r in responses]
