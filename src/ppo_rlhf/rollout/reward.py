@@ -352,7 +352,7 @@ NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerSt
 
 
 def is_conversational(prompt) -> bool:
-    """A prompt given as chat messages (a list of {role, content}), as TRL's ``is_conversational`` reads one."""
+    """A prompt given as chat messages: a list of {role, content} dicts (TRL tells them by the same shape)."""
     return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
 
 
