@@ -20,7 +20,7 @@ from ppo_rlhf.rollout.reward import ScoringReward
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
-from zoo import PROMPTS, REWARDS_MODULE, THREADS, run, run_failing, same_actor_as_straight_run
+from zoo import PROMPTS, REWARDS_MODULE, THREADS, VaryingLengths, run, run_failing, same_actor_as_straight_run
 
 
 def loss_and_gradient(log_ratios, advantages, mask=None, **options):
@@ -182,6 +182,21 @@ def test_dynamic_sampling_keeps_the_first_groups_of_a_full_round(zoo):
         experience.mask.sum().item() / 8)
 
 
+@pytest.mark.parametrize("decided_on, dropped", [("accuracy", 2), ("score", 0)])
+def test_dynamic_sampling_decides_on_the_rewards_before_shaping(zoo, decided_on, dropped):
+    """DAPO filters on the task's accuracy: a group whose rewards tie (7 and 7) is dropped even when
+    the overlong shaping gives its responses of 1 and 2 tokens different scores (7 - 1/6, 7 - 2/6)."""
+    trainer = tiny_grpo_trainer(zoo, overlong_buffer=6, dynamic_sampling_on=decided_on)
+    trainer.generator = VaryingLengths(trainer.generator.stop_token_ids, trainer.tokenizer.pad_token_id, 6)
+    draws = iter([groups(PROMPTS[:4], False)])
+    experience, metrics = trainer.make_experience(groups(PROMPTS[:2], True) + groups(PROMPTS[2:4], False),
+                                                  lambda: next(draws))
+    assert metrics["dynamic_sampling/dropped_groups"] == dropped
+    assert metrics["dynamic_sampling/rounds"] == (2 if dropped else 1)
+    kept_tied = (experience.raw_scores == 7.0).sum().item()
+    assert kept_tied == (0 if dropped else 4)
+
+
 def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
     trainer = tiny_grpo_trainer(zoo, dynamic_sampling=False, overlong_buffer=4, overlong_penalty=0.5)
     scores = trainer.shape_scores(torch.ones(4), torch.ones(4, dtype=torch.bool), torch.tensor([1, 2, 4, 6]))
@@ -207,6 +222,9 @@ def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
         ({"dynamic_sampling": True, "estimator": "grpo", "samples_per_prompt": 2, "max_resample_rounds": -1},
          "'max_resample_rounds'.*>= 0"),
         ({"max_resample_rounds": 2}, "'max_resample_rounds'.*without --dynamic-sampling"),
+        ({"dynamic_sampling_on": "score"}, "'dynamic_sampling_on'.*without --dynamic-sampling"),
+        ({"dynamic_sampling": True, "estimator": "grpo", "samples_per_prompt": 2, "dynamic_sampling_on": "shaped"},
+         "'dynamic_sampling_on'.*accuracy, score"),
         ({"overlong_buffer": 200, "max_new_tokens": 128}, "'overlong_buffer'.*1..max_new_tokens \\(128\\)"),
         ({"overlong_buffer": 0}, "'overlong_buffer'.*> 0"),
         ({"overlong_penalty": 1.0}, "'overlong_penalty'.*without --overlong-buffer"),
@@ -223,6 +241,8 @@ def test_variant_defaults_resolve_where_they_apply():
                                       "samples_per_prompt": 2, "dynamic_sampling": True, "clip_ratio_high": 0.28})
     assert (config.overlong_penalty, config.max_resample_rounds) == (1.0, 4)
     assert (config.clip_low, config.clip_high) == (0.2, 0.28)
+    assert config.dynamic_sampling_on == "accuracy"  # DAPO's
+    assert PPOConfig.saved_settings_now({"dynamic_sampling": True})["dynamic_sampling_on"] == "score"  # a run from before
 
 
 def test_a_bad_variant_exits_2_naming_the_flag(tmp_path, capsys):

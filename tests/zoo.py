@@ -132,6 +132,29 @@ def build_model(arch: str, folder: Path, padding_side: str = "right", dtype: tor
     return folder
 
 
+class VaryingLengths:
+    """A rollout engine (the built-in loop) whose row r gets a response of 1 + r % 3 tokens, the last
+    one the stop id: the samples of a prompt differ in length, and every response is shorter than
+    a --max-new-tokens of 4 or more (a tiny random model rarely stops on its own)."""
+
+    def __init__(self, stop_token_ids, pad_token_id: int, max_new_tokens: int, seed: int = 0):
+        from ppo_rlhf.rollout.generation import TorchGenerator
+
+        self.loop = TorchGenerator(stop_token_ids, pad_token_id, max_new_tokens, do_sample=True, seed=seed)
+        self.stop_token_ids, self.pad_token_id = self.loop.stop_token_ids, pad_token_id
+
+    def generate(self, model, prompt_ids, prompt_mask):
+        from ppo_rlhf.rollout.sequences import response_mask_from_eos
+
+        ids, _ = self.loop.generate(model, prompt_ids, prompt_mask)
+        for row in range(ids.shape[0]):
+            ids[row, min(1 + row % 3, ids.shape[1]) - 1] = self.stop_token_ids[0]
+        mask = response_mask_from_eos(ids, self.stop_token_ids)  # (an earlier stop of its own still ends it)
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, self.pad_token_id))
+        keep = int(mask.sum(dim=1).max())
+        return ids[:, :keep], mask[:, :keep]
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

@@ -443,19 +443,22 @@ class PPOTrainer(PPOLoop):
     def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
                                 metrics: dict[str, float]) -> Rollout:
         """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
-        K scores are all equal -- all right or all wrong -- are dropped, and more prompts
+        K scores (--dynamic-sampling-on) are all equal -- all right or all wrong -- are dropped, and more prompts
         are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
         rounds; a batch still short then is completed with dropped groups (advantage 0), so every
         update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
         each process then keeps its own rows of the chosen groups."""
         config, k = self.config, self.config.samples_per_prompt
         wanted = config.batch_size // k  # groups in the whole batch
+        # accuracy: the rewards as they came (DAPO filters on the task's accuracy), so a group all
+        # right stays one whatever lengths the overlong shaping penalises; score: after shaping.
+        decided_on = "raw_scores" if config.dynamic_sampling_on == "accuracy" else "scores"
         first = gather_rows(rollout.raw_scores)
         metrics["score"], metrics["score_std"] = first.mean().item(), first.std(unbiased=False).item()
         rounds: list[tuple[Rollout, torch.Tensor]] = []  # (this process's rollout, informative flag of every group)
         found, generated_tokens = 0, 0.0
         while True:
-            informative = informative_groups(gather_rows(rollout.scores).reshape(-1, k))  # (groups,)
+            informative = informative_groups(gather_rows(getattr(rollout, decided_on)).reshape(-1, k))  # (groups,)
             generated_tokens += sum_across_processes(rollout.sequences.response_mask.sum().float()).item()
             rounds.append((rollout, informative))
             found += int(informative.sum())

@@ -125,6 +125,12 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     dynamic_sampling: bool = option(False, "DAPO's dynamic sampling: drop the prompt groups whose K scores are all "
                                            "equal (no signal for a group baseline) and sample more prompts until the "
                                            "batch is full (group estimators: grpo, dr-grpo, rloo)")
+    dynamic_sampling_on: str | None = option(None, "dynamic sampling: which scores must differ within a group. "
+                                                   "accuracy: the rewards as they came, before any shaping (DAPO's "
+                                                   "filter on the task's accuracy: an all-right group stays all right "
+                                                   "whatever the overlong or missing-EOS penalties make of it); score: "
+                                                   "after the shaping; empty: accuracy with --dynamic-sampling",
+                                             choices=(None, "accuracy", "score"))
     max_resample_rounds: int | None = option(None, f"dynamic sampling: extra rounds of sampling at most per "
                                                    f"iteration; after them the batch is completed with dropped "
                                                    f"groups (empty: {MAX_RESAMPLE_ROUNDS})", range=at_least(0))
@@ -236,6 +242,15 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     seed: int = option(0, "random seed", range=SEEDS)
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
+    @staticmethod
+    def saved_settings_now(saved: dict) -> dict:
+        """A run saved before --dynamic-sampling-on, as that setting spells what it did: dynamic
+        sampling decided on the shaped scores (trainers/resume.py reads a saved run through this)."""
+        saved = dict(saved)
+        if saved.get("dynamic_sampling") and "dynamic_sampling_on" not in saved:
+            saved["dynamic_sampling_on"] = "score"
+        return saved
+
     def validate(self) -> None:
         self.validate_lora()
         self.validate_hardware()
@@ -327,9 +342,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                   f"advantages are not 0", self.dynamic_sampling)
             if self.max_resample_rounds is None:
                 self.max_resample_rounds = MAX_RESAMPLE_ROUNDS
+            if self.dynamic_sampling_on is None:
+                self.dynamic_sampling_on = "accuracy"
         else:
-            check(self.max_resample_rounds is None, "max_resample_rounds", "left out without --dynamic-sampling",
-                  self.max_resample_rounds)
+            for key in ("max_resample_rounds", "dynamic_sampling_on"):
+                check(getattr(self, key) is None, key, "left out without --dynamic-sampling", getattr(self, key))
 
     @property
     def clip_low(self) -> float:

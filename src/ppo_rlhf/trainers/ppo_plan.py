@@ -74,7 +74,9 @@ def variant_lines(config: PPOConfig) -> list[str]:
             clip += f"; dual clip: a negative advantage's loss at most {config.dual_clip:g} x |A|"
         lines.append(f"clip:      {clip}")
     if config.dynamic_sampling:
-        lines.append(f"sampling:  dynamic (DAPO): groups whose {config.samples_per_prompt} scores are all equal are "
+        on = ("rewards, before any shaping, are" if config.dynamic_sampling_on == "accuracy"
+              else "shaped scores are")
+        lines.append(f"sampling:  dynamic (DAPO): groups whose {config.samples_per_prompt} {on} all equal are "
                      f"dropped and more prompts rolled out, up to {config.max_resample_rounds} extra rounds; a batch "
                      f"still short is completed with dropped groups")
     if config.overlong_buffer is not None:
