@@ -98,6 +98,32 @@ def test_sequence_level_ratio_by_hand():
     assert grad[0, 0].item() == pytest.approx(-1.0 / 4) and grad[0, 1].item() == 0.0
 
 
+def test_sequence_level_ratio_keeps_each_tokens_advantage_and_weight():
+    # GSPO-token (verl's form): one response, log-ratios 0.0 and 0.4 (s = e^0.2), per-token
+    # advantages +1 and -2 (a KL in the reward, or a critic, gives each token its own), importance
+    # weights 2 and 0.5, sequence-mean, a range wide enough not to clip.  Loss (-1 x 2 + 2 x 0.5) s / 2
+    # = -s / 2; d/d logp_t = -A_t w_t s / 2: -s for token 1, +s / 2 for token 2.  (Giving every token the
+    # ratio s itself would give both the mean, (-2 + 1) s / 4 = -s / 4.)
+    s = math.exp(0.2)
+    logprobs = torch.tensor([[0.0, 0.4]], dtype=torch.float64, requires_grad=True)
+    loss, stats = policy_loss(logprobs, torch.zeros_like(logprobs), torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+                              None, clip_ratio=0.5, aggregation="sequence-mean", ratio_level="sequence",
+                              token_weights=torch.tensor([[2.0, 0.5]], dtype=torch.float64))
+    loss.backward()
+    assert loss.item() == pytest.approx(-s / 2)
+    assert logprobs.grad.tolist() == [pytest.approx([-s, s / 2])]
+    assert stats["ppo_ratio"].item() == pytest.approx(s)  # the sequence ratio on every token
+    # Clipped at 0.1 (s = 1.22 > 1.1): the positive-advantage token takes the clipped branch and loses
+    # its gradient; the negative one stays on the unclipped branch, -A s = 2s, as PPO's max keeps it.
+    logprobs.grad = None
+    loss, stats = policy_loss(logprobs, torch.zeros_like(logprobs), torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+                              None, clip_ratio=0.1, aggregation="sequence-mean", ratio_level="sequence")
+    loss.backward()
+    assert loss.item() == pytest.approx((-1.1 + 2 * s) / 2)
+    assert logprobs.grad.tolist() == [pytest.approx([0.0, s])]
+    assert stats["clipfrac"].item() == pytest.approx(0.5)
+
+
 def test_overlong_penalty_by_hand():
     # At most 10 tokens, a buffer of 4: free up to 6, then -penalty * (length - 6) / 4.
     lengths = torch.tensor([5, 6, 7, 8, 10])
@@ -213,7 +239,6 @@ def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
         ({"clip_ratio_high": 0.0}, "'clip_ratio_high'.*> 0"),
         ({"dual_clip": 1.0}, "'dual_clip'.*> 1"),
         ({"dual_clip": 0.5}, "'dual_clip'.*> 1"),
-        ({"ratio_level": "sequence"}, "'ratio_level'.*token with estimator gae"),
         ({"ratio_level": "word"}, "'ratio_level'.*token, sequence"),
         ({"dynamic_sampling": True}, "'dynamic_sampling'.*off with estimator gae"),
         ({"dynamic_sampling": True, "estimator": "remax", "samples_per_prompt": 2}, "'dynamic_sampling'.*remax"),
@@ -243,6 +268,8 @@ def test_variant_defaults_resolve_where_they_apply():
     assert (config.clip_low, config.clip_high) == (0.2, 0.28)
     assert config.dynamic_sampling_on == "accuracy"  # DAPO's
     assert PPOConfig.saved_settings_now({"dynamic_sampling": True})["dynamic_sampling_on"] == "score"  # a run from before
+    # GSPO-token takes a critic's per-token advantages.
+    assert build_config(PPOConfig, {"task": "doubling", "ratio_level": "sequence"}).estimator == "gae"
 
 
 def test_a_bad_variant_exits_2_naming_the_flag(tmp_path, capsys):
@@ -263,7 +290,7 @@ def variants_command(zoo, out, *extra):
 def test_every_variant_at_once_plans_logs_and_resumes_to_a_straight_run(zoo, tmp_path, capsys):
     run(variants_command(zoo, tmp_path / "straight", "--iterations", 3))
     plan = capsys.readouterr().out
-    assert "ratio per response (GSPO" in plan and "clipped to [1 - 0.2, 1 + 0.28]" in plan
+    assert "ratio per response (GSPO" in plan and "clipped to [1 - 0.2, 1 + 0.28] (the GSPO paper: 3e-4 / 4e-4)" in plan
     assert "dual clip: a negative advantage's loss at most 3 x |A|" in plan
     assert "sampling:  dynamic (DAPO)" in plan and "up to 2 extra rounds" in plan
     assert "overlong:  responses past 5 tokens lose up to 1 of their score" in plan

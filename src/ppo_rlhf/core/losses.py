@@ -68,8 +68,11 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
       (DAPO's clip-higher): unlikely tokens with a positive advantage may gain more per update.
     - ``dual_clip`` C > 1: for a negative advantage the loss is at most ``-C * A`` (dual-clip PPO),
       so a ratio far above 1 on a bad token cannot give an unbounded step; zero gradient there.
-    - ``ratio_level="sequence"``: GSPO's one ratio per response, ``exp(mean_t(logprobs -
-      old_logprobs))``, clipped per response and applied to each of its tokens.
+    - ``ratio_level="sequence"``: GSPO's one ratio per response, ``s = exp(mean_t(logprobs -
+      old_logprobs))``, in its per-token form (GSPO-token, Zheng et al., 2025, eq. 13):
+      ``s_t = sg(s) * pi_t / sg(pi_t)``, whose value is ``s`` on every token and whose gradient is
+      ``s * grad log pi_t``.  Each token keeps its own advantage and weight, and with one
+      advantage per response this is GSPO exactly (loss, clipping and gradient).
     - ``token_weights`` (B, T): each token's loss multiplied by its weight, taken as a constant
       (truncated importance sampling of a rollout engine's samples, ``--tis-cap``).
     """
@@ -83,7 +86,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     importance_log_ratio = log_ratio
     if ratio_level == "sequence":
         sequence_log_ratio = masked_mean(log_ratio, mask, dim=-1)  # (B,) length-normalised
-        importance_log_ratio = keep_masked(sequence_log_ratio[:, None].expand_as(log_ratio), mask)  # (B, T)
+        # sg(log s) + log pi_t - sg(log pi_t): the value log s, the gradient that of log pi_t.  Taking
+        # s itself on every token would weigh each token's gradient by the response's *mean*
+        # advantage and weight instead of its own.
+        importance_log_ratio = keep_masked(sequence_log_ratio.detach()[:, None] + log_ratio - log_ratio.detach(), mask)
     ratio = torch.exp(importance_log_ratio)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio_high)
     pg_loss1 = -advantages * ratio

@@ -47,6 +47,8 @@ KL_COEF = 0.05
 # DAPO's values: the whole score (of a 0/1 reward) off at the limit; a few extra rounds before giving up.
 OVERLONG_PENALTY = 1.0
 MAX_RESAMPLE_ROUNDS = 4
+# GSPO's clip range of the sequence ratio (Zheng et al., 2025), for the help and the plan.
+GSPO_CLIP = "3e-4 / 4e-4"
 
 
 def default_lr(hidden_width: int | None, lora: bool) -> float:
@@ -199,9 +201,10 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                            "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)",
                                            range=above(1))
     ratio_level: str = option("token", "token: PPO's per-token ratio; sequence: GSPO's, one ratio per response "
-                                       "(exp of its mean token log-ratio), clipped per response and applied to every "
-                                       "token of it (the GSPO paper clips at 3e-4 / 4e-4: set clip_ratio_low / "
-                                       "_high; critic-free estimators only)", choices=RATIO_LEVELS)
+                                       "(exp of its mean token log-ratio) on every token of it, each token keeping "
+                                       "its own advantage and weight (GSPO-token; with one advantage per response, "
+                                       f"GSPO exactly).  The GSPO paper clips it at {GSPO_CLIP}: "
+                                       "--clip-ratio-low 3e-4 --clip-ratio-high 4e-4", choices=RATIO_LEVELS)
     tis_cap: float | None = option(2.0, "truncated importance sampling for an engine whose numerics differ from "
                                         "the trainer's (--rollout-engine vllm): each token's policy-gradient term "
                                         "weighted by min(pi_old / pi_engine, C); empty (--tis-cap ''): off.  The "
@@ -324,10 +327,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         check(self.clip_high >= self.clip_low, "clip_ratio_high",
               f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
               f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
-        check(self.ratio_level == "token" or not uses_critic(self.estimator), "ratio_level",
-              "token with estimator gae: the critic gives each token its own advantage, and one ratio per "
-              "response would weigh every token by the response's mean advantage instead; use a critic-free "
-              "estimator (grpo, dr-grpo, rloo, reinforce++, remax) for GSPO", self.ratio_level)
         check(self.overlong_buffer is None or self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
               f"1..max_new_tokens ({self.max_new_tokens}) or empty: the penalty grows over the last L tokens "
               f"before the limit", self.overlong_buffer)

@@ -10,7 +10,7 @@ import dataclasses
 
 from ppo_rlhf.config import flag_name
 from ppo_rlhf.models.lora import LoraOptions
-from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
 
 
 def _count(parameters) -> str:
@@ -68,8 +68,11 @@ def variant_lines(config: PPOConfig) -> list[str]:
     """A line for each policy-loss variant in force (docs/design.md, "Policy-loss variants")."""
     lines = []
     if config.clip_low != config.clip_high or config.ratio_level == "sequence" or config.dual_clip is not None:
-        level = "per response (GSPO: exp of the mean token log-ratio)" if config.ratio_level == "sequence" else "per token"
+        level = ("per response (GSPO-token: exp of the mean token log-ratio, each token keeping its own advantage)"
+                 if config.ratio_level == "sequence" else "per token")
         clip = f"ratio {level} clipped to [1 - {config.clip_low:g}, 1 + {config.clip_high:g}]"
+        if config.ratio_level == "sequence":
+            clip += f" (the GSPO paper: {GSPO_CLIP})"
         if config.dual_clip is not None:
             clip += f"; dual clip: a negative advantage's loss at most {config.dual_clip:g} x |A|"
         lines.append(f"clip:      {clip}")
