@@ -69,7 +69,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     - ``dual_clip`` C > 1: for a negative advantage the loss is at most ``-C * A`` (dual-clip PPO),
       so a ratio far above 1 on a bad token cannot give an unbounded step; zero gradient there.
     - ``ratio_level="sequence"``: GSPO's one ratio per response, ``s = exp(mean_t(logprobs -
-      old_logprobs))``, in its per-token form (GSPO-token, Zheng et al., 2025, eq. 13):
+      old_logprobs))``, in its per-token form (GSPO-token, Zheng et al., 2025):
       ``s_t = sg(s) * pi_t / sg(pi_t)``, whose value is ``s`` on every token and whose gradient is
       ``s * grad log pi_t``.  Each token keeps its own advantage and weight, and with one
       advantage per response this is GSPO exactly (loss, clipping and gradient).
