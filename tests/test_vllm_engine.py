@@ -333,7 +333,7 @@ def test_ppo_with_the_vllm_engine_trains_logs_and_resumes_as_a_straight_run(vllm
     for record in records:
         assert record["time/weight_sync"] > 0
         assert record["rollout/logprob_diff_max"] < LOGPROB_TOLERANCE
-        assert abs(record["tis_weight"] - 1) < 1e-3
+        assert abs(record["is/weight_mean"] - 1) < 1e-3 and record["is/mismatch_kl"] < 1e-3
     run(vllm_ppo(vllm_sft_model, resumed, "--iterations", 1, "--save-every", 1))
     run(vllm_ppo(vllm_sft_model, resumed, "--iterations", 3, "--save-every", 1, "--resume"))
     same_actor_as_straight_run(straight, resumed, vllm_sft_model)

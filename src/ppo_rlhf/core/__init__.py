@@ -34,11 +34,13 @@ from ppo_rlhf.core.losses import (
     value_loss,
 )
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
+from ppo_rlhf.core.offpolicy import IS_CORRECTIONS, engine_importance_weights, mismatch_statistics
 
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "GROUP_METHODS",
+    "IS_CORRECTIONS",
     "KL_ESTIMATORS",
     "KL_PLACEMENTS",
     "LOSS_AGGREGATIONS",
@@ -46,6 +48,7 @@ __all__ = [
     "aggregate_loss",
     "check_kl_placement",
     "chunked_entropy",
+    "engine_importance_weights",
     "approx_kl_per_token",
     "entropy_from_logits",
     "explained_variance",
@@ -60,6 +63,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "mismatch_statistics",
     "overlong_penalty",
     "policy_loss",
     "reward_to_go",

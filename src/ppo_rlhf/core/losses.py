@@ -74,7 +74,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
       ``s * grad log pi_t``.  Each token keeps its own advantage and weight, and with one
       advantage per response this is GSPO exactly (loss, clipping and gradient).
     - ``token_weights`` (B, T): each token's loss multiplied by its weight, taken as a constant
-      (truncated importance sampling of a rollout engine's samples, ``--tis-cap``).
+      (the importance weights of a rollout engine's samples, core/offpolicy.py).
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {ratio_level!r}; allowed: {', '.join(RATIO_LEVELS)}")

@@ -21,8 +21,8 @@ the actor's device:
    ``rng``) draws what the straight run drew.
 
 It also keeps the engine's log-probs of the sampled tokens (``last_logprobs``, (B, T), 0 on
-padding), which the trainer compares with its own (``rollout/logprob_diff_*``) and uses for
-truncated importance sampling (``--tis-cap``).
+padding), which the trainer compares with its own (``rollout/logprob_diff_*``, ``is/*``) and turns
+into importance weights (``--is-correction``, core/offpolicy.py).
 """
 
 from __future__ import annotations

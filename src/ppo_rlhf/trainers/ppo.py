@@ -33,6 +33,7 @@ from ppo_rlhf.core import (
     FixedKLController,
     entropy_from_logits,
     aggregate_loss,
+    engine_importance_weights,
     explained_variance,
     full_kl,
     informative_groups,
@@ -41,6 +42,7 @@ from ppo_rlhf.core import (
     masked_gae,
     masked_mean,
     masked_whiten,
+    mismatch_statistics,
     overlong_penalty,
     policy_loss,
     reward_to_go,
@@ -87,7 +89,7 @@ class Experience:
     scores: torch.Tensor  # (B,) reward of each response (after clipping / normalisation)
     raw_scores: torch.Tensor  # (B,) reward as the reward model / function gave it
     greedy_scores: torch.Tensor | None = None  # (B,) ReMax: score of the prompt's greedy response, as used
-    engine_logprobs: torch.Tensor | None = None  # (B, T) the rollout engine's log-probs (vllm), for --tis-cap
+    engine_logprobs: torch.Tensor | None = None  # (B, T) the rollout engine's log-probs (vllm), for --is-correction
 
     @property
     def mask(self) -> torch.Tensor:
@@ -696,12 +698,10 @@ class PPOTrainer(PPOLoop):
         logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
         if self.old_logprobs_from_update:  # the weights that sampled the batch: the ratio is exactly 1
             mb.logprobs = logprobs.detach()
-        weights = self.tis_weights(mb)
         pg_loss, stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
                                      config.loss_aggregation, config.max_new_tokens, clip_ratio_high=config.clip_high,
-                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level, token_weights=weights)
-        if weights is not None:
-            stats["tis_weight"] = masked_mean(weights, mb.mask)
+                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level,
+                                     token_weights=self.is_weights(mb))
         # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
         # several (B, T, V) tensors for the backward pass).
         entropy_coef = self.entropy_coef()
@@ -722,13 +722,15 @@ class PPOTrainer(PPOLoop):
             mb.kl = keep_masked(per_token_kl.detach(), mb.mask)
         return loss, stats
 
-    def tis_weights(self, mb: Experience) -> torch.Tensor | None:
-        """--tis-cap C: truncated importance sampling of the engine's samples, min(pi_old / pi_engine, C)
-        per token (docs/design.md, "The vLLM rollout engine"); None without engine log-probs."""
-        if self.config.tis_cap is None or mb.engine_logprobs is None:
+    def is_weights(self, mb: Experience) -> torch.Tensor | None:
+        """--is-correction: the importance weights of the engine's samples, from pi_old / pi_engine per
+        token (core/offpolicy.py; docs/design.md, "Off-policy corrections"); None without engine
+        log-probs (the torch engine is the trainer's own forward) or with --is-correction none."""
+        if mb.engine_logprobs is None:
             return None
-        ratio = torch.exp(mb.logprobs - mb.engine_logprobs).clamp(max=self.config.tis_cap)
-        return keep_masked(ratio, mb.mask)
+        config = self.config
+        return engine_importance_weights(mb.logprobs, mb.engine_logprobs, mb.mask, config.is_correction, config.is_cap,
+                                         config.is_floor)
 
     def backward(self, mb: Experience, actor_hidden: torch.Tensor, actor_loss: torch.Tensor | None,
                  token_share: float) -> dict[str, torch.Tensor]:
@@ -785,6 +787,9 @@ class PPOTrainer(PPOLoop):
         # that was skipped were never computed: no gap to log).
         if experience.engine_logprobs is not None and not (bad_scores and self.old_logprobs_from_update):
             stage_metrics.update(engine_gap(experience.logprobs, experience.engine_logprobs, experience.mask))
+            stage_metrics.update(mismatch_statistics(experience.logprobs, experience.engine_logprobs, experience.mask,
+                                                     self.config.is_correction, self.config.is_cap,
+                                                     self.config.is_floor))
         mask = experience.mask.float()
         if bad_scores and self.old_logprobs_from_update:  # no update, so no old log-probs and no KL measured
             kl_per_response = float("nan")

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, any_number, at_least, between, check, option
-from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
+from ppo_rlhf.core import IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
+from ppo_rlhf.core.offpolicy import MASKING, default_cap
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.engines import RolloutEngineOptions
@@ -205,11 +206,19 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                        "its own advantage and weight (GSPO-token; with one advantage per response, "
                                        f"GSPO exactly).  The GSPO paper clips it at {GSPO_CLIP}: "
                                        "--clip-ratio-low 3e-4 --clip-ratio-high 4e-4", choices=RATIO_LEVELS)
-    tis_cap: float | None = option(2.0, "truncated importance sampling for an engine whose numerics differ from "
-                                        "the trainer's (--rollout-engine vllm): each token's policy-gradient term "
-                                        "weighted by min(pi_old / pi_engine, C); empty (--tis-cap ''): off.  The "
-                                        "torch engine is the trainer's own forward, and gets no weight",
-                                 range=at_least(1))
+    is_correction: str = option("token-truncate", "importance weights for an engine whose numerics differ from the "
+                                                  "trainer's (--rollout-engine vllm), on each token's policy-gradient "
+                                                  "term, from rho = pi_old / pi_engine: token-truncate min(rho_t, cap) "
+                                                  "(TIS); token-mask rho_t inside [floor, cap], else 0; "
+                                                  "sequence-truncate / sequence-mask the same with the response's "
+                                                  "product of rho_t; geometric-mask 1 where the response's geometric "
+                                                  "mean of rho_t is inside [floor, cap], else 0; none: no weights (the "
+                                                  "mismatch is still logged).  The torch engine is the trainer's own "
+                                                  "forward and gets none", choices=IS_CORRECTIONS)
+    is_cap: float | None = option(None, "--is-correction's upper bound: the truncation's cap, the masks' upper end "
+                                        "(empty: 2, geometric-mask 1.001)", range=at_least(1))
+    is_floor: float | None = option(None, "--is-correction's lower end for the masking modes (empty: 1 / is_cap)",
+                                    range=between(0, 1, low_open=True))
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never", range=above(0))
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
@@ -247,9 +256,13 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
 
     @staticmethod
     def saved_settings_now(saved: dict) -> dict:
-        """A run saved before --dynamic-sampling-on, as that setting spells what it did: dynamic
-        sampling decided on the shaped scores (trainers/resume.py reads a saved run through this)."""
+        """A run saved before --is-correction and --dynamic-sampling-on, as those settings spell what
+        it did: --tis-cap C was token-truncate with cap C (empty: no weights), and dynamic sampling
+        decided on the shaped scores (trainers/resume.py reads a saved run through this)."""
         saved = dict(saved)
+        if "tis_cap" in saved:
+            saved["is_cap"] = saved.pop("tis_cap")
+            saved.setdefault("is_correction", "token-truncate" if saved["is_cap"] is not None else "none")
         if saved.get("dynamic_sampling") and "dynamic_sampling_on" not in saved:
             saved["dynamic_sampling_on"] = "score"
         return saved
@@ -327,6 +340,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         check(self.clip_high >= self.clip_low, "clip_ratio_high",
               f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
               f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
+        self.validate_is_correction()
         check(self.overlong_buffer is None or self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
               f"1..max_new_tokens ({self.max_new_tokens}) or empty: the penalty grows over the last L tokens "
               f"before the limit", self.overlong_buffer)
@@ -346,6 +360,24 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         else:
             for key in ("max_resample_rounds", "dynamic_sampling_on"):
                 check(getattr(self, key) is None, key, "left out without --dynamic-sampling", getattr(self, key))
+
+    def validate_is_correction(self) -> None:
+        """--is-correction's bounds: a cap for every mode but none, a floor for the masking modes only;
+        the mode's defaults resolved here, so config.yaml records the values used."""
+        mode = self.is_correction
+        if mode == "none":
+            for key in ("is_cap", "is_floor"):
+                check(getattr(self, key) is None, key, "left out with --is-correction none (no weights)",
+                      getattr(self, key))
+            return
+        check(mode in MASKING or self.is_floor is None, "is_floor",
+              f"left out with --is-correction {mode}, which truncates from above only (a floor bounds the masking "
+              f"modes: {', '.join(MASKING)})", self.is_floor)
+        if self.is_cap is None:
+            self.is_cap = default_cap(mode)
+        if mode in MASKING and self.is_floor is None:
+            self.is_floor = 1.0 / self.is_cap
+
 
     @property
     def clip_low(self) -> float:

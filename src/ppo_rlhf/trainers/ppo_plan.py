@@ -136,5 +136,11 @@ def _engine(config) -> str:
     """The rollout engine, when it is not the built-in one."""
     if config.rollout_engine == "torch":
         return ""
-    tis = f"--tis-cap {config.tis_cap:g}" if config.tis_cap is not None else "no importance weights"
-    return f"; engine vllm (weights synced before each rollout, {tis})"
+    mode = config.is_correction
+    if mode == "none":
+        weights = "no importance weights"
+    elif mode in ("token-truncate", "sequence-truncate"):
+        weights = f"importance weights {mode}, cap {config.is_cap:g}"
+    else:
+        weights = f"importance weights {mode} to [{config.is_floor:.4g}, {config.is_cap:g}]"
+    return f"; engine vllm (weights synced before each rollout, {weights})"
