@@ -25,12 +25,15 @@ from ppo_rlhf.core.kl import (
 from ppo_rlhf.core.logprobs import chunked_entropy, token_logprobs
 from ppo_rlhf.core.losses import (
     LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
     RATIO_LEVELS,
     aggregate_loss,
     approx_kl_per_token,
+    cispo_loss,
     entropy_from_logits,
     explained_variance,
     policy_loss,
+    sapo_loss,
     value_loss,
 )
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
@@ -44,10 +47,12 @@ __all__ = [
     "KL_ESTIMATORS",
     "KL_PLACEMENTS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
     "RATIO_LEVELS",
     "aggregate_loss",
     "check_kl_placement",
     "chunked_entropy",
+    "cispo_loss",
     "engine_importance_weights",
     "approx_kl_per_token",
     "entropy_from_logits",
@@ -67,6 +72,7 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "reward_to_go",
+    "sapo_loss",
     "shaped_rewards",
     "token_logprobs",
     "value_loss",

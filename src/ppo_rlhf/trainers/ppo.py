@@ -33,6 +33,7 @@ from ppo_rlhf.core import (
     FixedKLController,
     entropy_from_logits,
     aggregate_loss,
+    cispo_loss,
     engine_importance_weights,
     explained_variance,
     full_kl,
@@ -46,6 +47,7 @@ from ppo_rlhf.core import (
     overlong_penalty,
     policy_loss,
     reward_to_go,
+    sapo_loss,
     shaped_rewards,
     value_loss,
 )
@@ -698,10 +700,7 @@ class PPOTrainer(PPOLoop):
         logprobs = logprobs_from_logits(logits, mb.sequences.response_ids)
         if self.old_logprobs_from_update:  # the weights that sampled the batch: the ratio is exactly 1
             mb.logprobs = logprobs.detach()
-        pg_loss, stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
-                                     config.loss_aggregation, config.max_new_tokens, clip_ratio_high=config.clip_high,
-                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level,
-                                     token_weights=self.is_weights(mb))
+        pg_loss, stats = self.policy_gradient_loss(logprobs, mb, self.is_weights(mb))
         # Without an entropy bonus the entropy is only a statistic: no graph (it would hold
         # several (B, T, V) tensors for the backward pass).
         entropy_coef = self.entropy_coef()
@@ -721,6 +720,21 @@ class PPOTrainer(PPOLoop):
                 per_token_kl = kl_penalty(mb.logprobs, mb.ref_logprobs, config.kl_estimator_used)
             mb.kl = keep_masked(per_token_kl.detach(), mb.mask)
         return loss, stats
+
+    def policy_gradient_loss(self, logprobs: torch.Tensor, mb: Experience, weights: torch.Tensor | None
+                             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """--policy-loss on one micro-batch: PPO's clipped ratio (and its variants), CISPO or SAPO, each
+        token's term times its importance weight (core/losses.py)."""
+        config = self.config
+        common = dict(aggregation=config.loss_aggregation, norm_length=config.max_new_tokens, token_weights=weights)
+        if config.policy_loss == "cispo":
+            return cispo_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio_low, config.clip_high,
+                              **common)
+        if config.policy_loss == "sapo":
+            return sapo_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.sapo_tau_pos, config.sapo_tau_neg,
+                             **common)
+        return policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low, clip_ratio_high=config.clip_high,
+                           dual_clip=config.dual_clip, ratio_level=config.ratio_level, **common)
 
     def is_weights(self, mb: Experience) -> torch.Tensor | None:
         """--is-correction: the importance weights of the engine's samples, from pi_old / pi_engine per

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, any_number, at_least, between, check, option
-from ppo_rlhf.core import IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
+from ppo_rlhf.core import (IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+                           RATIO_LEVELS, check_kl_placement)
 from ppo_rlhf.core.offpolicy import MASKING, default_cap
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
@@ -48,6 +49,9 @@ KL_COEF = 0.05
 # DAPO's values: the whole score (of a 0/1 reward) off at the limit; a few extra rounds before giving up.
 OVERLONG_PENALTY = 1.0
 MAX_RESAMPLE_ROUNDS = 4
+# SAPO's temperatures (Gao et al., 2025; verl's and TRL's defaults): negative advantages damped faster.
+SAPO_TAU_POS = 1.0
+SAPO_TAU_NEG = 1.05
 # GSPO's clip range of the sequence ratio (Zheng et al., 2025), for the help and the plan.
 GSPO_CLIP = "3e-4 / 4e-4"
 
@@ -192,8 +196,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                    "with a non-finite score); stop after this many in a row", range=at_least(1))
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); sets both "
                                     "bounds unless clip_ratio_low / clip_ratio_high are given", range=above(0))
-    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)",
-                                          range=between(0, 1, low_open=True, high_open=True))
+    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio; cispo: no "
+                                                "lower bound, and a value >= 1 is none as well)", range=above(0))
     clip_ratio_high: float | None = option(None, "upper clip range, ratio <= 1 + x (empty: clip_ratio); DAPO's "
                                                  "clip-higher uses 0.28 with 0.2 below, so unlikely tokens with a "
                                                  "positive advantage can gain probability and the entropy does not "
@@ -205,7 +209,20 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                        "(exp of its mean token log-ratio) on every token of it, each token keeping "
                                        "its own advantage and weight (GSPO-token; with one advantage per response, "
                                        f"GSPO exactly).  The GSPO paper clips it at {GSPO_CLIP}: "
-                                       "--clip-ratio-low 3e-4 --clip-ratio-high 4e-4", choices=RATIO_LEVELS)
+                                       "--clip-ratio-low 3e-4 --clip-ratio-high 4e-4 (clip loss only)",
+                              choices=RATIO_LEVELS)
+    policy_loss: str = option("clip", "the policy-gradient surrogate.  clip: PPO's clipped ratio (and its variants: "
+                                      "clip-higher, dual clip, GSPO's sequence ratio); cispo (MiniMax-M1): every "
+                                      "token's log-prob gradient weighted by its ratio clipped to [1 - low, 1 + high], "
+                                      "a constant, so no token loses its gradient (no lower bound unless "
+                                      "--clip-ratio-low is given; its paper normalises over all tokens: "
+                                      "--loss-aggregation token-mean); sapo (Qwen): a soft gate "
+                                      "4/tau sigmoid(tau (ratio - 1)) in place of the clip",
+                              choices=POLICY_LOSSES)
+    sapo_tau_pos: float | None = option(None, f"sapo: the gate's temperature for tokens with a positive advantage "
+                                              f"(empty: {SAPO_TAU_POS:g} with sapo)", range=above(0))
+    sapo_tau_neg: float | None = option(None, f"sapo: the gate's temperature for the others, larger to damp them "
+                                              f"faster (empty: {SAPO_TAU_NEG:g} with sapo)", range=above(0))
     is_correction: str = option("token-truncate", "importance weights for an engine whose numerics differ from the "
                                                   "trainer's (--rollout-engine vllm), on each token's policy-gradient "
                                                   "term, from rho = pi_old / pi_engine: token-truncate min(rho_t, cap) "
@@ -334,12 +351,28 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     def validate_loss_variants(self) -> None:
         """Clip bounds, dual clip, sequence ratio, dynamic sampling and overlong shaping
         (docs/design.md, "Policy-loss variants"): ranges, and the combinations that make no sense."""
-        check(self.clip_low < 1, "clip_ratio_low" if self.clip_ratio_low is not None else "clip_ratio",
-              "below 1 for the lower clip range (the ratio's lower bound 1 - x must stay above 0); set "
-              "clip_ratio_low to widen only the upper one", self.clip_low)
-        check(self.clip_high >= self.clip_low, "clip_ratio_high",
-              f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
-              f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
+        if self.policy_loss != "cispo":  # CISPO's lower range may remove its bound (>= 1)
+            check(self.clip_low < 1, "clip_ratio_low" if self.clip_ratio_low is not None else "clip_ratio",
+                  "below 1 for the lower clip range (the ratio's lower bound 1 - x must stay above 0); set "
+                  "clip_ratio_low to widen only the upper one", self.clip_low)
+            check(self.clip_high >= self.clip_low, "clip_ratio_high",
+                  f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
+                  f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
+        # GSPO's sequence ratio takes per-token advantages (GSPO-token), a critic's too; the other
+        # surrogates have a ratio of their own (docs/design.md, "Policy-loss variants").
+        not_clip = f"left out with --policy-loss {self.policy_loss}, which has no clipped ratio to change"
+        for key, given in (("ratio_level", self.ratio_level != "token"), ("dual_clip", self.dual_clip is not None)):
+            check(self.policy_loss == "clip" or not given, key, not_clip, getattr(self, key))
+        for key in ("clip_ratio_low", "clip_ratio_high"):
+            check(self.policy_loss != "sapo" or getattr(self, key) is None, key,
+                  "left out with --policy-loss sapo: its soft gate has no clip range (--sapo-tau-pos, --sapo-tau-neg "
+                  "shape it)", getattr(self, key))
+        if self.policy_loss == "sapo":  # resolved here, so config.yaml records the values used
+            self.sapo_tau_pos = SAPO_TAU_POS if self.sapo_tau_pos is None else self.sapo_tau_pos
+            self.sapo_tau_neg = SAPO_TAU_NEG if self.sapo_tau_neg is None else self.sapo_tau_neg
+        else:
+            for key in ("sapo_tau_pos", "sapo_tau_neg"):
+                check(getattr(self, key) is None, key, "left out without --policy-loss sapo", getattr(self, key))
         self.validate_is_correction()
         check(self.overlong_buffer is None or self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
               f"1..max_new_tokens ({self.max_new_tokens}) or empty: the penalty grows over the last L tokens "
@@ -377,7 +410,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
             self.is_cap = default_cap(mode)
         if mode in MASKING and self.is_floor is None:
             self.is_floor = 1.0 / self.is_cap
-
 
     @property
     def clip_low(self) -> float:

@@ -67,7 +67,15 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
 def variant_lines(config: PPOConfig) -> list[str]:
     """A line for each policy-loss variant in force (docs/design.md, "Policy-loss variants")."""
     lines = []
-    if config.clip_low != config.clip_high or config.ratio_level == "sequence" or config.dual_clip is not None:
+    if config.policy_loss == "cispo":
+        low = ("no lower bound" if config.clip_ratio_low is None or config.clip_ratio_low >= 1
+               else f"1 - {config.clip_ratio_low:g}")
+        lines.append(f"loss:      CISPO: each token's log-prob gradient weighted by its ratio clipped to [{low}, "
+                     f"1 + {config.clip_high:g}], a constant (no token loses its gradient)")
+    elif config.policy_loss == "sapo":
+        lines.append(f"loss:      SAPO: a soft gate 4/tau sigmoid(tau (ratio - 1)) in place of the clip, tau "
+                     f"{config.sapo_tau_pos:g} for positive advantages, {config.sapo_tau_neg:g} for the others")
+    elif config.clip_low != config.clip_high or config.ratio_level == "sequence" or config.dual_clip is not None:
         level = ("per response (GSPO-token: exp of the mean token log-ratio, each token keeping its own advantage)"
                  if config.ratio_level == "sequence" else "per token")
         clip = f"ratio {level} clipped to [1 - {config.clip_low:g}, 1 + {config.clip_high:g}]"
