@@ -10,7 +10,8 @@ the actor's device:
    Under ``--lora`` the policy adapter is merged into each weight on the fly (W + scale B A,
    the base left untouched), so the engine holds one plain model and needs no LoRA support.
    Every call sends them (``fixed_weights``: only the first, for a model that never changes, as
-   in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).
+   in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).  The
+   prefix cache is emptied after each load: its keys and values were computed with the old weights.
 2. Distribution: ``softmax(logits / temperature)``, no top-k / top-p / min-p / penalties, the
    model's generation_config.json ignored (it may carry a top_p); greedy when not sampling.
 3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
@@ -282,6 +283,10 @@ class VLLMGenerator:
             weights = policy_weights(model)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
+        # The prefix cache holds keys and values computed with the weights before: a prompt (or a
+        # shared system prompt) longer than a KV block would be continued from them (vLLM's reload
+        # leaves that cache alone; TRL empties it after each sync too).
+        self.llm.reset_prefix_cache()
         self.synced = True
         return time.perf_counter() - start
 
