@@ -227,3 +227,18 @@ def test_a_run_saved_with_tis_cap_reads_as_token_truncate():
     assert PPOConfig.saved_settings_now({"tis_cap": 2.0}) == {"is_cap": 2.0, "is_correction": "token-truncate"}
     assert PPOConfig.saved_settings_now({"tis_cap": None}) == {"is_cap": None, "is_correction": "none"}
     assert PPOConfig.saved_settings_now({"dynamic_sampling": True})["dynamic_sampling_on"] == "score"
+
+
+def test_the_plan_names_the_engines_weights_and_probe():
+    from ppo_rlhf.trainers.ppo_plan import _engine
+
+    def line(**values):
+        return _engine(build_config(PPOConfig, {"task": "doubling", "rollout_engine": "vllm", **values}))
+
+    assert line() == ("; engine vllm (weights synced before each rollout and checked by a probe, tolerance 0.001; "
+                      "importance weights token-truncate, cap 2)")
+    assert "tolerance 0.1; importance weights sequence-mask to [0.3333, 3]" in line(
+        mixed_precision="bf16", is_correction="sequence-mask", is_cap=3.0)
+    assert "tolerance 0.05; no importance weights" in line(vllm_probe_tolerance=0.05, is_correction="none")
+    with pytest.raises(ConfigError, match="'vllm_probe_tolerance'.*without --rollout-engine vllm"):
+        build_config(PPOConfig, {"task": "doubling", "vllm_probe_tolerance": 0.01})

@@ -50,6 +50,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     def validate(self) -> None:
         self.validate_hardware()
         self.validate_task()
+        self.validate_engine()
         self.validate_rewards()
         check(self.do_sample or self.temperature == 1.0, "temperature",
               "left out without --do-sample (greedy decoding has no temperature)", self.temperature)

@@ -789,6 +789,11 @@ class PPOTrainer(PPOLoop):
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         experience, stage_metrics = self.make_experience(rows, draw_more)
+        # The vLLM engine's weight probe after its sync (docs/design.md, "The vLLM rollout engine"):
+        # its gap, and its seconds taken out of the rollout's.
+        probe = getattr(self.generator, "last_probe", None)
+        if probe:
+            stage_metrics.update(probe, **{"time/generate": stage_metrics["time/generate"] - probe["time/engine_probe"]})
         timings = {k: v for k, v in stage_metrics.items() if k.startswith("time/")}
         start = time.perf_counter()
         # A reward that gave a non-finite score: this batch teaches nothing, skip its update.

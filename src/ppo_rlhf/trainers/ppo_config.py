@@ -288,6 +288,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         self.validate_lora()
         self.validate_hardware()
         self.validate_task()
+        self.validate_engine()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
         if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows

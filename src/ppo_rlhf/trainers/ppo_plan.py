@@ -151,4 +151,8 @@ def _engine(config) -> str:
         weights = f"importance weights {mode}, cap {config.is_cap:g}"
     else:
         weights = f"importance weights {mode} to [{config.is_floor:.4g}, {config.is_cap:g}]"
-    return f"; engine vllm (weights synced before each rollout, {weights})"
+    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, engine_dtype  # (vLLM itself is not imported)
+
+    tolerance = config.vllm_probe_tolerance or PROBE_TOLERANCE[engine_dtype(config.mixed_precision)]
+    return (f"; engine vllm (weights synced before each rollout and checked by a probe, tolerance {tolerance:g}; "
+            f"{weights})")
