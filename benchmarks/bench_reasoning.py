@@ -260,8 +260,8 @@ def plot(runs: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.2), squeeze=False)
-    colours = {"gae": "tab:blue", "grpo": "tab:orange", "grpo-4mb": "tab:brown", "gspo": "tab:green", "cispo": "tab:red",
-               "sapo": "tab:purple"}
+    colours = {"gae": "tab:blue", "grpo": "tab:orange", "grpo-4mb": "tab:brown", "gspo": "tab:green",
+               "cispo": "tab:red", "sapo": "tab:purple"}
     for axis, (task, by_estimator) in zip(axes[0], runs.items()):
         for estimator, done in by_estimator.items():  # each run its own line: seeds can differ in iterations
             for i, r in enumerate(sorted(done, key=lambda r: r["seed"])):

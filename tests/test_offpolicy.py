@@ -242,3 +242,12 @@ def test_the_plan_names_the_engines_weights_and_probe():
     assert "tolerance 0.05; no importance weights" in line(vllm_probe_tolerance=0.05, is_correction="none")
     with pytest.raises(ConfigError, match="'vllm_probe_tolerance'.*without --rollout-engine vllm"):
         build_config(PPOConfig, {"task": "doubling", "vllm_probe_tolerance": 0.01})
+
+
+def test_the_probe_tolerance_may_change_on_resume():
+    """A run the probe stopped may go on with another bound (it changes no arithmetic of the run)."""
+    from ppo_rlhf.run_folder import changed_settings
+
+    saved, now = {"vllm_probe_tolerance": None, "is_cap": 2.0}, {"vllm_probe_tolerance": 0.5, "is_cap": 2.0}
+    assert changed_settings(saved, now) == []
+    assert changed_settings({"is_cap": 2.0}, {"is_cap": 3.0}) == ["is_cap: 2.0 -> 3.0"]

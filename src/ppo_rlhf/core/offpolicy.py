@@ -81,7 +81,10 @@ def engine_importance_weights(old_logprobs: torch.Tensor, engine_logprobs: torch
             weights = torch.exp(log_ratio.clamp(max=math.log(cap)))
         else:
             inside = (log_ratio >= math.log(floor)) & (log_ratio <= math.log(cap))
-            kept = torch.ones_like(log_ratio) if mode == "geometric-mask" else torch.exp(log_ratio.clamp(max=math.log(cap)))
+            if mode == "geometric-mask":  # rejection only: a response kept weighs 1
+                kept = torch.ones_like(log_ratio)
+            else:  # (bounded before exp(): the values outside are dropped anyway)
+                kept = torch.exp(log_ratio.clamp(max=math.log(cap)))
             weights = torch.where(inside, kept, torch.zeros_like(log_ratio))
         return keep_masked(weights, mask)
 

@@ -447,8 +447,8 @@ class PPOTrainer(PPOLoop):
     def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
                                 metrics: dict[str, float]) -> Rollout:
         """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
-        K scores (--dynamic-sampling-on) are all equal -- all right or all wrong -- are dropped, and more prompts
-        are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
+        K rewards (--dynamic-sampling-on) are all equal -- all right or all wrong -- are dropped, and
+        more prompts are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
         rounds; a batch still short then is completed with dropped groups (advantage 0), so every
         update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
         each process then keeps its own rows of the chosen groups."""
@@ -733,8 +733,9 @@ class PPOTrainer(PPOLoop):
         if config.policy_loss == "sapo":
             return sapo_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.sapo_tau_pos, config.sapo_tau_neg,
                              **common)
-        return policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low, clip_ratio_high=config.clip_high,
-                           dual_clip=config.dual_clip, ratio_level=config.ratio_level, **common)
+        return policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
+                           clip_ratio_high=config.clip_high, dual_clip=config.dual_clip, ratio_level=config.ratio_level,
+                           **common)
 
     def is_weights(self, mb: Experience) -> torch.Tensor | None:
         """--is-correction: the importance weights of the engine's samples, from pi_old / pi_engine per
@@ -793,7 +794,8 @@ class PPOTrainer(PPOLoop):
         # its gap, and its seconds taken out of the rollout's.
         probe = getattr(self.generator, "last_probe", None)
         if probe:
-            stage_metrics.update(probe, **{"time/generate": stage_metrics["time/generate"] - probe["time/engine_probe"]})
+            stage_metrics.update(probe)
+            stage_metrics["time/generate"] -= probe["time/engine_probe"]
         timings = {k: v for k, v in stage_metrics.items() if k.startswith("time/")}
         start = time.perf_counter()
         # A reward that gave a non-finite score: this batch teaches nothing, skip its update.

@@ -143,8 +143,9 @@ def divergence_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, 
 
     The shared prompt (and any shared start of the responses) carries no preference, so it is left
     out -- which needs the two sequences aligned position by position: a pair longer than
-    --max-length is cut alike (rollout/encoding.py, ``cut_pair_alike``); every token after the split is asked to prefer the chosen continuation, which gives the
-    model a denser signal than the last token alone.  Past its own end a sequence's value is held
+    --max-length is cut alike (rollout/encoding.py, ``cut_pair_alike``).  Every token after the
+    split is asked to prefer the chosen continuation, which gives the model a denser signal than the
+    last token alone.  Past its own end a sequence's value is held
     at its last token's score (its reward), where DeepSpeed-Chat reads the value the head gives a
     pad token: the padding's length and token are arbitrary, the final score is not.
     """
