@@ -1,6 +1,6 @@
-"""The policy-loss variants side by side: GRPO, DAPO, GSPO and PPO on one rollout budget.
+"""The policy-loss variants side by side: GRPO, DAPO, GSPO, CISPO, SAPO and PPO on one rollout budget.
 
-    python benchmarks/bench_loss_variants.py                  # 4 variants x 3 seeds, ~15 min on 2 idle cores
+    python benchmarks/bench_loss_variants.py                  # 6 variants x 3 seeds, ~25 min on 2 cores
     python benchmarks/bench_loss_variants.py --quick          # a few iterations of each, to try the script
 
 The built-in task with its rule reward (1 for the exact answer, 0.4 each for the right value and
@@ -12,7 +12,11 @@ reward at 0.05, no entropy term, 100 iterations.  Only the variant changes:
     grpo   estimator grpo (group mean and std), its paper's sequence-mean loss
     dapo   grpo + clip-higher (0.2 / 0.28) + dynamic sampling + overlong shaping (a buffer of 1
            token: the task's answers end by token 6 of 7) + DAPO's token-mean loss
-    gspo   grpo + one ratio per response, clipped at 3e-4 / 4e-4 as the GSPO paper
+    gspo   grpo + one ratio per response, clipped at 3e-4 / 4e-4 as the GSPO paper (GSPO-token:
+           each token keeps its own advantage, which the k1 KL in the reward makes per-token)
+    cispo  grpo + CISPO: every token's gradient weighted by its ratio clipped at 1.2, no lower bound
+           (verl's example), over all tokens (token-mean, as the MiniMax-M1 paper)
+    sapo   grpo + SAPO's soft gate, tau 1.0 / 1.05 (the paper's), GRPO's sequence-mean loss
     ppo    estimator gae with a critic (the demo's: a separate model from the SFT trunk)
 
 Held-out greedy and sampled exact-match (500 prompts) every 10 iterations, against iterations and
@@ -45,6 +49,8 @@ VARIANTS = {
     "dapo": {**GROUP, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dynamic_sampling": True,
              "overlong_buffer": 1, "loss_aggregation": "token-mean"},
     "gspo": {**GROUP, "ratio_level": "sequence", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
+    "cispo": {**GROUP, "policy_loss": "cispo", "clip_ratio_high": 0.2, "loss_aggregation": "token-mean"},
+    "sapo": {**GROUP, "policy_loss": "sapo"},
     "ppo": {"estimator": "gae", "samples_per_prompt": 1, **GAE_CRITIC},
 }
 
@@ -60,7 +66,8 @@ def variant_figures(out: Path, figures: dict) -> dict:
             "entropy": [(r["step"], r["entropy"]) for r in iterations if "entropy" in r],
             "greedy_by_iteration": [(r["step"], r["eval/exact_match"]) for r in read_metrics(out / "metrics.jsonl")
                                     if "eval/exact_match" in r],
-            "tokens_per_kept_sample": statistics.mean(v for v in per_kept if v == v),  # NaN: nothing kept
+            # NaN (None in metrics.jsonl): an iteration that kept no group
+            "tokens_per_kept_sample": statistics.mean(v for v in per_kept if v is not None and v == v),
             "dropped_groups": sum(r.get("dynamic_sampling/dropped_groups", 0) for r in iterations),
             "filled_groups": sum(r.get("dynamic_sampling/filled_groups", 0) for r in iterations)}
 

@@ -4,6 +4,7 @@ checkers, trained with PPO (gae) and with GRPO.
     make smollm2                                               # once: the model as a folder
     python benchmarks/bench_reasoning.py pick                  # starting accuracy of candidate tasks
     python benchmarks/bench_reasoning.py train --tasks chain_sum gcd               # ~30 minutes of training a run
+    python benchmarks/bench_reasoning.py train --tasks chain_sum --estimators gspo cispo --seeds 0   # issue 37
 
 ``pick``: the model's greedy accuracy on 200 held-out problems of each candidate task (the
 package's checker on the answer in <answer> tags, else the last number); the issue asks for two
@@ -60,6 +61,19 @@ COMMON = {"lora": True, "batch_size": 32, "mini_batch_size": 32, "ppo_epochs": 1
 # lets the trainer read the old log-probs off the update (0.86 of the iteration, results/old_logprobs.md).
 ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
               "grpo": {"estimator": "grpo", "samples_per_prompt": 8, "kl_in": "loss"}}
+# The policy-loss variants (issue 37) on GRPO's recipe.  With one optimizer step per batch (the recipe
+# above) every ratio is exactly 1 at that step, and GSPO, CISPO and SAPO then take GRPO's own
+# gradient (CISPO's differs only by its token-mean): their runs would differ from GRPO's by round-off.
+# So the variants split each batch into 4 minibatches of 8 (4 steps, the later ones off-policy), and
+# "grpo-4mb" is GRPO split the same way, the baseline they compare with.  The old log-probs then need
+# a pass of their own (about 49 s an iteration instead of 42.5, results/old_logprobs.md).
+VARIANT_SPLIT = {"mini_batch_size": 8}
+VARIANTS = {"grpo-4mb": {**ESTIMATORS["grpo"], **VARIANT_SPLIT},
+            "gspo": {**ESTIMATORS["grpo"], **VARIANT_SPLIT, "ratio_level": "sequence", "clip_ratio_low": 3e-4,
+                     "clip_ratio_high": 4e-4},
+            "cispo": {**ESTIMATORS["grpo"], **VARIANT_SPLIT, "policy_loss": "cispo", "loss_aggregation": "token-mean"},
+            "sapo": {**ESTIMATORS["grpo"], **VARIANT_SPLIT, "policy_loss": "sapo"}}
+ESTIMATORS.update(VARIANTS)
 # The tasks trained on, each with the generator settings and the iterations that fill about 30
 # minutes of training here (evaluations excluded).  gcd: gae ~88 s an iteration (old, reference
 # and critic passes), grpo ~41 s measured alone (each prompt once per pass for its 8 responses,
@@ -72,7 +86,7 @@ ESTIMATORS = {"gae": {"estimator": "gae", "samples_per_prompt": 1},
 TRAIN_TASKS = {
     "gcd": {"task_config": "", "task_size": 10000, "iterations": {"gae": 20, "grpo": 40}},
     "chain_sum": {"task_config": "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "task_size": 2000,
-                  "iterations": {"gae": 20, "grpo": 36}},
+                  "iterations": {"gae": 20, "grpo": 36, **{name: 36 for name in VARIANTS}}},
     "basic_arithmetic": {"task_config": CANDIDATES["basic_arithmetic"], "task_size": 10000,
                          "iterations": {"gae": 20, "grpo": 40}},
 }
@@ -159,8 +173,12 @@ def earlier_runs(settings: dict) -> dict:
 def train(args) -> None:
     runs: dict[str, dict[str, list]] = {}
     recorded = earlier_runs({**COMMON, **args.settings})  # read before this invocation rewrites the record
-    iterations = {task: {name: args.iterations or TRAIN_TASKS[task]["iterations"][name] for name in ESTIMATORS}
+    iterations = {task: {name: args.iterations or TRAIN_TASKS[task]["iterations"].get(name) for name in ESTIMATORS}
                   for task in TRAIN_TASKS}
+    for task in args.tasks:
+        for name in args.estimators:
+            if iterations[task][name] is None:
+                raise SystemExit(f"{task} has no iteration count for {name} (give --iterations)")
     for task in args.tasks:
         for seed in args.seeds:
             for estimator in args.estimators:
@@ -242,7 +260,8 @@ def plot(runs: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.2), squeeze=False)
-    colours = {"gae": "tab:blue", "grpo": "tab:orange"}
+    colours = {"gae": "tab:blue", "grpo": "tab:orange", "grpo-4mb": "tab:brown", "gspo": "tab:green",
+               "cispo": "tab:red", "sapo": "tab:purple"}
     for axis, (task, by_estimator) in zip(axes[0], runs.items()):
         for estimator, done in by_estimator.items():  # each run its own line: seeds can differ in iterations
             for i, r in enumerate(sorted(done, key=lambda r: r["seed"])):
@@ -276,7 +295,8 @@ def main() -> None:
                         help="pick: the tasks to measure")
     parser.add_argument("--tasks", nargs="+", default=["chain_sum", "gcd"], choices=list(TRAIN_TASKS),
                         help="train: the tasks (default: the two that start between 5%% and 50%% with 32 new tokens)")
-    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    parser.add_argument("--estimators", nargs="+", default=["gae", "grpo"], choices=list(ESTIMATORS),
+                        help="gae and grpo (default), or the policy-loss variants " + ", ".join(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--iterations", type=int, default=None,
                         help="PPO iterations per run (default: the task's, about 30 minutes of training here: "

@@ -263,7 +263,7 @@ def test_policy_loss_padding_never_changes_the_result():
 
 
 def test_policy_loss_token_weights_scale_each_token_as_constants():
-    """--tis-cap's truncated importance weights: each token's loss (and gradient) times its weight,
+    """--is-correction's importance weights: each token's loss (and gradient) times its weight,
     no gradient through the weight, padding untouched."""
     logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = torch.tensor([[-1.0, -2.0, -0.5]])
@@ -278,22 +278,6 @@ def test_policy_loss_token_weights_scale_each_token_as_constants():
     assert weights.grad is None
     unweighted, _ = policy_loss(logprobs, old, advantages, mask, 0.2, token_weights=torch.ones(1, 3))
     assert unweighted.item() == pytest.approx(policy_loss(logprobs, old, advantages, mask, 0.2)[0].item())
-
-
-def test_tis_weights_are_truncated_ratios_of_the_old_policy_to_the_engine():
-    from types import SimpleNamespace
-
-    from ppo_rlhf.trainers.ppo import PPOTrainer
-
-    mb = SimpleNamespace(logprobs=torch.tensor([[-1.0, -1.0, -1.0]]), mask=torch.tensor([[1, 1, 0]]),
-                         engine_logprobs=torch.tensor([[-1.0, -3.0, -9.0]]))
-    trainer = SimpleNamespace(config=SimpleNamespace(tis_cap=2.0))
-    weights = PPOTrainer.tis_weights(trainer, mb)
-    assert weights[0].tolist() == pytest.approx([1.0, 2.0, 0.0])  # exp(0) = 1; exp(2) capped at 2; padding 0
-    trainer.config.tis_cap = None
-    assert PPOTrainer.tis_weights(trainer, mb) is None
-    assert PPOTrainer.tis_weights(SimpleNamespace(config=SimpleNamespace(tis_cap=2.0)),
-                                  SimpleNamespace(engine_logprobs=None)) is None  # the torch engine
 
 
 def test_value_loss_by_hand():

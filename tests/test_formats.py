@@ -30,8 +30,13 @@ def reply(text: str) -> dict:
 def test_the_implicit_prompt_ends_at_the_last_assistant_marker():
     human = "\n\nHuman: What is 2+2?\n\nAssistant: Let me think.\n\nHuman: And?\n\nAssistant:"
     assert implicit_prompt(human + " The answer is 4.", human + " The answer is 5.") == human
-    # No marker: the common prefix, less the space the replies share (TRL's example).
+    # No marker: the common prefix, less the space the replies share -- TRL's extract_prompt, which
+    # cuts at the first differing character, one back where a space precedes it (its example).
     assert implicit_prompt("The sky is blue.", "The sky is green.") == "The sky is"
+    # With one, ppo-rlhf's rule and TRL's part: replies that begin alike keep their shared words,
+    # where extract_prompt would give "\n\nHuman: hi\n\nAssistant: I'm sorry," as the prompt.
+    assert implicit_prompt("\n\nHuman: hi\n\nAssistant: I'm sorry, I can't.",
+                           "\n\nHuman: hi\n\nAssistant: I'm sorry, but no.") == "\n\nHuman: hi\n\nAssistant:"
     assert implicit_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!",
                            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHey.") == \
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

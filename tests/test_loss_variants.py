@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from ppo_rlhf.config import ConfigError, build_config
-from ppo_rlhf.core import informative_groups, overlong_penalty, policy_loss
+from ppo_rlhf.core import cispo_loss, informative_groups, overlong_penalty, policy_loss, sapo_loss
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.reward import ScoringReward
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
-from zoo import PROMPTS, REWARDS_MODULE, THREADS, run, run_failing, same_actor_as_straight_run
+from zoo import PROMPTS, REWARDS_MODULE, THREADS, VaryingLengths, run, run_failing, same_actor_as_straight_run
 
 
 def loss_and_gradient(log_ratios, advantages, mask=None, **options):
@@ -96,6 +96,77 @@ def test_sequence_level_ratio_by_hand():
     # Per token, the same numbers give each token its own ratio: token 1 (ratio 1) keeps its gradient.
     _, grad, _ = loss_and_gradient(log_ratios, advantages, mask, clip_ratio=0.2, aggregation="sequence-mean")
     assert grad[0, 0].item() == pytest.approx(-1.0 / 4) and grad[0, 1].item() == 0.0
+
+
+def test_sequence_level_ratio_keeps_each_tokens_advantage_and_weight():
+    # GSPO-token (verl's form): one response, log-ratios 0.0 and 0.4 (s = e^0.2), per-token
+    # advantages +1 and -2 (a KL in the reward, or a critic, gives each token its own), importance
+    # weights 2 and 0.5, sequence-mean, a range wide enough not to clip.  Loss (-1 x 2 + 2 x 0.5) s / 2
+    # = -s / 2; d/d logp_t = -A_t w_t s / 2: -s for token 1, +s / 2 for token 2.  (Giving every token the
+    # ratio s itself would give both the mean, (-2 + 1) s / 4 = -s / 4.)
+    s = math.exp(0.2)
+    logprobs = torch.tensor([[0.0, 0.4]], dtype=torch.float64, requires_grad=True)
+    loss, stats = policy_loss(logprobs, torch.zeros_like(logprobs), torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+                              None, clip_ratio=0.5, aggregation="sequence-mean", ratio_level="sequence",
+                              token_weights=torch.tensor([[2.0, 0.5]], dtype=torch.float64))
+    loss.backward()
+    assert loss.item() == pytest.approx(-s / 2)
+    assert logprobs.grad.tolist() == [pytest.approx([-s, s / 2])]
+    assert stats["ppo_ratio"].item() == pytest.approx(s)  # the sequence ratio on every token
+    # Clipped at 0.1 (s = 1.22 > 1.1): the positive-advantage token takes the clipped branch and loses
+    # its gradient; the negative one stays on the unclipped branch, -A s = 2s, as PPO's max keeps it.
+    logprobs.grad = None
+    loss, stats = policy_loss(logprobs, torch.zeros_like(logprobs), torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+                              None, clip_ratio=0.1, aggregation="sequence-mean", ratio_level="sequence")
+    loss.backward()
+    assert loss.item() == pytest.approx((-1.1 + 2 * s) / 2)
+    assert logprobs.grad.tolist() == [pytest.approx([0.0, s])]
+    assert stats["clipfrac"].item() == pytest.approx(0.5)
+
+
+def test_cispo_by_hand():
+    # Ratios 1.5, 0.5, 1.1 with advantages +1, -1, +2, token-mean, upper range 0.2, no lower bound:
+    # weights min(r, 1.2) = 1.2, 0.5, 1.1 (constants), so d/d logp_t = -A_t w_t / 3 = -0.4, +1/6, -2.2/3 --
+    # every token keeps a gradient, the clipped one too (PPO's clip would give it 0).  Loss -A w: -2.9 / 3.
+    # verl's compute_policy_loss_cispo (clip_ratio_low 10, high 0.2) gives the same gradients on these
+    # inputs; its loss value, -A w log pi, is -0.347605 here (the same gradient, another number).
+    log_ratios = [[math.log(1.5), math.log(0.5), math.log(1.1)]]
+    logprobs = torch.tensor(log_ratios, dtype=torch.float64, requires_grad=True)
+    advantages = torch.tensor([[1.0, -1.0, 2.0]], dtype=torch.float64)
+    loss, stats = cispo_loss(logprobs, torch.zeros_like(logprobs), advantages, None, None, 0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(-2.9 / 3)
+    assert logprobs.grad.tolist() == [pytest.approx([-0.4, 1 / 6, -2.2 / 3])]
+    assert stats["clipfrac"].item() == pytest.approx(1 / 3)
+    # A lower range of 0.2: 0.5 is raised to 0.8 (verl's clip_ratio_low 0.2 gives the same gradient).
+    logprobs.grad = None
+    loss, stats = cispo_loss(logprobs, torch.zeros_like(logprobs), advantages, None, 0.2, 0.2)
+    loss.backward()
+    assert logprobs.grad.tolist() == [pytest.approx([-0.4, 0.8 / 3, -2.2 / 3])]
+    assert stats["clipfrac"].item() == pytest.approx(2 / 3)
+    # A range of 1 or more is no lower bound at all.
+    assert cispo_loss(logprobs, torch.zeros_like(logprobs), advantages, None, 10.0, 0.2)[0].item() == pytest.approx(-2.9 / 3)
+
+
+def test_sapo_by_hand():
+    # Ratios 1.5 (A = +1, tau 1) and 0.5 (A = -1, tau 1.05), one response, sequence-mean:
+    # f(1.5) = 4 sigmoid(0.5) = 2.489837, f(0.5) = 4 / 1.05 sigmoid(-0.525) = 1.415950;
+    # loss (-2.489837 + 1.415950) / 2 = -0.536949.  d/d logp_t = -A_t 4 s_t (1 - s_t) r_t / 2:
+    # -4 x 0.622459 x 0.377541 x 1.5 / 2 = -0.705011 and +4 x 0.371686 x 0.628314 x 0.5 / 2 = 0.233535
+    # (verl's compute_policy_loss_sapo gives -0.536949, -0.705011 and 0.233535 on these inputs).
+    logprobs = torch.tensor([[math.log(1.5), math.log(0.5)]], dtype=torch.float64, requires_grad=True)
+    loss, stats = sapo_loss(logprobs, torch.zeros_like(logprobs), torch.tensor([[1.0, -1.0]], dtype=torch.float64),
+                            None, 1.0, 1.05, aggregation="sequence-mean")
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.536949, abs=1e-6)
+    assert logprobs.grad.tolist() == [pytest.approx([-0.705011, 0.233535], abs=1e-6)]
+    # On-policy (r = 1) the gate's gradient is PPO's: -A grad log pi, whatever tau.
+    at_one = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    sapo_loss(at_one, torch.zeros_like(at_one), torch.tensor([[1.0, -1.0]], dtype=torch.float64), None, 3.0, 5.0)[0].backward()
+    assert at_one.grad.tolist() == [pytest.approx([-0.5, 0.5])]
+    assert stats["sapo_gate"].item() == pytest.approx((4 * 0.622459 * 0.377541 + 4 * 0.371686 * 0.628314) / 2, abs=1e-5)
+    with pytest.raises(ValueError, match="temperatures must be > 0"):
+        sapo_loss(logprobs, logprobs, logprobs, None, 0.0, 1.05)
 
 
 def test_overlong_penalty_by_hand():
@@ -182,6 +253,21 @@ def test_dynamic_sampling_keeps_the_first_groups_of_a_full_round(zoo):
         experience.mask.sum().item() / 8)
 
 
+@pytest.mark.parametrize("decided_on, dropped", [("accuracy", 2), ("score", 0)])
+def test_dynamic_sampling_decides_on_the_rewards_before_shaping(zoo, decided_on, dropped):
+    """DAPO filters on the task's accuracy: a group whose rewards tie (7 and 7) is dropped even when
+    the overlong shaping gives its responses of 1 and 2 tokens different scores (7 - 1/6, 7 - 2/6)."""
+    trainer = tiny_grpo_trainer(zoo, overlong_buffer=6, dynamic_sampling_on=decided_on)
+    trainer.generator = VaryingLengths(trainer.generator.stop_token_ids, trainer.tokenizer.pad_token_id, 6)
+    draws = iter([groups(PROMPTS[:4], False)])
+    experience, metrics = trainer.make_experience(groups(PROMPTS[:2], True) + groups(PROMPTS[2:4], False),
+                                                  lambda: next(draws))
+    assert metrics["dynamic_sampling/dropped_groups"] == dropped
+    assert metrics["dynamic_sampling/rounds"] == (2 if dropped else 1)
+    kept_tied = (experience.raw_scores == 7.0).sum().item()
+    assert kept_tied == (0 if dropped else 4)
+
+
 def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
     trainer = tiny_grpo_trainer(zoo, dynamic_sampling=False, overlong_buffer=4, overlong_penalty=0.5)
     scores = trainer.shape_scores(torch.ones(4), torch.ones(4, dtype=torch.bool), torch.tensor([1, 2, 4, 6]))
@@ -194,12 +280,22 @@ def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
     [
         ({"clip_ratio_low": 0.2, "clip_ratio_high": 0.1}, "'clip_ratio_high'.*>= the lower clip range \\(0.2\\)"),
         ({"clip_ratio": 0.3, "clip_ratio_high": 0.25}, "'clip_ratio_high'.*>= the lower clip range \\(0.3\\)"),
-        ({"clip_ratio_low": 1.0}, "'clip_ratio_low'.*0 < clip_ratio_low < 1"),
+        ({"clip_ratio_low": 1.0}, "'clip_ratio_low'.*below 1 for the lower clip range"),
+        ({"clip_ratio_low": 0.0}, "'clip_ratio_low'.*> 0"),
         ({"clip_ratio_high": 0.0}, "'clip_ratio_high'.*> 0"),
         ({"dual_clip": 1.0}, "'dual_clip'.*> 1"),
         ({"dual_clip": 0.5}, "'dual_clip'.*> 1"),
-        ({"ratio_level": "sequence"}, "'ratio_level'.*token with estimator gae"),
         ({"ratio_level": "word"}, "'ratio_level'.*token, sequence"),
+        ({"policy_loss": "ppo"}, "'policy_loss'.*clip, cispo, sapo"),
+        ({"policy_loss": "cispo", "ratio_level": "sequence"}, "'ratio_level'.*--policy-loss cispo"),
+        ({"policy_loss": "sapo", "dual_clip": 3.0}, "'dual_clip'.*--policy-loss sapo"),
+        ({"policy_loss": "sapo", "clip_ratio_high": 0.28}, "'clip_ratio_high'.*sapo: its soft gate has no clip"),
+        ({"policy_loss": "sapo", "clip_ratio_low": 0.2}, "'clip_ratio_low'.*sapo: its soft gate has no clip"),
+        ({"policy_loss": "sapo", "sapo_tau_neg": 0.0}, "'sapo_tau_neg'.*> 0"),
+        ({"sapo_tau_pos": 1.0}, "'sapo_tau_pos'.*without --policy-loss sapo"),
+        ({"dynamic_sampling_on": "score"}, "'dynamic_sampling_on'.*without --dynamic-sampling"),
+        ({"dynamic_sampling": True, "estimator": "grpo", "samples_per_prompt": 2, "dynamic_sampling_on": "shaped"},
+         "'dynamic_sampling_on'.*accuracy, score"),
         ({"dynamic_sampling": True}, "'dynamic_sampling'.*off with estimator gae"),
         ({"dynamic_sampling": True, "estimator": "remax", "samples_per_prompt": 2}, "'dynamic_sampling'.*remax"),
         ({"dynamic_sampling": True, "estimator": "reinforce++", "samples_per_prompt": 2}, "'dynamic_sampling'"),
@@ -223,6 +319,12 @@ def test_variant_defaults_resolve_where_they_apply():
                                       "samples_per_prompt": 2, "dynamic_sampling": True, "clip_ratio_high": 0.28})
     assert (config.overlong_penalty, config.max_resample_rounds) == (1.0, 4)
     assert (config.clip_low, config.clip_high) == (0.2, 0.28)
+    assert config.dynamic_sampling_on == "accuracy"  # DAPO's
+    sapo = build_config(PPOConfig, {"task": "doubling", "policy_loss": "sapo"})
+    assert (sapo.sapo_tau_pos, sapo.sapo_tau_neg) == (1.0, 1.05)
+    # CISPO may drop its lower bound (verl's example: 10); GSPO-token takes a critic's per-token advantages.
+    assert build_config(PPOConfig, {"task": "doubling", "policy_loss": "cispo", "clip_ratio_low": 10.0}).clip_low == 10.0
+    assert build_config(PPOConfig, {"task": "doubling", "ratio_level": "sequence"}).estimator == "gae"
 
 
 def test_a_bad_variant_exits_2_naming_the_flag(tmp_path, capsys):
@@ -240,10 +342,27 @@ def variants_command(zoo, out, *extra):
             "--max-resample-rounds", 2, "--overlong-buffer", 3, "--save-every", 1, "--out", out, *THREADS, *extra]
 
 
+@pytest.mark.parametrize("loss, plan_line, metric", [
+    ("cispo", "CISPO: each token's log-prob gradient weighted by its ratio clipped to [no lower bound, 1 + 0.2]",
+     "clipfrac"),
+    ("sapo", "SAPO: a soft gate 4/tau sigmoid(tau (ratio - 1)) in place of the clip, tau 1 for positive advantages, "
+             "1.05 for the others", "sapo_gate"),
+])
+def test_cispo_and_sapo_runs_plan_and_log(zoo, tmp_path, capsys, loss, plan_line, metric):
+    command = variants_command(zoo, tmp_path / loss, "--iterations", 2)
+    for flag in ("--clip-ratio-low", "--clip-ratio-high", "--dual-clip", "--ratio-level"):  # the clip loss's
+        at = command.index(flag)
+        del command[at:at + 2]
+    run([*command, "--policy-loss", loss])
+    assert plan_line in capsys.readouterr().out
+    records = read_metrics(tmp_path / loss / "metrics.jsonl")
+    assert all(math.isfinite(r[metric]) and math.isfinite(r["pg_loss"]) for r in records[1:])
+
+
 def test_every_variant_at_once_plans_logs_and_resumes_to_a_straight_run(zoo, tmp_path, capsys):
     run(variants_command(zoo, tmp_path / "straight", "--iterations", 3))
     plan = capsys.readouterr().out
-    assert "ratio per response (GSPO" in plan and "clipped to [1 - 0.2, 1 + 0.28]" in plan
+    assert "ratio per response (GSPO" in plan and "clipped to [1 - 0.2, 1 + 0.28] (the GSPO paper: 3e-4 / 4e-4)" in plan
     assert "dual clip: a negative advantage's loss at most 3 x |A|" in plan
     assert "sampling:  dynamic (DAPO)" in plan and "up to 2 extra rounds" in plan
     assert "overlong:  responses past 5 tokens lose up to 1 of their score" in plan

@@ -143,6 +143,15 @@ def test_ppo_on_chat_messages_with_score_options(zoo, reward_models, tmp_path):
     assert all("score_used" in r and abs(r["score_used"]) <= 2.0 for r in records)
 
 
+def test_ppo_on_chat_messages_with_a_trl_reward_for_chat_data(zoo, tmp_path):
+    # TRL's convention: after a conversational prompt each completion is [{"role": "assistant", ...}].
+    out = tmp_path / "ppo"
+    run(["ppo", "--model", zoo["qwen2"], "--prompts", zoo["chat"], "--prompt-field", "messages", "--chat-template",
+         "--reward-fn", f"{REWARDS_MODULE}:trl_chat_length", "--out", out, *PPO_BUDGET])
+    records = read_metrics(out / "metrics.jsonl")
+    assert all(r["reward/trl_chat_length"] > 0 for r in records if "score" in r)
+
+
 @pytest.mark.parametrize("arch", ("qwen2", "granite", "gemma"))
 def test_eval_of_a_user_model_with_a_reward(zoo, tmp_path, arch):
     # granite's tokenizer has no chat template: its prompts are plain text (--chat-template is refused there)

@@ -66,6 +66,24 @@ def test_a_trl_reward_function_runs_unchanged():
     assert FunctionReward(trl_style)(batch()).tolist() == [1.0, 0.0]
 
 
+def test_a_trl_reward_function_gets_messages_for_a_conversational_prompt():
+    """TRL passes each completion as a list of messages when the prompt is one, and the text
+    otherwise; a function written for chat data reads completion[0]["content"]."""
+    messages = [[{"role": "user", "content": "p0"}], [{"role": "system", "content": "s"}, {"role": "user", "content": "p1"}]]
+    rows = [dict(row, prompt=m) for row, m in zip(ROWS, messages)]
+
+    def conversational(prompts, completions, **kwargs):
+        assert prompts == messages
+        assert completions == [[{"role": "assistant", "content": "r0"}], [{"role": "assistant", "content": "r1"}]]
+        return [float(completion[0]["content"] == "r0") for completion in completions]
+
+    scoring = ScoringBatch(rows, messages, ["r0", "r1"], [True, False], batch().sequences)
+    assert FunctionReward(conversational)(scoring).tolist() == [1.0, 0.0]
+    # A function of ppo-rlhf's own convention still gets the text; a plain prompt gives TRL's the text.
+    assert FunctionReward(lambda prompts, responses: [float(r == "r1") for r in responses])(scoring).tolist() == [0.0, 1.0]
+    assert FunctionReward(lambda completions, **kw: [len(c) for c in completions])(batch()).tolist() == [2.0, 2.0]
+
+
 def test_a_function_cannot_change_the_trainers_rows():
     def vandal(prompts, responses, answer, **kwargs):
         answer[0] = "changed"

@@ -64,3 +64,37 @@ def test_a_divergence_reward_model_learns_the_preference(zoo, tmp_path, learning
     record_outcome("last_loss_over_first", losses[-1] / losses[0])
     record_outcome("eval_accuracy", summary["eval_accuracy"])
     assert losses[-1] < 0.5 * losses[0] and summary["eval_accuracy"] == 1.0
+
+
+def test_divergence_loss_on_pairs_longer_than_max_length_keeps_the_prompt_aligned(monkeypatch):
+    """A pair longer than --max-length is cut alike (rollout/encoding.py, cut_pair_alike): the same
+    prompt tokens leave both sequences, so position t of the chosen is position t of the rejected.
+    The built-in task's tokenizer has one token per character ('2'..'9' are ids 5..12, 'E' = EOS is 2),
+    and the per-token score here is the token's id, so the loss can be worked by hand."""
+    from ppo_rlhf.tasks.doubling import build_tokenizer
+    from ppo_rlhf.trainers import reward as reward_module
+
+    monkeypatch.setattr(reward_module, "token_scores", lambda model, ids, mask: ids.float())
+    config = build_config(RewardConfig, {"mode": "pairwise", "rm_loss": "divergence", "max_length": 10})
+    rows = [{"prompt": "S__:1234x2=", "chosen": "2468", "rejected": "246"}]  # + EOS: 16 and 15 tokens
+    examples = reward_module._Examples(build_tokenizer(), rows, config)
+    # Both lose their first 16 - 10 = 6 tokens: "34x2=2468E" and "34x2=246E", first apart at position
+    # 8 ('8', id 11, against 'E', id 2), compared to the end of the longer: positions 8 and 9, where
+    # the rejected holds its last score (2).
+    chosen_ids, rejected_ids = examples.chosen[0][0], examples.rejected[0][0]
+    assert chosen_ids.tolist() == [6, 7, 41, 5, 39, 5, 7, 9, 11, 2]
+    assert rejected_ids.tolist() == [6, 7, 41, 5, 39, 5, 7, 9, 2, 0]  # right-padded
+    loss, correct = examples.loss_and_correct(torch.nn.Linear(1, 1), torch.tensor([0]))
+    assert loss.item() == pytest.approx((softplus(11.0 - 2.0) + softplus(2.0 - 2.0)) / 2, abs=1e-6)  # 0.346635
+    assert correct.tolist() == [False]  # last-token scores 2 and 2: a tie is not a win
+
+
+def test_pairs_are_cut_alike_from_the_shared_prompt_then_from_the_end():
+    from ppo_rlhf.rollout.encoding import cut_pair_alike
+
+    assert cut_pair_alike([1, 2, 3, 4, 5], [1, 2, 3, 9], 4) == ([2, 3, 4, 5], [2, 3, 9])  # 1 shared token off both
+    assert cut_pair_alike([1, 2, 3], [1, 2, 4], 5) == ([1, 2, 3], [1, 2, 4])  # fits: untouched
+    # The responses alone do not fit: the shared prompt (1, 2) goes, then both lose their ends.
+    assert cut_pair_alike([1, 2, 3, 4, 5, 6], [1, 2, 7], 3) == ([3, 4, 5], [7])
+    # One is the other's start: the shorter keeps its last token.
+    assert cut_pair_alike([1, 2, 3, 4], [1, 2], 3) == ([2, 3, 4], [2])

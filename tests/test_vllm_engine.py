@@ -33,10 +33,11 @@ LOGPROB_TOLERANCE = 1e-4
 VLLM_TINY = ["--n-layer", 1, "--n-head", 2, "--n-embd", 128, *THREADS]
 
 
-def tiny_llama(head_dim: int = 64, seed: int = 0, tied: bool = False):
+def tiny_llama(head_dim: int = 64, seed: int = 0, tied: bool = False, positions: int = 64):
     tokenizer = make_tokenizer("llama")
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=2 * head_dim, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=positions,
                          initializer_range=0.2, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=tied,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
     torch.manual_seed(seed)
@@ -273,6 +274,49 @@ def test_tied_embeddings_receive_their_updates():
 
 
 @needs_vllm
+def test_a_prompt_longer_than_a_kv_block_is_continued_from_the_weights_of_now():
+    """vLLM caches the keys and values of every full KV block of a prompt (128 tokens on the CPU, 16
+    on a GPU) and reuses them for the next prompt that starts alike; its weight reload leaves that
+    cache alone.  Without emptying it after each sync, prompts of 200 tokens were continued from
+    keys and values of the weights before the update: the engine's log-probs were 5.3 and then 31.8
+    away from the trainer's after the first and second update (1e-5 before any)."""
+    model, _ = tiny_llama(positions=512)
+    engine = engine_for(model, max_model_len=300, max_rows=8)  # one engine per process: the one before closes
+    ids, mask = (torch.arange(200) % 200 + 10).repeat(4, 1), torch.ones(4, 200, dtype=torch.long)
+    for update in range(3):
+        optimizer_steps(model, list(model.parameters()), 2)
+        responses, response_mask = engine.generate(model, ids, mask)
+        gap = (trainer_logprobs(model, ids, mask, responses, response_mask) - engine.last_logprobs).abs().max().item()
+        assert gap < LOGPROB_TOLERANCE, (update, gap)
+
+
+@needs_vllm
+def test_a_sync_that_loads_nothing_stops_at_the_probe():
+    """The probe after each sync (check_weights): the engine's log-probs of the first prompt against
+    the actor's.  A reload that silently loaded nothing leaves the engine on the weights before the
+    update, and the next rollout stops, naming the gap; while the weights agree the gap is round-off."""
+    from ppo_rlhf.rollout.generation import EngineWeightsError
+
+    model, _ = tiny_llama()
+    engine = engine_for(model, max_rows=8)
+    ids, mask = prompts(8)
+    engine.generate(model, ids, mask)
+    assert engine.probe_ids == [10, 11, 12]  # the first prompt of the engine's first call
+    assert engine.last_probe["rollout/probe_gap"] < 1e-5 and engine.last_probe["time/engine_probe"] > 0
+    optimizer_steps(model, list(model.parameters()), 2)
+    reload = engine.llm.collective_rpc
+    engine.llm.collective_rpc = lambda *args, **kwargs: None  # the sync reaches nothing
+    try:
+        with pytest.raises(EngineWeightsError, match="does not hold the actor's weights: after weight sync 2 .* "
+                                                     "past the tolerance 0.001"):
+            engine.generate(model, ids, mask)
+    finally:
+        engine.llm.collective_rpc = reload
+    engine.generate(model, ids, mask)  # loaded for real: the probe passes again
+    assert engine.last_probe["rollout/probe_gap"] < 1e-5
+
+
+@needs_vllm
 def test_prompts_longer_than_one_prefill_step_are_sampled():
     """1,024 seeded rows of 12-token prompts (12,288 prompt tokens, over vLLM's default step budget
     of 4,096 on the CPU, where a prefill split over steps failed: 'CPU Generator does not use
@@ -295,6 +339,31 @@ def test_refused_head_size_architecture_and_kv_cache_are_said_at_start():
         engine_for(gpt1)
     with pytest.raises(ConfigError, match="cannot hold one 64-token sequence"):
         engine_for(tiny_llama()[0], memory_utilization=1e-9)
+
+
+def test_the_weight_probe_compares_the_engines_logprobs_with_the_actors():
+    """check_weights on a stand-in for the probe request's output, its prompt log-probs from a model
+    of its own: the actor's weights pass (gap 0), another model's stop the run naming the gap and
+    the tolerance.  (Runs without vLLM; the real engine's probe is tested above.)"""
+    from types import SimpleNamespace
+
+    from ppo_rlhf.rollout.generation import EngineWeightsError
+    from ppo_rlhf.rollout.vllm_engine import VLLMGenerator
+
+    def probe_output(model, ids):
+        """The output of a request with prompt_logprobs=0: None, then {token: Logprob} per later position."""
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], dim=-1)
+        return SimpleNamespace(prompt_logprobs=[None] + [{token: SimpleNamespace(logprob=logprobs[i, token].item())}
+                                                         for i, token in enumerate(ids[1:])])
+
+    actor, other = tiny_llama()[0], tiny_llama(seed=1)[0]
+    engine = object.__new__(VLLMGenerator)  # the probe's state only: no vLLM behind it
+    engine.probe_ids, engine.syncs, engine.probe_tolerance = [1, 10, 11, 12, 13], 3, 1e-3
+    assert engine.check_weights(actor, probe_output(actor, engine.probe_ids))["rollout/probe_gap"] < 1e-6
+    with pytest.raises(EngineWeightsError, match="after weight sync 3 its log-probs of the probe sequence "
+                                                 "\\(4 positions\\) differ .* past the tolerance 0.001"):
+        engine.check_weights(actor, probe_output(other, engine.probe_ids))
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the refusal is for a machine without it")
@@ -333,7 +402,8 @@ def test_ppo_with_the_vllm_engine_trains_logs_and_resumes_as_a_straight_run(vllm
     for record in records:
         assert record["time/weight_sync"] > 0
         assert record["rollout/logprob_diff_max"] < LOGPROB_TOLERANCE
-        assert abs(record["tis_weight"] - 1) < 1e-3
+        assert abs(record["is/weight_mean"] - 1) < 1e-3 and record["is/mismatch_kl"] < 1e-3
+        assert record["rollout/probe_gap"] < 1e-5 and record["time/engine_probe"] > 0
     run(vllm_ppo(vllm_sft_model, resumed, "--iterations", 1, "--save-every", 1))
     run(vllm_ppo(vllm_sft_model, resumed, "--iterations", 3, "--save-every", 1, "--resume"))
     same_actor_as_straight_run(straight, resumed, vllm_sft_model)

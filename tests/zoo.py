@@ -53,6 +53,10 @@ def wrong_length(prompts, responses):
 def not_a_number(prompts, responses):
     return [math.nan] * len(responses)
 
+def trl_chat_length(prompts, completions, **kwargs):
+    """A reward written for TRL's GRPOTrainer on chat data: each completion a list of messages."""
+    return [len(completion[0]["content"]) / 10 for completion in completions]
+
 def long_answer(prompts, responses):
     """1 for a response of at least 12 characters, else 0: a 0/1 reward whose groups often tie."""
     return [float(len(r) >= 12) for r in responses]
@@ -126,6 +130,29 @@ def build_model(arch: str, folder: Path, padding_side: str = "right", dtype: tor
     model.to(dtype).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+class VaryingLengths:
+    """A rollout engine (the built-in loop) whose row r gets a response of 1 + r % 3 tokens, the last
+    one the stop id: the samples of a prompt differ in length, and every response is shorter than
+    a --max-new-tokens of 4 or more (a tiny random model rarely stops on its own)."""
+
+    def __init__(self, stop_token_ids, pad_token_id: int, max_new_tokens: int, seed: int = 0):
+        from ppo_rlhf.rollout.generation import TorchGenerator
+
+        self.loop = TorchGenerator(stop_token_ids, pad_token_id, max_new_tokens, do_sample=True, seed=seed)
+        self.stop_token_ids, self.pad_token_id = self.loop.stop_token_ids, pad_token_id
+
+    def generate(self, model, prompt_ids, prompt_mask):
+        from ppo_rlhf.rollout.sequences import response_mask_from_eos
+
+        ids, _ = self.loop.generate(model, prompt_ids, prompt_mask)
+        for row in range(ids.shape[0]):
+            ids[row, min(1 + row % 3, ids.shape[1]) - 1] = self.stop_token_ids[0]
+        mask = response_mask_from_eos(ids, self.stop_token_ids)  # (an earlier stop of its own still ends it)
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, self.pad_token_id))
+        keep = int(mask.sum(dim=1).max())
+        return ids[:, :keep], mask[:, :keep]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.envs.protocol import EnvironmentFailed
     from ppo_rlhf.interrupts import RunInterrupted, interrupted_message, stop_on_signals
     from ppo_rlhf.models.loading import ModelError
+    from ppo_rlhf.rollout.generation import EngineWeightsError
     from ppo_rlhf.rollout.reward import RewardError
     from ppo_rlhf.trainers.guard import DivergenceError
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # the culprit; no traceback.
         print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
         return 2
-    except DivergenceError as error:
+    except (DivergenceError, EngineWeightsError) as error:
         # Not a usage error: 3, so that a sweep can tell a diverged run from a bad command line.
         print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
         return 3

@@ -14,7 +14,8 @@ and also takes the public shapes of the same data, converted here row by row:
                        a prompt given as messages stays messages (--chat-template formats it)
     implicit prompt    {chosen, rejected} without a prompt (Anthropic's hh-rlhf): the prompt is their
                        longest common prefix, cut back to the end of its last assistant turn marker
-                       ("\\n\\nAssistant:"), as TRL's extract_prompt does
+                       ("\\n\\nAssistant:"), ppo-rlhf's rule; without a marker, TRL's extract_prompt's
+                       (the first differing character, one back where a space precedes it)
     Alpaca             {instruction, input, output} for sft, {instruction, input} as ppo prompts: the
                        Alpaca prompt template, or a user message under --chat-template
 
@@ -268,7 +269,12 @@ def _split_conversations(row: dict, chosen_field: str, rejected_field: str) -> t
 def implicit_prompt(chosen: str, rejected: str) -> str:
     """The prompt of two texts that continue it differently: their longest common prefix, cut back
     to the end of its last assistant turn marker; without a marker, cut back to before the space
-    the two replies may share ("The sky is| blue" / "The sky is| green").  "" if none is shared."""
+    the two replies may share ("The sky is| blue" / "The sky is| green").  "" if none is shared.
+
+    The marker is ppo-rlhf's rule (docs/design.md, "Data"): TRL's ``extract_prompt`` always cuts at
+    the first character where the two differ (one back where a space precedes it), which is this
+    function's rule without a marker, and on hh-rlhf moves replies' shared first words ("I'm
+    sorry,") into the prompt."""
     shared = 0
     while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
         shared += 1

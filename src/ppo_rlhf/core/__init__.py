@@ -25,27 +25,35 @@ from ppo_rlhf.core.kl import (
 from ppo_rlhf.core.logprobs import chunked_entropy, token_logprobs
 from ppo_rlhf.core.losses import (
     LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
     RATIO_LEVELS,
     aggregate_loss,
     approx_kl_per_token,
+    cispo_loss,
     entropy_from_logits,
     explained_variance,
     policy_loss,
+    sapo_loss,
     value_loss,
 )
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
+from ppo_rlhf.core.offpolicy import IS_CORRECTIONS, engine_importance_weights, mismatch_statistics
 
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "GROUP_METHODS",
+    "IS_CORRECTIONS",
     "KL_ESTIMATORS",
     "KL_PLACEMENTS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
     "RATIO_LEVELS",
     "aggregate_loss",
     "check_kl_placement",
     "chunked_entropy",
+    "cispo_loss",
+    "engine_importance_weights",
     "approx_kl_per_token",
     "entropy_from_logits",
     "explained_variance",
@@ -60,9 +68,11 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "mismatch_statistics",
     "overlong_penalty",
     "policy_loss",
     "reward_to_go",
+    "sapo_loss",
     "shaped_rewards",
     "token_logprobs",
     "value_loss",

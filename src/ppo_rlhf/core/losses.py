@@ -51,6 +51,8 @@ def aggregate_loss(
 
 # Where the importance ratio is taken (see policy_loss).
 RATIO_LEVELS = ("token", "sequence")
+# The policy-gradient surrogates: PPO's clipped ratio (with its variants), CISPO, SAPO.
+POLICY_LOSSES = ("clip", "cispo", "sapo")
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor | None,
@@ -68,10 +70,13 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
       (DAPO's clip-higher): unlikely tokens with a positive advantage may gain more per update.
     - ``dual_clip`` C > 1: for a negative advantage the loss is at most ``-C * A`` (dual-clip PPO),
       so a ratio far above 1 on a bad token cannot give an unbounded step; zero gradient there.
-    - ``ratio_level="sequence"``: GSPO's one ratio per response, ``exp(mean_t(logprobs -
-      old_logprobs))``, clipped per response and applied to each of its tokens.
+    - ``ratio_level="sequence"``: GSPO's one ratio per response, ``s = exp(mean_t(logprobs -
+      old_logprobs))``, in its per-token form (GSPO-token, Zheng et al., 2025):
+      ``s_t = sg(s) * pi_t / sg(pi_t)``, whose value is ``s`` on every token and whose gradient is
+      ``s * grad log pi_t``.  Each token keeps its own advantage and weight, and with one
+      advantage per response this is GSPO exactly (loss, clipping and gradient).
     - ``token_weights`` (B, T): each token's loss multiplied by its weight, taken as a constant
-      (truncated importance sampling of a rollout engine's samples, ``--tis-cap``).
+      (the importance weights of a rollout engine's samples, core/offpolicy.py).
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {ratio_level!r}; allowed: {', '.join(RATIO_LEVELS)}")
@@ -83,7 +88,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     importance_log_ratio = log_ratio
     if ratio_level == "sequence":
         sequence_log_ratio = masked_mean(log_ratio, mask, dim=-1)  # (B,) length-normalised
-        importance_log_ratio = keep_masked(sequence_log_ratio[:, None].expand_as(log_ratio), mask)  # (B, T)
+        # sg(log s) + log pi_t - sg(log pi_t): the value log s, the gradient that of log pi_t.  Taking
+        # s itself on every token would weigh each token's gradient by the response's *mean*
+        # advantage and weight instead of its own.
+        importance_log_ratio = keep_masked(sequence_log_ratio.detach()[:, None] + log_ratio - log_ratio.detach(), mask)
     ratio = torch.exp(importance_log_ratio)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio_high)
     pg_loss1 = -advantages * ratio
@@ -93,25 +101,92 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         pg_loss3 = -advantages * dual_clip  # the bound, for A < 0 only
         dual_clipped = (advantages < 0) & (pg_loss3 < pg_loss_per_token)
         pg_loss_per_token = torch.where(dual_clipped, pg_loss3, pg_loss_per_token)
-    if token_weights is not None:
-        pg_loss_per_token = pg_loss_per_token * keep_masked(token_weights.detach(), mask)
-    loss = aggregate_loss(pg_loss_per_token, mask, aggregation, norm_length)
+    loss, stats = weighted_and_aggregated(pg_loss_per_token, log_ratio, ratio, mask, token_weights, aggregation,
+                                          norm_length)
     with torch.no_grad():
         clipped = pg_loss2 > pg_loss1  # the clipped branch is the one used: no gradient there
-        stats = {
-            "pg_loss": loss.detach(),
-            "abs_pg_loss": masked_mean(pg_loss_per_token.abs(), mask),
-            "ppo_ratio": masked_mean(ratio, mask),
-            "ppo_ratio_clamped": masked_mean(clipped_ratio, mask),
-            "clipfrac": masked_mean(clipped.to(logprobs.dtype), mask),
-            # Token-level always: the early stop (max_approx_kl) reads how far each token moved.
-            "approx_kl": masked_mean(approx_kl_per_token(log_ratio), mask),
-        }
+        stats["ppo_ratio_clamped"] = masked_mean(clipped_ratio, mask)
+        stats["clipfrac"] = masked_mean(clipped.to(logprobs.dtype), mask)
         if clip_ratio_high != clip_ratio:  # which side clips: clip-higher should lower the upper one
             stats["clipfrac_high"] = masked_mean((clipped & (ratio > 1)).to(logprobs.dtype), mask)
             stats["clipfrac_low"] = masked_mean((clipped & (ratio < 1)).to(logprobs.dtype), mask)
         if dual_clip is not None:
             stats["dual_clipfrac"] = masked_mean(dual_clipped.to(logprobs.dtype), mask)
+    return loss, stats
+
+
+def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor | None,
+               clip_ratio_low: float | None, clip_ratio_high: float, aggregation: str = "token-mean",
+               norm_length: int | None = None, token_weights: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, MiniMax, 2025): REINFORCE weighted by the clipped importance
+    ratio, the weight a constant: ``J = sg(clip(r, 1 - low, 1 + high)) * A * log pi``, on every token.
+
+    PPO's clip zeroes the gradient of a token whose ratio left the range (often the rare tokens
+    that open a line of reasoning, after the first minibatch); CISPO keeps every token's gradient
+    and only bounds its weight.  ``clip_ratio_low`` None: no lower bound (the paper sets its
+    lower range large enough to remove it; so does verl's example); a range >= 1 is the same.
+
+    As a loss: ``-A * sg(w) * pi / sg(pi)`` per token, whose gradient is ``-A w grad log pi``
+    (verl's and TRL's ``-A w log pi`` has the same gradient) and whose value ``-A w`` reads like
+    PPO's pg_loss.  ``clipfrac``: the tokens whose weight was clipped.
+    """
+    log_ratio = keep_masked(logprobs - old_logprobs, mask)
+    advantages = keep_masked(advantages, mask)
+    ratio = torch.exp(log_ratio)
+    low = 0.0 if clip_ratio_low is None else max(1.0 - clip_ratio_low, 0.0)
+    weight = torch.clamp(ratio, low, 1.0 + clip_ratio_high).detach()
+    # exp(log_ratio - sg(log_ratio)) is 1 with the gradient of log pi.
+    per_token = -advantages * weight * torch.exp(log_ratio - log_ratio.detach())
+    loss, stats = weighted_and_aggregated(per_token, log_ratio, ratio, mask, token_weights, aggregation, norm_length)
+    with torch.no_grad():
+        stats["ppo_ratio_clamped"] = masked_mean(weight, mask)
+        stats["clipfrac"] = masked_mean((weight != ratio).to(logprobs.dtype), mask)
+    return loss, stats
+
+
+def sapo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor | None,
+              tau_pos: float, tau_neg: float, aggregation: str = "token-mean", norm_length: int | None = None,
+              token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Gao et al., 2025, "Soft Adaptive Policy Optimization"): a soft gate in place of the clip.
+
+    Per token ``-A * f(r)``, ``f(r) = 4 / tau * sigmoid(tau * (r - 1))``, with ``tau = tau_pos`` for a
+    positive advantage and ``tau_neg`` otherwise.  Its gradient is ``-A * w * r * grad log pi`` with
+    ``w = 4 sigmoid(tau (r - 1)) (1 - sigmoid(tau (r - 1)))``: 1 on-policy (r = 1, so PPO's gradient),
+    falling smoothly as the ratio leaves 1 instead of dropping to 0 at a clip bound.  A larger
+    ``tau_neg`` damps negative-advantage tokens faster: lowering a token's probability spreads mass
+    over the whole vocabulary, the less stable direction.  ``sapo_gate``: the mean of ``w``.
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos {tau_pos}, tau_neg {tau_neg}")
+    log_ratio = keep_masked(logprobs - old_logprobs, mask)
+    advantages = keep_masked(advantages, mask)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    per_token = -advantages * gate * (4.0 / tau)
+    loss, stats = weighted_and_aggregated(per_token, log_ratio, ratio, mask, token_weights, aggregation, norm_length)
+    with torch.no_grad():
+        stats["sapo_gate"] = masked_mean(4.0 * gate * (1.0 - gate), mask)
+    return loss, stats
+
+
+def weighted_and_aggregated(per_token: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tensor,
+                            mask: torch.Tensor | None, token_weights: torch.Tensor | None, aggregation: str,
+                            norm_length: int | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What every policy loss does last: each token's loss times its (constant) weight, aggregated,
+    and the statistics they share (token means)."""
+    if token_weights is not None:
+        per_token = per_token * keep_masked(token_weights.detach(), mask)
+    loss = aggregate_loss(per_token, mask, aggregation, norm_length)
+    with torch.no_grad():
+        stats = {
+            "pg_loss": loss.detach(),
+            "abs_pg_loss": masked_mean(per_token.abs(), mask),
+            "ppo_ratio": masked_mean(ratio, mask),
+            # Token-level always: the early stop (max_approx_kl) reads how far each token moved.
+            "approx_kl": masked_mean(approx_kl_per_token(log_ratio), mask),
+        }
     return loss, stats
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import between, option
+from ppo_rlhf.config import above, between, check, option
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
@@ -24,6 +24,17 @@ class RolloutEngineOptions:
                                                  "the CPU, the most of the RAM its KV cache may take (no more than a "
                                                  "batch of --max-length sequences needs)",
                                             range=between(0, 1, low_open=True))
+    vllm_probe_tolerance: float | None = option(None, "--rollout-engine vllm: after each weight sync the engine's and "
+                                                      "the actor's log-probs of a fixed sequence (the first prompt's "
+                                                      "last 32 tokens) are compared, and a mean gap per token above "
+                                                      "this stops the run, naming it (empty: 1e-3 with a float32 "
+                                                      "engine, 0.1 with a 16-bit one)", range=above(0))
+
+
+    def validate_engine(self) -> None:
+        check(self.vllm_probe_tolerance is None or self.rollout_engine == "vllm", "vllm_probe_tolerance",
+              "left out without --rollout-engine vllm (the torch engine is the trainer's own model)",
+              self.vllm_probe_tolerance)
 
 
 def require_engine(options: RolloutEngineOptions) -> None:
@@ -45,6 +56,7 @@ def make_engine(options: RolloutEngineOptions, model, stop_ids: StopIds, pad_tok
         return VLLMGenerator(model, stop_ids, pad_token_id, max_new_tokens, do_sample, temperature=temperature,
                              seed=seed, process=process, device=device, max_model_len=max_length,
                              memory_utilization=options.vllm_memory_utilization,
+                             probe_tolerance=options.vllm_probe_tolerance,
                              mixed_precision=getattr(options, "mixed_precision", "no"), max_rows=max_rows)
     return TorchGenerator(stop_ids, pad_token_id, max_new_tokens, do_sample=do_sample, temperature=temperature,
                           seed=seed + process, device=device)

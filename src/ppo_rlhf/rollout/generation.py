@@ -27,6 +27,12 @@ def cache_of(output) -> tuple[str, object]:
     return name, getattr(output, name)
 
 
+class EngineWeightsError(RuntimeError):
+    """A rollout engine that does not hold the actor's weights after a sync: its log-probs of a
+    fixed probe sequence are too far from the actor's (rollout/vllm_engine.py).  The run stops,
+    like a diverged one (exit 3): every rollout after it would train on another policy's samples."""
+
+
 class Generator(Protocol):
     """The rollout engine's contract.  An inference server (vLLM, SGLang) can fill this seam if it
     meets every point; anything less trains the actor on samples from another policy.

@@ -287,6 +287,19 @@ PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completi
 NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerState to give
 
 
+def is_conversational(prompt) -> bool:
+    """A prompt given as chat messages: a list of {role, content} dicts (TRL tells them by the same shape)."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def trl_completions(prompts: list, responses: list[str]) -> list:
+    """The responses as TRL's GRPOTrainer hands them to a reward function: after a conversational
+    prompt, a list holding one assistant message (``completion[0]["content"]`` is the text); after
+    a plain prompt, the text itself."""
+    return [[{"role": "assistant", "content": response}] if is_conversational(prompt) else response
+            for prompt, response in zip(prompts, responses)]
+
+
 # What a reward function may raise and be reported for: any error, and SystemExit (sys.exit in
 # the function would otherwise end the run with the function's exit code and no word of why).
 # KeyboardInterrupt is left alone: Ctrl-C stops the run at its next safe point.
@@ -300,8 +313,9 @@ class FunctionReward(ScoringReward):
 
     - ``prompts``, ``responses``: the first two positional parameters, whatever their names.
       A function with a parameter named ``completions`` is called the way TRL's GRPOTrainer calls
-      its reward functions instead, every argument by keyword: ``prompts=``, ``completions=``
-      (the responses, as text), so reward functions written for TRL run unchanged.
+      its reward functions instead, every argument by keyword: ``prompts=``, ``completions=`` (the
+      responses: text after a plain prompt, ``[{"role": "assistant", "content": text}]`` after a
+      conversational one, as TRL passes them), so reward functions written for TRL run unchanged.
     - ``columns``: every field of the prompt row other than the prompt (``answer``, ``label``,
       ...), each as a list with one value per response: its own prompt row's value.
     - ``finished``: list of bools, which responses ended with EOS.
@@ -380,7 +394,10 @@ class FunctionReward(ScoringReward):
         episode = {"environments": environments,  # a single turn: an episode of one message, with no environment
                    "conversations": conversations or [[{"role": "assistant", "content": r}] for r in responses]}
         if self.trl_style:
-            offered.update(prompts=prompts, completions=responses if conversations is None else conversations)
+            # An episode's completion is its conversation (TRL's multi-turn completions); a single
+            # turn's is messages after a chat prompt, text after a text prompt.
+            offered.update(prompts=prompts, completions=conversations if conversations is not None
+                           else trl_completions(prompts, responses))
             args = []
         else:
             args = [prompts, responses]

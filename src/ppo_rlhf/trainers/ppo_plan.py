@@ -11,7 +11,7 @@ import math
 
 from ppo_rlhf.config import flag_name
 from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
-from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
 
 
 def _count(parameters) -> str:
@@ -87,14 +87,27 @@ def episode_line(config: PPOConfig, environments) -> str:
 def variant_lines(config: PPOConfig) -> list[str]:
     """A line for each policy-loss variant in force (docs/design.md, "Policy-loss variants")."""
     lines = []
-    if config.clip_low != config.clip_high or config.ratio_level == "sequence" or config.dual_clip is not None:
-        level = "per response (GSPO: exp of the mean token log-ratio)" if config.ratio_level == "sequence" else "per token"
+    if config.policy_loss == "cispo":
+        low = ("no lower bound" if config.clip_ratio_low is None or config.clip_ratio_low >= 1
+               else f"1 - {config.clip_ratio_low:g}")
+        lines.append(f"loss:      CISPO: each token's log-prob gradient weighted by its ratio clipped to [{low}, "
+                     f"1 + {config.clip_high:g}], a constant (no token loses its gradient)")
+    elif config.policy_loss == "sapo":
+        lines.append(f"loss:      SAPO: a soft gate 4/tau sigmoid(tau (ratio - 1)) in place of the clip, tau "
+                     f"{config.sapo_tau_pos:g} for positive advantages, {config.sapo_tau_neg:g} for the others")
+    elif config.clip_low != config.clip_high or config.ratio_level == "sequence" or config.dual_clip is not None:
+        level = ("per response (GSPO-token: exp of the mean token log-ratio, each token keeping its own advantage)"
+                 if config.ratio_level == "sequence" else "per token")
         clip = f"ratio {level} clipped to [1 - {config.clip_low:g}, 1 + {config.clip_high:g}]"
+        if config.ratio_level == "sequence":
+            clip += f" (the GSPO paper: {GSPO_CLIP})"
         if config.dual_clip is not None:
             clip += f"; dual clip: a negative advantage's loss at most {config.dual_clip:g} x |A|"
         lines.append(f"clip:      {clip}")
     if config.dynamic_sampling:
-        lines.append(f"sampling:  dynamic (DAPO): groups whose {config.samples_per_prompt} scores are all equal are "
+        on = ("rewards, before any shaping, are" if config.dynamic_sampling_on == "accuracy"
+              else "shaped scores are")
+        lines.append(f"sampling:  dynamic (DAPO): groups whose {config.samples_per_prompt} {on} all equal are "
                      f"dropped and more prompts rolled out, up to {config.max_resample_rounds} extra rounds; a batch "
                      f"still short is completed with dropped groups")
     if config.overlong_buffer is not None:
@@ -168,5 +181,15 @@ def _engine(config) -> str:
     """The rollout engine, when it is not the built-in one."""
     if config.rollout_engine == "torch":
         return ""
-    tis = f"--tis-cap {config.tis_cap:g}" if config.tis_cap is not None else "no importance weights"
-    return f"; engine vllm (weights synced before each rollout, {tis})"
+    mode = config.is_correction
+    if mode == "none":
+        weights = "no importance weights"
+    elif mode in ("token-truncate", "sequence-truncate"):
+        weights = f"importance weights {mode}, cap {config.is_cap:g}"
+    else:
+        weights = f"importance weights {mode} to [{config.is_floor:.4g}, {config.is_cap:g}]"
+    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, engine_dtype  # (vLLM itself is not imported)
+
+    tolerance = config.vllm_probe_tolerance or PROBE_TOLERANCE[engine_dtype(config.mixed_precision)]
+    return (f"; engine vllm (weights synced before each rollout and checked by a probe, tolerance {tolerance:g}; "
+            f"{weights})")

@@ -120,6 +120,8 @@ def check_resume_settings(config: Any, out: str | Path) -> None:
         return
     saved = json.loads(saved_path.read_text())
     refuse_another_stage(config, saved, out)
+    # A setting renamed or split since the run was saved, read as it is spelled now (the class says how).
+    saved = getattr(type(config), "saved_settings_now", lambda settings: settings)(saved)
     saved = {key: read_setting(type(config), key, value) for key, value in saved.items()}
     # Each process holds its own sampling state and part of the batch: another count is another run.
     trained_by = saved.pop(PROCESSES, 1)

@@ -26,7 +26,7 @@ from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.models.lora import LoraOptions
-from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_texts, with_eos
+from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_pairs, encode_texts, with_eos
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -58,7 +58,8 @@ class RewardConfig(RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions
     rm_loss: str = option("last-token", "pairwise loss: last-token, -logsigmoid(r_chosen - r_rejected) of the scores "
                                         "at each sequence's last token (Bradley-Terry); divergence, DeepSpeed-Chat's: "
                                         "the same averaged over the tokens from the first one where the two sequences "
-                                        "differ to the end of the longer", choices=RM_LOSSES)
+                                        "differ to the end of the longer (a pair longer than max_length loses "
+                                        "the same prompt tokens from both, so they stay aligned)", choices=RM_LOSSES)
     num_labels: int = option(3, "classes for classification mode (pairwise always has one output)", range=at_least(1))
     out: str = option("runs/rm", "run folder")
     prompt_field: str = option("prompt", "pairwise: field holding the prompt")
@@ -145,8 +146,10 @@ def divergence_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, 
     to one width.
 
     The shared prompt (and any shared start of the responses) carries no preference, so it is left
-    out; every token after the split is asked to prefer the chosen continuation, which gives the
-    model a denser signal than the last token alone.  Past its own end a sequence's value is held
+    out -- which needs the two sequences aligned position by position: a pair longer than
+    --max-length is cut alike (rollout/encoding.py, ``cut_pair_alike``).  Every token after the
+    split is asked to prefer the chosen continuation, which gives the model a denser signal than the
+    last token alone.  Past its own end a sequence's value is held
     at its last token's score (its reward), where DeepSpeed-Chat reads the value the head gives a
     pad token: the padding's length and token are arbitrary, the final score is not.
     """
@@ -182,10 +185,15 @@ class _Examples:
             chosen, rejected = pairwise_texts(tokenizer, rows, config)
             # Encoded together so both halves share one padded width (a batch stacks them).
             # A chat template writes its own special tokens: none added on top (as PPO encodes them).
-            ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length, REWARD_PADDING_SIDE,
-                                     add_special_tokens=not config.chat_template)
-            self.chosen = ids[: len(rows)], mask[: len(rows)]
-            self.rejected = ids[len(rows):], mask[len(rows):]
+            add_special_tokens = not config.chat_template
+            if config.rm_loss == "divergence":  # compared token by token: each pair cut alike, so it stays aligned
+                self.chosen, self.rejected = encode_pairs(tokenizer, chosen, rejected, config.max_length,
+                                                          add_special_tokens)
+            else:  # each scored at its own end: each keeps its end
+                ids, mask = encode_texts(tokenizer, chosen + rejected, config.max_length, REWARD_PADDING_SIDE,
+                                         add_special_tokens=add_special_tokens)
+                self.chosen = ids[: len(rows)], mask[: len(rows)]
+                self.rejected = ids[len(rows):], mask[len(rows):]
         else:
             # Ending with EOS, as a finished response is scored at PPO time.
             texts = [with_eos(tokenizer, r[config.text_field]) for r in rows]
