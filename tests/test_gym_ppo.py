@@ -155,8 +155,9 @@ def test_cartpole_return_rises(cartpole_run, record_outcome):
     record_outcome("final_over_first", summary["final_episodic_return"] / first_return)
     record_outcome("eval_mean_return", summary["eval_mean_return"])
     assert first_return < 40
-    assert summary["final_episodic_return"] > 3 * first_return  # ~125 with seed 1
-    assert summary["eval_mean_return"] > 100  # ~370 with seed 1 (greedy policy)
+    # Seeds 1-5 (--learning-seed 0-4): final / first 6.3-8.5; greedy evaluation 124-355 (a random policy ~20).
+    assert summary["final_episodic_return"] > 3 * first_return
+    assert summary["eval_mean_return"] > 80
     assert summary["env_steps"] == 15_360
     for key in ("pg_loss", "vf_loss", "entropy", "approx_kl", "clipfrac", "explained_variance", "sps", "lr"):
         assert key in records[-1]

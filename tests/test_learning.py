@@ -35,6 +35,9 @@ def train_sft(out, seed: int) -> dict:
     return run_sft(config)
 
 
+# Every bar below sits under the lowest of five seeds (--learning-seed 0-4: the SFT model and the run
+# both drawn again), with a margin; benchmarks/results/learning_spread.md has each seed's value
+# (DEVELOPERS.md, "Learning tests").  The SFT model: exact match 0.322-0.343, value 1.0 on all five.
 def test_sft_learns_to_double_but_not_the_style(sft_model, record_outcome):
     final = sft_model["final_eval"]
     record_outcome("value_correct", final["eval/value_correct"])
@@ -43,36 +46,47 @@ def test_sft_learns_to_double_but_not_the_style(sft_model, record_outcome):
     assert 0.2 <= final["eval/exact_match"] <= 0.45  # style picked at random: about one third
 
 
+# The demo's PPO recipe with the task's rule reward instead of its reward model, and without its
+# entropy penalty: tuned against the reward model's scores, the penalty fixed one prefix's style
+# on a wrong one before the rule's graded reward taught it, on one seed of five (seeds 0-4 with
+# it: 1.0, 0.97, 1.0, 0.656, 1.0 -- 0.656 again with 160 iterations; without it: 0.988, 1.0,
+# 0.994, 1.0, 1.0).
 def test_ppo_raises_exact_match_well_above_sft(sft_model, tmp_path, learning_seed, record_outcome):
-    values = {**PPO_PRESET, "model": sft_model["checkpoints"]["sft"], "out": str(tmp_path / "ppo"),
-              "eval_every": 0, "eval_size": 500, "eval_sampled": False, "seed": learning_seed, "num_threads": 1}
+    values = {**PPO_PRESET, "entropy_coef": 0.0, "entropy_warmup": 0, "model": sft_model["checkpoints"]["sft"],
+              "out": str(tmp_path / "ppo"), "eval_every": 0, "eval_size": 500, "eval_sampled": False,
+              "seed": learning_seed, "num_threads": 1}
     summary = run_ppo(build_config(PPOConfig, values))  # no reward model: the task's rule-based reward
     record_outcome("exact_match", summary["after"]["eval/exact_match"])
     assert summary["before"]["eval/exact_match"] <= 0.45
-    assert summary["after"]["eval/exact_match"] >= 0.8
+    assert summary["after"]["eval/exact_match"] >= 0.85
 
 
 # The critic-free estimators on one rollout budget: 16 prompts x 4 samples per iteration, 80
 # iterations, k1 KL in the reward at 0.05, the task's rule reward.  No entropy penalty: the
 # preset's makes the K samples of a prompt identical before the style is learned, and
-# identical samples have no group advantage.  Measured on the preset's SFT model (greedy
-# exact-match 36.2% on these 500 prompts) at 60 / 80 iterations: grpo 0.736 / 0.998, dr-grpo
-# 1.0 / 0.998, rloo 0.982 / 0.982, reinforce++ 0.988 / 1.0, remax 0.854 / 0.976; 60 left GRPO
-# below 0.8.  ReMax samples once per prompt, as in its paper
-# (its baseline is the greedy response); with 4 samples it reached only 0.63 in 60 iterations.
+# identical samples have no group advantage.  ReMax samples once per prompt, as in its paper (its
+# baseline is the greedy response); with 4 samples it reached only 0.63 in 60 iterations.
+# Seeds 0-4: dr-grpo 0.942-1.0, rloo 0.986-1.0, reinforce++ 0.91-0.976, remax 0.846-0.976.
 ESTIMATOR_PRESET = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
                     "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 80,
                     "save_every": 0}
+# GRPO divides each group's advantages by their std: every group takes unit-size steps, and at
+# 3e-4 one prefix's four samples could agree on a wrong style before the rule taught it, leaving
+# that group no advantage ever again (style right 0.67: exact 0.666, 0.922, 0.558, 0.998, 0.998
+# on seeds 0-4; 120 iterations left seed 0 at 0.664).  At 1e-4 over 120 iterations: 1.0, 0.94,
+# 1.0, 0.992, 1.0.
+RECIPE = {"grpo": {"lr": 1e-4, "iterations": 120}}
 
 
 @pytest.mark.parametrize("estimator, samples_per_prompt",
                          [("grpo", 4), ("dr-grpo", 4), ("rloo", 4), ("reinforce++", 4), ("remax", 1)])
 def test_each_estimator_raises_exact_match_well_above_sft(sft_model, tmp_path, estimator, samples_per_prompt,
                                                          learning_seed, record_outcome):
-    values = {**ESTIMATOR_PRESET, "estimator": estimator, "samples_per_prompt": samples_per_prompt,
-              "model": sft_model["checkpoints"]["sft"], "out": str(tmp_path / estimator), "eval_every": 0,
-              "eval_size": 500, "eval_sampled": False, "seed": learning_seed, "num_threads": 1}
+    values = {**ESTIMATOR_PRESET, **RECIPE.get(estimator, {}), "estimator": estimator,
+              "samples_per_prompt": samples_per_prompt, "model": sft_model["checkpoints"]["sft"],
+              "out": str(tmp_path / estimator), "eval_every": 0, "eval_size": 500, "eval_sampled": False,
+              "seed": learning_seed, "num_threads": 1}
     summary = run_ppo(build_config(PPOConfig, values))
     record_outcome("exact_match", summary["after"]["eval/exact_match"])
     assert summary["before"]["eval/exact_match"] <= 0.45
-    assert summary["after"]["eval/exact_match"] >= 0.8
+    assert summary["after"]["eval/exact_match"] >= 0.7  # twice the SFT model's third

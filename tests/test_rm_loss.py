@@ -63,7 +63,8 @@ def test_a_divergence_reward_model_learns_the_preference(zoo, tmp_path, learning
     losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     record_outcome("last_loss_over_first", losses[-1] / losses[0])
     record_outcome("eval_accuracy", summary["eval_accuracy"])
-    assert losses[-1] < 0.5 * losses[0] and summary["eval_accuracy"] == 1.0
+    # Seeds 0-4: the last loss 0.0003-0.0007 of the first, held-out accuracy 1.0 on all five (6 pairs).
+    assert losses[-1] < 0.5 * losses[0] and summary["eval_accuracy"] >= 0.8
 
 
 def test_divergence_loss_on_pairs_longer_than_max_length_keeps_the_prompt_aligned(monkeypatch):

@@ -85,9 +85,8 @@ def environment_source(environment=None, tools: list | None = None, *, tool_pars
         observation_text = load_function(observation_text, "observation text function")
     if environment is None:
         ToolBox(tools, tool_timeout)  # the schemas checked now, once
-        names = ", ".join(t.__name__ for t in tools)
-        source = EnvironmentSource(lambda: ToolEnvironment(ToolBox(tools, tool_timeout), parser), f"tools {names}",
-                                   pays=False)
+        source = EnvironmentSource(lambda: ToolEnvironment(ToolBox(tools, tool_timeout), parser),
+                                   "tools alone (a turn without a call is the answer)", pays=False)
     elif isinstance(environment, str) and environment.startswith("gym:"):
         from ppo_rlhf.envs.gym_text import GymActionEnvironment
 
