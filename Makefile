@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install vllm-venv test-vllm demo test test-fast bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora clean
+.PHONY: install vllm-venv test-vllm demo test test-slow test-all bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,tasks,trackers]"
+	$(PY) -m pip install -q -e ".[dev,tasks,trackers,envs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -41,11 +41,16 @@ demo: install
 	$(VENV)/bin/ppo-rlhf demo --overwrite
 
 # The tests spread over up to 4 processes (pytest-xdist): about twice as fast on 2 cores.
+# `make test` is every test but the learning runs marked `slow` (minutes each: the built-in task's
+# SFT model and its PPO runs, the README command's verifiable reward, a two-turn game); `make
+# test-slow` runs those, and CI (.ci/run) runs both.
 test: install
-	$(PY) -m pytest -n auto --maxprocesses 4
-
-test-fast: install
 	$(PY) -m pytest -n auto --maxprocesses 4 -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -n auto --maxprocesses 4 -m slow
+
+test-all: test test-slow
 
 bench: install
 	$(PY) benchmarks/bench_pipeline.py

@@ -53,14 +53,31 @@ def prompt_rows(pairs) -> list[dict]:
 
 
 def trace(a: int, b: int, schema: dict) -> dict:
-    """An SFT row: the question, the model's tool call, the tool's answer, the model's answer --
-    TRL's conversational format with its ``tools`` column."""
+    """An SFT row: the question, the model's tool call (written as Qwen's template writes one,
+    which TRL's parser reads too), the tool's answer, the model's answer -- TRL's conversational
+    format with its ``tools`` column."""
     call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} * {b}"}})
     return {"messages": [{"role": "user", "content": question(a, b)},
-                         {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+                         {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
                          {"role": "tool", "name": "calculator", "content": calculator(f"{a} * {b}")},
                          {"role": "assistant", "content": f"The answer is {a * b}."}],
             "tools": [schema]}
+
+
+def last_assistant_text(completion) -> str:
+    """A completion's answer: its text, or the content of its last assistant message (TRL passes a
+    multi-turn completion as messages)."""
+    if isinstance(completion, str):
+        return completion
+    return next((m.get("content") or "" for m in reversed(completion) if m.get("role") == "assistant"), "")
+
+
+def answer_reward(prompts, completions, answer, **kwargs) -> list[float]:
+    """1 for a completion whose answer is the row's (ppo_rlhf.rewards:answer_match), in TRL's calling
+    convention: the same check both systems score with."""
+    from ppo_rlhf.rewards import response_answer, same_answer
+
+    return [float(same_answer(response_answer(last_assistant_text(c)), a)) for c, a in zip(completions, answer)]
 
 
 def write_jsonl(path, rows) -> str:

@@ -16,8 +16,16 @@ PPO adds is measured on top of it.  ``frozenlake``: FrozenLake 4x4, not slippery
 random map of its own; success rate (reaching the goal within --max-turns moves) on 100 maps never
 trained on, before and after PPO with a critic and per-turn rewards.
 
+``peers``: the same tool work side by side with TRL 1.16's GRPOTrainer (``tools=[calculator]``), both
+from the SFT warm-up of ``tools``: the same prompts in the same order, K, learning rate, KL (k3 in
+the loss, 0.05), LoRA, temperature and completion budget (the model's and the tool's tokens
+together, as TRL counts them); seconds per iteration, and held-out accuracy after the same
+iterations, each adapter scored by ``ppo-rlhf eval`` alike.  Needs ``make trl116-venv``.
+
+The chat template of every step is TRL's Qwen 2.5 template (read from .venv-trl116): SmolLM2's own
+has no tools, and it is the one TRL parses tool calls from, so both systems render the same prompts.
 Every step is a ``ppo-rlhf`` command, as a user runs it; its output lands in runs/bench_agents/.
-Results: benchmarks/results/agents_{tools,frozenlake}.{json,md}.
+Results: benchmarks/results/agents_{tools,frozenlake,peers}.{json,md}.
 """
 
 from __future__ import annotations
@@ -40,7 +48,8 @@ RESULTS = HERE / "results"
 MODEL = ROOT / "runs" / "smollm2-135m-instruct"
 OUT = ROOT / "runs" / "bench_agents"
 TOOL = f"{HERE / 'agents_tools.py'}:calculator"
-REWARD = "ppo_rlhf.rewards:answer_match"
+REWARD = f"{HERE / 'agents_tools.py'}:answer_reward"  # ppo_rlhf.rewards:answer_match on the last model turn
+TRL_PYTHON = ROOT / ".venv-trl116" / "bin" / "python"
 HELD_OUT = 200
 BUDGET_SECONDS = 30 * 60
 # The README's chain_sum recipe (benchmarks/bench_reasoning.py): LoRA, GRPO with 8 samples of each
@@ -63,6 +72,15 @@ def ppo_rlhf(*args, log: Path) -> float:
     return time.perf_counter() - start
 
 
+def qwen_template() -> str:
+    """TRL's Qwen 2.5 chat template, as installed in .venv-trl116 (make trl116-venv)."""
+    found = sorted((ROOT / ".venv-trl116").glob("lib/python*/site-packages/trl/chat_templates/qwen2_5.jinja"))
+    if not found:
+        raise SystemExit("no TRL chat template: run `make trl116-venv` first (the tool benchmarks render with TRL's "
+                         "Qwen 2.5 template, the one TRL parses tool calls from)")
+    return str(found[0])
+
+
 def evaluate(model: Path, prompts: str, out: Path, tool: bool, threads: int, template: str) -> dict:
     """Held-out greedy accuracy (the mean 0/1 score) with the calculator or without it."""
     extra = (["--tool", TOOL, "--chat-template-file", template, *EPISODE_EVAL] if tool else
@@ -75,7 +93,7 @@ def evaluate(model: Path, prompts: str, out: Path, tool: bool, threads: int, tem
 
 def tools(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
-    template = str(Path(__import__("ppo_rlhf.envs.options", fromlist=["x"]).tool_template_path()))
+    template = qwen_template()
     held_out = agents_tools.problems(HELD_OUT, seed=1)
     train = agents_tools.problems(4000, seed=2, exclude=set(held_out))
     prompts = agents_tools.write_jsonl(OUT / "train.jsonl", agents_tools.prompt_rows(train))
@@ -90,7 +108,7 @@ def tools(args) -> dict:
     sft = OUT / "sft"
     result["sft_seconds"] = round(ppo_rlhf(
         "sft", "--model", MODEL, "--data", traces, "--chat-template", "--chat-template-file", template,
-        "--steps", args.sft_steps, "--batch-size", 8, "--lr", 1e-5, "--warmup-steps", 2, "--max-length", 512,
+        "--steps", args.sft_steps, "--batch-size", 8, "--lr", args.sft_lr, "--warmup-steps", 2, "--max-length", 512,
         "--eval-fraction", 0.05, "--eval-every", 0, "--save-every", 0, "--out", sft, "--overwrite",
         "--num-threads", args.threads, log=OUT / "sft.log"), 1)
     warm = sft / "checkpoints" / "sft"
@@ -100,7 +118,7 @@ def tools(args) -> dict:
     ppo = OUT / "ppo_tools"
     result["ppo_seconds"] = round(ppo_rlhf(
         "ppo", "--model", warm, "--prompts", prompts, "--eval-prompts", eval_prompts, "--eval-size", HELD_OUT,
-        "--tool", TOOL, "--reward-fn", REWARD, *PPO_TOOLS, "--iterations", args.iterations,
+        "--tool", TOOL, "--chat-template-file", template, "--reward-fn", REWARD, *PPO_TOOLS, "--iterations", args.iterations,
         "--eval-every", args.eval_every, "--no-eval-sampled", "--save-every", 0, "--save-rollouts", args.iterations,
         "--seed", args.seed, "--out", ppo, "--overwrite", "--num-threads", args.threads, log=OUT / "ppo_tools.log"), 1)
     metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
@@ -117,6 +135,63 @@ def tools(args) -> dict:
     result["ppo"] = {"tool": evaluate(merged, eval_prompts, OUT / "eval_ppo_tool", True, args.threads, template),
                      "no_tool": evaluate(merged, eval_prompts, OUT / "eval_ppo", False, args.threads, template)}
     print("after PPO:", {k: v["accuracy"] for k, v in result["ppo"].items()}, flush=True)
+    return result
+
+
+def drawn_order(rows: list[dict], iterations: int, prompts_per_batch: int, seed: int) -> list[dict]:
+    """The prompt rows in the order a ppo-rlhf run with ``seed`` draws them (trainers/ppo_setup.py,
+    draw_batch: its prompt generator), for TRL to take them in turn."""
+    generator = torch.Generator().manual_seed(seed)
+    return [rows[i] for _ in range(iterations)
+            for i in torch.randint(len(rows), (prompts_per_batch,), generator=generator).tolist()]
+
+
+def peers(args) -> dict:
+    warm = OUT / "sft" / "checkpoints" / "sft"
+    if not (warm / "config.json").is_file():
+        raise SystemExit(f"no {warm}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
+    if not TRL_PYTHON.is_file():
+        raise SystemExit("no .venv-trl116: run `make trl116-venv` first")
+    template = qwen_template()
+    rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
+    eval_prompts = str(OUT / "held_out.jsonl")
+    work = {"k": 8, "batch_size": 32, "lr": 1e-4, "beta": 0.05, "temperature": 0.7, "max_episode_tokens": 144,
+            "max_turns": 3}
+    result = {"work": work}
+    ours = OUT / "peers_ppo_rlhf"
+    ppo_rlhf("ppo", "--model", warm, "--prompts", OUT / "train.jsonl", "--tool", TOOL, "--chat-template-file", template,
+             "--reward-fn", REWARD, "--lora", "--estimator", "grpo", "--samples-per-prompt", work["k"],
+             "--batch-size", work["batch_size"], "--mini-batch-size", work["batch_size"], "--ppo-epochs", 1,
+             "--kl-in", "loss", "--kl-coef", work["beta"], "--lr", work["lr"], "--temperature", work["temperature"],
+             "--max-new-tokens", work["max_episode_tokens"], "--max-episode-tokens", work["max_episode_tokens"],
+             "--max-length", 512, "--max-turns", work["max_turns"], "--iterations", args.iterations,
+             "--eval-every", 0, "--save-every", 0, "--seed", args.seed, "--out", ours, "--overwrite",
+             "--num-threads", args.threads, log=OUT / "peers_ppo_rlhf.log")
+    seconds = [json.loads(line)["time/iteration"] for line in (ours / "metrics.jsonl").read_text().splitlines()
+               if "time/iteration" in line]
+    result["ppo_rlhf"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2)}
+    trl = OUT / "peers_trl"
+    trl.mkdir(exist_ok=True)
+    ordered = agents_tools.write_jsonl(trl / "prompts.jsonl", drawn_order(rows, args.iterations,
+                                                                          work["batch_size"] // work["k"], args.seed))
+    settings = {"model": str(warm), "prompts": ordered, "chat_template": template, "out": str(trl), "seed": args.seed,
+                "threads": args.threads, "iterations": args.iterations, "work": work}
+    (trl / "settings.json").write_text(json.dumps(settings, indent=2))
+    with open(OUT / "peers_trl.log", "w") as file:
+        done = subprocess.run([str(TRL_PYTHON), str(HERE / "peers" / "trl_tools.py"), "--settings",
+                               str(trl / "settings.json")], stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"TRL failed ({done.returncode}); see {OUT / 'peers_trl.log'}")
+    seconds = [json.loads(line)["time/iteration"] for line in (trl / "metrics.jsonl").read_text().splitlines()]
+    result["trl"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2),
+                     "train_log": json.loads((trl / "result.json").read_text())["train_log"]}
+    for name, adapter in (("ppo_rlhf", ours / "checkpoints" / "actor"), ("trl", trl / "adapter")):
+        merged = OUT / f"peers_{name}_merged"
+        ppo_rlhf("merge", "--adapter", adapter, "--out", merged, "--overwrite", log=OUT / "merge.log")
+        result[name]["held_out"] = evaluate(merged, eval_prompts, OUT / f"eval_peers_{name}", True, args.threads,
+                                            template)["accuracy"]
+    result["iteration_ratio"] = round(result["ppo_rlhf"]["seconds_per_iteration"] / result["trl"]["seconds_per_iteration"], 3)
+    print(result, flush=True)
     return result
 
 
@@ -189,6 +264,16 @@ def report(name: str, result: dict, args) -> None:
         lines += ["", f"Seconds per PPO iteration: {result['iteration_seconds']}; last iteration: {result['training']}",
                   "", "Held-out accuracy with the tool during PPO: "
                   + ", ".join(f"{c['iteration']}: {c['accuracy']:.3f} ({c['seconds']:.0f} s)" for c in result["curve"])]
+    elif name == "peers":
+        work, ours, trl = result["work"], result["ppo_rlhf"], result["trl"]
+        lines += [f"Both from the SFT warm-up, LoRA, GRPO with {work['k']} samples of {work['batch_size'] // work['k']} "
+                  f"prompts an iteration, lr {work['lr']:g}, k3 KL {work['beta']:g} in the loss, temperature "
+                  f"{work['temperature']}, {work['max_episode_tokens']} tokens a completion (the tool's included), "
+                  f"{work['max_turns']} turns at most.", "",
+                  "| system | seconds per iteration | held-out accuracy with the tool |", "|---|---|---|",
+                  f"| ppo-rlhf | {ours['seconds_per_iteration']} | {ours['held_out']:.3f} |",
+                  f"| TRL 1.16 GRPOTrainer | {trl['seconds_per_iteration']} | {trl['held_out']:.3f} |", "",
+                  f"ppo-rlhf's iteration: {result['iteration_ratio']}x TRL's."]
     else:
         lines += [f"Success on 100 held-out maps: before {result['before']['success']:.3f}, after "
                   f"{result['after']['success']:.3f} ({args.iterations} iterations, {result['ppo_seconds'] / 60:.1f} min, "
@@ -200,11 +285,12 @@ def report(name: str, result: dict, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", choices=("tools", "frozenlake"))
+    parser.add_argument("benchmark", choices=("tools", "frozenlake", "peers"))
     parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--traces", type=int, default=64, help="tools: SFT warm-up traces")
-    parser.add_argument("--sft-steps", type=int, default=8, help="tools: SFT warm-up steps of 8 traces")
+    parser.add_argument("--sft-steps", type=int, default=16, help="tools: SFT warm-up steps of 8 rows")
+    parser.add_argument("--sft-lr", type=float, default=3e-5, help="tools: SFT warm-up learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
@@ -212,11 +298,11 @@ def main() -> None:
     if not (MODEL / "config.json").is_file():
         raise SystemExit(f"no {MODEL}: run `make smollm2` first")
     if args.iterations is None:
-        args.iterations = 2 if args.quick else {"tools": 40, "frozenlake": 40}[args.benchmark]
+        args.iterations = 2 if args.quick else {"tools": 40, "frozenlake": 40, "peers": 10}[args.benchmark]
     if args.quick:
         global HELD_OUT
-        HELD_OUT, args.eval_every = 8, 0
-    result = tools(args) if args.benchmark == "tools" else frozenlake(args)
+        HELD_OUT, args.eval_every, args.sft_steps, args.traces = 8, 0, 2, 16
+    result = {"tools": tools, "frozenlake": frozenlake, "peers": peers}[args.benchmark](args)
     report(args.benchmark, result, args)
 
 

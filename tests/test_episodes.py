@@ -392,3 +392,20 @@ def test_a_tiny_models_score_on_a_two_turn_game_rises(tmp_path, monkeypatch, lea
 
 
 ITERATIONS = 20
+
+
+def test_a_textarena_game_is_played_through_the_protocol():
+    pytest.importorskip("textarena")
+    source = environment_source("textarena:GuessTheNumber-v0")
+    game = source.environments(1)[0]
+    observation, _ = game.reset(seed=3)
+    assert "Guess The Number" in observation
+    low, high, reward, terminated = 1, 20, 0.0, False
+    for _ in range(10):  # a binary search, as the model is asked to play
+        guess = (low + high) // 2
+        observation, reward, terminated, _, _ = game.step(f"I guess [{guess}]")
+        if terminated:
+            break
+        assert "[Player]" not in observation  # only what is new, its own move left out
+        low, high = (guess + 1, high) if "higher" in observation else (low, guess - 1)
+    assert terminated and reward == 1.0

@@ -132,7 +132,7 @@ class ChatContinuation:
         self.base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": self.STAND_IN}]
         self.closed = self.render(self.base, add_generation_prompt=False)
         self.turn_end = self.closed[self.closed.rindex(self.STAND_IN) + len(self.STAND_IN):]
-        self.cache: dict[tuple[int, ...] | None, str] = {}
+        self.cache: dict[int | None, str] = {}  # the stop token -> what closes the turn after it
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
