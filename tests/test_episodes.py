@@ -332,6 +332,22 @@ def test_an_environment_that_raises_stops_the_run_naming_it_and_the_row(zoo, tmp
     assert "--resume" in err and "Traceback" not in err
 
 
+def test_a_run_stopped_by_its_environment_resumes_from_its_last_checkpoint(zoo, tmp_path, capsys, monkeypatch):
+    import toy_envs
+
+    monkeypatch.setattr(toy_envs.FailsOnTheThirdBatch, "resets", 0)
+    monkeypatch.setenv("PPO_RLHF_TEST_ENV_FAILS", "1")
+    args = letter_game_config(zoo, tmp_path, "--iterations", 3, "--save-every", 1)
+    args[args.index("toy_envs:LetterGame")] = "toy_envs:FailsOnTheThirdBatch"
+    err = run_failing(args, capsys)
+    assert "environment FailsOnTheThirdBatch: reset() raised ConnectionError: the game server went away" in err
+    assert (tmp_path / "run" / "checkpoints" / "last").is_dir()  # iterations 1 and 2 are kept
+    monkeypatch.delenv("PPO_RLHF_TEST_ENV_FAILS")
+    run([*args, "--resume"])
+    assert "after iteration 2 of 3" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_tools_from_python_and_the_shipped_template(zoo, tmp_path):
     def doubled(prompts, responses, conversations, environments):
         assert all(c[0]["role"] == "assistant" for c in conversations) and len(environments) == len(responses)
@@ -409,3 +425,48 @@ def test_a_textarena_game_is_played_through_the_protocol():
         assert "[Player]" not in observation  # only what is new, its own move left out
         low, high = (guess + 1, high) if "higher" in observation else (low, guess - 1)
     assert terminated and reward == 1.0
+
+
+def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
+    from ppo_rlhf.config import build_config as build
+    from ppo_rlhf.formats import completion_rows
+    from ppo_rlhf.trainers.sft import SFTConfig, _prompts
+
+    _, tokenizer = qwen
+    schema = ToolBox([add], 1.0).schemas[0]
+    trace = {"messages": [{"role": "user", "content": "1 + 2?"},
+                          {"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}'
+                                                           '</tool_call>'},
+                          {"role": "tool", "name": "add", "content": "3"},
+                          {"role": "assistant", "content": "It is 3."}], "tools": [schema], "_source": "t.jsonl:1"}
+    rows = completion_rows("prompt", "completion", True)([trace])
+    assert [r["completion"] for r in rows] == [trace["messages"][1]["content"], "It is 3."]  # the tool's answer: context
+    assert [len(r["prompt"]) for r in rows] == [1, 3]
+    prompts = _prompts(tokenizer, rows, build(SFTConfig, {"chat_template": True}))
+    assert all('"name": "add"' in p for p in prompts)  # the template lists the row's tools, as PPO's episodes do
+    assert prompts[1].endswith("<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_trl_environment_class_given_in_python(zoo, tmp_path):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS])
+    config = PPOConfig(model=str(zoo["qwen2"]), prompts=str(rows), chat_template_file=TEMPLATE, out=str(tmp_path / "run"),
+                       iterations=1, batch_size=4, mini_batch_size=4, max_new_tokens=4, max_length=128, eval_every=0,
+                       save_every=0, num_threads=1)
+    summary = PPOTrainer(config, environment=Counter).train()  # its get_reward() is the run's only reward
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    # No call is ever read from a tiny model's text: the counter stays 0, short of the target.
+    assert summary["iterations"] == 1 and metrics["score"] == metrics["reward/environment"] == 0.0
+
+
+def test_frozen_lake_in_a_ppo_run(tmp_path):
+    from test_default_learning import users_tiny_model
+
+    users_tiny_model(tmp_path / "model", arch="qwen2", positions=1024)
+    rows = write_jsonl(tmp_path / "maps.jsonl", [{"prompt": "Reach G.", "desc": desc} for desc in
+                                                  (["SF", "HG"], ["SH", "FG"], ["SF", "FG"], ["SG", "FF"])])
+    run(["ppo", "--model", tmp_path / "model", "--prompts", rows, "--environment", "gym:FrozenLake-v1",
+         "--environment-config", "is_slippery=false", "--max-turns", 3, "--turn-rewards", "per-turn",
+         "--out", tmp_path / "run", "--iterations", 1, "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1,
+         "--max-new-tokens", 4, "--max-length", 1000, "--eval-every", 0, "--save-every", 0, *THREADS])
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert 1 <= metrics["episode/turns"] <= 3 and "env/invalid_actions" in metrics

@@ -107,3 +107,18 @@ def calls_increment(text: str):
     from ppo_rlhf.envs.parsers import ToolCall
 
     return [ToolCall("increment", {"by": 1}, text=text)]
+
+
+class FailsOnTheThirdBatch(LetterGame):
+    """LetterGame whose reset raises on its ninth call (the third batch of four episodes) while
+    PPO_RLHF_TEST_ENV_FAILS is set: a bug that stops a run midway."""
+
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        import os
+
+        FailsOnTheThirdBatch.resets += 1
+        if os.environ.get("PPO_RLHF_TEST_ENV_FAILS") and FailsOnTheThirdBatch.resets == 9:
+            raise ConnectionError("the game server went away")
+        return super().reset(seed=seed, options=options)
