@@ -404,7 +404,7 @@ def test_a_tiny_models_score_on_a_two_turn_game_rises(tmp_path, monkeypatch, lea
     scores = [row["score"] for row in read_metrics(tmp_path / "runs" / "game" / "metrics.jsonl") if "score" in row]
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
     record_outcome("last_over_first", last / first)
-    assert last > 1.5 * first, (first, last, scores)
+    assert last > 2.5 * first, (first, last, scores)  # seeds 0-4 (the model and the run): 3.65-4.16x
 
 
 ITERATIONS = 20
