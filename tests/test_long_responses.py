@@ -216,3 +216,16 @@ def test_an_iteration_trains_as_the_padded_one_does(zoo, overrides):
 def test_the_token_budget_is_checked_at_start():
     with pytest.raises(ConfigError, match="max_tokens_per_micro_batch"):
         build_config(PPOConfig, {"max_tokens_per_micro_batch": 0})
+
+
+def test_the_plan_says_how_passes_run_and_a_fallback_is_told(zoo, tmp_path, capsys):
+    from zoo import THREADS, run
+
+    run(["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:length_score",
+         "--max-tokens-per-micro-batch", 40, "--iterations", 1, "--batch-size", 4, "--mini-batch-size", 2,
+         "--max-new-tokens", 6, "--max-length", 32, "--eval-every", 0, "--save-every", 0, "--out", tmp_path / "run",
+         *THREADS])
+    printed = capsys.readouterr().out
+    assert "passes:    packed without padding; the output layer a chunk of positions at a time" in printed
+    assert "micro-batches of up to 40 tokens, rows grouped longest first" in printed
+    assert "warning" not in printed  # the first batch's check agreed

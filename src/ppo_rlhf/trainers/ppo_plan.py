@@ -67,7 +67,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"passes:    {trainer.wanted_pass_plan.describe()} (checked against the model's own padded pass on the "
         f"first batch)" + (f"; each distinct prompt runs once per forward pass, its {k} responses on its cached keys "
                            f"and values, where that runs fewer positions" if trainer.wanted_pass_plan.share_prompts
-                           else ""),
+                           else "") + f"; {micro_batch_line(config)}",
         f"KL:        {kl}",
         *variant_lines(config),
     ]
@@ -82,6 +82,18 @@ def episode_line(config: PPOConfig, environments) -> str:
     return (f"episodes:  {environments.description}; up to {config.max_turns} turns and {budget}"
             + (f"; tools {names} (parsed as {config.tool_parser}, {config.tool_timeout:g} s each)" if tools else "")
             + "; the environment's tokens attended, never trained on")
+
+
+def micro_batch_line(config: PPOConfig) -> str:
+    """How the rollout's passes and the update's minibatches are cut into micro-batches."""
+    rollout, update = config.rollout_micro_batch_size, config.train_micro_batch_size
+    if config.max_tokens_per_micro_batch is not None:
+        cap = lambda rows: f", {rows} rows at most" if rows else ""  # noqa: E731
+        return (f"micro-batches of up to {config.max_tokens_per_micro_batch} tokens, rows grouped longest first "
+                f"(rollout passes{cap(rollout)}; update{cap(update)}; a minibatch split over processes by tokens)")
+    rollout_text = f"{rollout} rows a rollout pass" if rollout else "the whole batch a rollout pass"
+    update_text = f"{update} rows an update micro-batch" if update else "the whole minibatch an update pass"
+    return f"{rollout_text}, {update_text}"
 
 
 def variant_lines(config: PPOConfig) -> list[str]:
