@@ -84,3 +84,18 @@ def write_jsonl(path, rows) -> str:
     with open(path, "w") as file:
         file.writelines(json.dumps(row) + "\n" for row in rows)
     return str(path)
+
+
+def lake_text(observation, env) -> str:
+    """A FrozenLake board as the model reads it (``--observation-text``): the map's rows, the player
+    as P, without the terminal colours of gymnasium's ansi render."""
+    desc = env.unwrapped.desc
+    columns = desc.shape[1]
+    row, column = divmod(int(observation), columns)
+    lines = []
+    for r, cells in enumerate(desc):
+        text = "".join(cell.decode() for cell in cells)
+        if r == row:
+            text = text[:column] + "P" + text[column + 1:]
+        lines.append(text)
+    return "\n".join(lines)

@@ -200,8 +200,8 @@ def frozenlake(args) -> dict:
     from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
     OUT.mkdir(parents=True, exist_ok=True)
-    instructions = ("You are on a frozen lake, at the red letter. Reach the goal G without stepping on a hole H; "
-                    "S is the start, F is safe ice. Answer with one move: left, down, right or up.\n")
+    instructions = ("You are P on a frozen lake. Reach the goal G without stepping into a hole H; F is safe ice, "
+                    "S the start. Answer with one move: left, down, right or up.\n")
 
     def maps(count: int, seed: int, exclude=()) -> list[list[str]]:
         chosen, index = [], 0
@@ -219,7 +219,7 @@ def frozenlake(args) -> dict:
     eval_prompts = agents_tools.write_jsonl(OUT / "lake_held_out.jsonl", rows(held_out))
     del gym
     common = ["--environment", "gym:FrozenLake-v1", "--environment-config", "is_slippery=false", "--max-turns", 8,
-              "--max-new-tokens", 8, "--max-length", 512]
+              "--observation-text", f"{HERE / 'agents_tools.py'}:lake_text", "--max-new-tokens", 8, "--max-length", 512]
 
     def success(model: Path, out: Path) -> dict:
         seconds = ppo_rlhf("eval", "--model", model, "--prompts", eval_prompts, "--size", 100, *common, "--out", out,
@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--traces", type=int, default=64, help="tools: SFT warm-up traces")
-    parser.add_argument("--sft-steps", type=int, default=16, help="tools: SFT warm-up steps of 8 rows")
+    parser.add_argument("--sft-steps", type=int, default=2, help="tools: SFT warm-up steps of 8 rows")
     parser.add_argument("--sft-lr", type=float, default=3e-5, help="tools: SFT warm-up learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)

@@ -15,7 +15,7 @@ from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
-from zoo import PROMPTS, REWARDS_MODULE
+from zoo import PROMPTS, small_grpo_config
 
 # Two responses: rho = pi_old / pi_engine of 3, 0.25, 1 and of 1.5, 1.2 (then padding, whose
 # engine log-prob is made absurd: it must never count).
@@ -104,10 +104,7 @@ class ShiftedEngine(TorchGenerator):
 
 
 def engine_trainer(zoo, **overrides) -> PPOTrainer:
-    config = build_config(PPOConfig, {
-        "model": str(zoo["gpt2"]), "reward_fn": f"{REWARDS_MODULE}:length_score", "estimator": "grpo",
-        "samples_per_prompt": 2, "batch_size": 8, "mini_batch_size": 8, "ppo_epochs": 1, "max_new_tokens": 6,
-        "max_length": 32, "lr": 1e-3, **overrides})
+    config = small_grpo_config(zoo, **overrides)
     tokenizer = load_tokenizer(config.model)
     torch.manual_seed(0)
     engine = ShiftedEngine(tokenizer.eos_token_id, tokenizer.pad_token_id, config.max_new_tokens, do_sample=True,

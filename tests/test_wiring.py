@@ -8,23 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_rlhf.config import build_config
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
 from ppo_rlhf.core import entropy_from_logits
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.passes import ResponseStats
 from ppo_rlhf.trainers.ppo import PPOTrainer
-from ppo_rlhf.trainers.ppo_config import PPOConfig
-from zoo import PROMPTS, REWARDS_MODULE, VaryingLengths
+from zoo import PROMPTS, VaryingLengths, small_grpo_config
 
 ROWS = [{"prompt": p} for p in PROMPTS[:4] for _ in range(2)]
 
 
 def trainer_of(zoo, **overrides) -> PPOTrainer:
-    config = build_config(PPOConfig, {
-        "model": str(zoo["gpt2"]), "reward_fn": f"{REWARDS_MODULE}:length_score", "estimator": "grpo",
-        "samples_per_prompt": 2, "batch_size": 8, "mini_batch_size": 8, "ppo_epochs": 1, "max_new_tokens": 6,
-        "max_length": 32, "lr": 1e-3, **overrides})
+    config = small_grpo_config(zoo, **overrides)
     tokenizer = load_tokenizer(config.model)
     torch.manual_seed(0)
     actor, ref = load_causal_lm(config.model), load_causal_lm(config.model)

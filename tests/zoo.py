@@ -203,3 +203,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def small_grpo_config(zoo, **overrides):
+    """A small GRPO run on the zoo's GPT-2, one optimizer step a batch of 4 prompts x 2 samples
+    (tests/test_wiring.py, tests/test_offpolicy.py)."""
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    return build_config(PPOConfig, {
+        "model": str(zoo["gpt2"]), "reward_fn": f"{REWARDS_MODULE}:length_score", "estimator": "grpo",
+        "samples_per_prompt": 2, "batch_size": 8, "mini_batch_size": 8, "ppo_epochs": 1, "max_new_tokens": 6,
+        "max_length": 32, "lr": 1e-3, **overrides})
