@@ -289,8 +289,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--traces", type=int, default=64, help="tools: SFT warm-up traces")
-    parser.add_argument("--sft-steps", type=int, default=2, help="tools: SFT warm-up steps of 8 rows")
-    parser.add_argument("--sft-lr", type=float, default=3e-5, help="tools: SFT warm-up learning rate")
+    parser.add_argument("--sft-steps", type=int, default=3, help="tools: SFT warm-up steps of 8 rows")
+    parser.add_argument("--sft-lr", type=float, default=2.5e-5, help="tools: SFT warm-up learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
@@ -298,7 +298,7 @@ def main() -> None:
     if not (MODEL / "config.json").is_file():
         raise SystemExit(f"no {MODEL}: run `make smollm2` first")
     if args.iterations is None:
-        args.iterations = 2 if args.quick else {"tools": 40, "frozenlake": 40, "peers": 10}[args.benchmark]
+        args.iterations = 2 if args.quick else {"tools": 24, "frozenlake": 40, "peers": 10}[args.benchmark]
     if args.quick:
         global HELD_OUT
         HELD_OUT, args.eval_every, args.sft_steps, args.traces = 8, 0, 2, 16
