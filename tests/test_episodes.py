@@ -202,6 +202,9 @@ def test_frozen_lake_is_played_by_its_action_names(qwen):
         "That is not an action. Answer with one of: left, down, right, up.", 0.0, False, False)
     _, reward, terminated, _, _ = environment.step("Right!")
     assert reward == 1.0 and terminated and environment.tool_stats["invalid_actions"] == 1
+    # Environments are pooled: the next row, naming no map, plays the run's (4x4) map, not the last row's.
+    observation, _ = environment.reset(seed=0, options={})
+    assert observation.count("\n") == 4 and "SFFF" in observation.replace("\x1b[41m", "").replace("\x1b[0m", "")
 
 
 @pytest.mark.parametrize("environment, says", [
@@ -380,8 +383,10 @@ GAME = {"environment": "toy_envs:LetterGame"}
     ({**GAME, "turn_rewards": "per-turn", "estimator": "grpo", "samples_per_prompt": 2}, "gae or reinforce\\+\\+"),
     ({**GAME, "environment_config": "is_slippery"}, "key=value"),
     ({**GAME, "max_episode_tokens": 256}, "'max_episode_tokens'.*< max_length"),
+    ({**GAME, "overlong_buffer": 4}, "'overlong_buffer'.*a turn's limit"),
+    ({"environment_config": "is_slippery=false"}, "'environment_config'.*left out without"),
 ], ids=["zero-turns", "turns-without-environment", "action-names-off-gym", "per-turn-with-a-group", "config",
-        "episode-longer-than-max-length"])
+        "episode-longer-than-max-length", "overlong-on-episodes", "config-without-environment"])
 def test_episode_options_are_checked_at_start(values, says):
     with pytest.raises(ConfigError, match=says):
         build_config(PPOConfig, values)

@@ -129,6 +129,24 @@ def test_a_lora_model_and_gradient_checkpointing_through_the_packed_pass():
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
 
 
+def test_a_reference_head_built_without_the_adapters_stays_the_bases():
+    from ppo_rlhf.models.lora import adapters_disabled
+
+    model, tokenizer = tiny("llama")  # untied: LoRA adapts its output layer too
+    hidden = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    base_logits = OutputHead(model).logits(hidden)
+    model = with_adapter(LoraOptions(lora=True), model, "CAUSAL_LM")
+    assert hasattr(model.get_output_embeddings(), "lora_B")
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:  # a trained adapter: the output layer's logits move
+            torch.nn.init.normal_(parameter, std=0.5)
+    with adapters_disabled(model):
+        ref_head = OutputHead(model)
+    # Read after the context closed, as the full KL reads it in the update.
+    torch.testing.assert_close(ref_head.logits(hidden), base_logits)
+    assert (OutputHead(model).logits(hidden) - base_logits).abs().max() > 1e-2
+
+
 def test_the_fused_full_kl_is_the_vocabularys():
     model, tokenizer = tiny("granite")  # a logit scale to apply per chunk
     ref, _ = tiny("granite")

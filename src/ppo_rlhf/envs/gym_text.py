@@ -1,4 +1,4 @@
-"""gymnasium environments played by a language model (docs/agents.md, "gymnasium environments").
+"""gymnasium environments played by a language model (docs/agents.md, "Three ways to give an environment").
 
 ``--environment gym:ID`` takes an environment registered with gymnasium -- the ones ``ppo-rlhf
 gym`` trains a policy network on -- whose actions are a discrete set, and lets a language model
@@ -91,7 +91,8 @@ class GymActionEnvironment:
         self.env_id, self.make_kwargs = env_id, dict(make_kwargs)
         self.observation_text = observation_text
         self.row_arguments = constructor_arguments(env_id)
-        self.env = self.make({})
+        self.env_arguments = self.arguments({})
+        self.env = self.make(self.env_arguments)
         self.name = f"gym:{env_id}"
         self.action_names = action_names_of(self.env, action_names)
         self.instructions = instructions or (f"You are playing {env_id.split('-')[0]}. Answer each turn with one "
@@ -100,11 +101,13 @@ class GymActionEnvironment:
         self.tool_stats: dict = {}
         self._gym = gym
 
-    def make(self, row: dict):
-        """The environment for an episode: the run's arguments, and the row's own where it names them."""
+    def arguments(self, row: dict) -> dict:
+        """The environment's constructor arguments for ``row``: the run's, and the row's own where it names them."""
+        return {**self.make_kwargs, **{k: v for k, v in row.items() if k in self.row_arguments}}
+
+    def make(self, arguments: dict):
         import gymnasium as gym
 
-        arguments = {**self.make_kwargs, **{k: v for k, v in row.items() if k in self.row_arguments}}
         render_mode = None if self.observation_text is not None else "ansi"
         try:
             return gym.make(self.env_id, render_mode=render_mode, **arguments)
@@ -122,10 +125,10 @@ class GymActionEnvironment:
         return rendered.strip("\n")
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-        row = options or {}
-        if any(k in self.row_arguments for k in row):  # this row's own map (or other argument)
+        arguments = self.arguments(options or {})
+        if arguments != self.env_arguments:  # this row's own map, or back to the run's (environments are pooled)
             self.env.close()
-            self.env = self.make(row)
+            self.env, self.env_arguments = self.make(arguments), arguments
         self.tool_stats = {"invalid_actions": 0}
         observation, info = self.env.reset(seed=seed)
         return f"{self.instructions}\n{self.text(observation)}", info

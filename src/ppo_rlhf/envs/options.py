@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 from ppo_rlhf.config import ConfigError, above, any_number, check, option
 
@@ -54,13 +54,11 @@ class EnvironmentOptions:
         """The rules between the episode options; ``given``: an environment or tools were given as
         Python objects (PPOTrainer(environment=..., tools=...)), which turn episodes on too."""
         if not (given or self.has_episodes()):
-            alone = "left out without --environment or --tool"
-            for key, default in (("max_turns", 8), ("max_episode_tokens", None), ("tool_timeout", 10.0),
-                                 ("tool_parser", "hermes"), ("turn_rewards", "sum"),
-                                 ("environment_reward_weight", 1.0)):
-                check(getattr(self, key) == default, key, alone, getattr(self, key))
-            for key in ("environment_config", "action_names", "observation_text"):
-                check(not getattr(self, key), key, alone, getattr(self, key))
+            for field in fields(EnvironmentOptions):
+                if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
+                    default = field.default if field.default_factory is MISSING else field.default_factory()
+                    check(getattr(self, field.name) == default, field.name,
+                          "left out without --environment or --tool", getattr(self, field.name))
             return
         self.chat_template = True  # turns are chat messages: the template frames them (docs/agents.md)
         gym = (self.environment or "").startswith("gym:")
@@ -70,6 +68,10 @@ class EnvironmentOptions:
             raise ConfigError(f"invalid value for 'turn_rewards': 'per-turn' with estimator {self.estimator}; a "
                               f"group or greedy baseline compares whole episodes (sum), per-turn rewards need an "
                               f"estimator that credits each token by its return: gae or reinforce++")
+        if getattr(self, "overlong_buffer", None) is not None:
+            raise ConfigError("invalid value for 'overlong_buffer': not with --environment or --tool; it counts a "
+                              "response down to --max-new-tokens, a turn's limit, where an episode holds several "
+                              "turns (--max-episode-tokens bounds an episode)")
         if self.max_episode_tokens is not None:
             check(self.max_episode_tokens < self.max_length, "max_episode_tokens",
                   f"< max_length ({self.max_length}), which holds the prompt and the episode", self.max_episode_tokens)

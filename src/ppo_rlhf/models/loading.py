@@ -20,6 +20,17 @@ class ModelError(ValueError):
     """A model folder that cannot serve the role asked of it; the message names the folder."""
 
 
+def base_of(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def trunk_of(model: nn.Module) -> nn.Module:
+    """The transformer trunk (no output layer or head), also through a peft wrapper: what the
+    output layer or a score head reads the last hidden state of."""
+    return base_of(model).base_model
+
+
 def require_model_folder(path: str | Path, what: str, prefer: tuple[str, ...] = ()) -> Path:
     """``path`` if it holds a model (config.json); otherwise an error that says what it is when
     ppo-rlhf wrote it -- a critic, an adapter, a run folder (and where that run's model is:

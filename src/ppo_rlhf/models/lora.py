@@ -38,6 +38,7 @@ from ppo_rlhf.models.loading import (
     load_tokenizer,
     read_adapter,
     save_pretrained_atomic,
+    trunk_of,
 )
 from ppo_rlhf.models.value import (
     VALUE_HEAD,
@@ -241,11 +242,6 @@ def adapters_disabled(peft_model) -> Iterator[None]:
 
 def adapter_parameters(peft_model, adapter_name: str) -> list[nn.Parameter]:
     return [p for name, p in peft_model.named_parameters() if f".{adapter_name}." in name and "lora_" in name]
-
-
-def trunk_of(peft_model) -> nn.Module:
-    """The transformer trunk (no LM head) inside a peft-wrapped model."""
-    return peft_model.get_base_model().base_model
 
 
 # ------------------------------------------------------------------ roles on the shared base

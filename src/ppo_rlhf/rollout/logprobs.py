@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ppo_rlhf.core.logprobs import token_logprobs
+from ppo_rlhf.models.loading import base_of, trunk_of
 from ppo_rlhf.rollout.generation import cache_of
 from ppo_rlhf.rollout.packing import PackedBatch, pack, padded_tokens
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
@@ -20,8 +21,7 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Te
 
 def output_layer(model) -> torch.nn.Module:
     """The module that turns hidden states into vocabulary logits, also through a peft wrapper."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner.get_output_embeddings()
+    return base_of(model).get_output_embeddings()
 
 
 @dataclass
@@ -137,13 +137,6 @@ def forward_shared_prompts(model, sequences: Sequences, first_rows: torch.Tensor
         return ResponseForward(logits=None, hidden=hidden)
     hidden = torch.cat([caught[0][prompt_of_row], *caught[1:]], dim=1)
     return scaled(ResponseForward(logits=torch.cat(logits, dim=1), hidden=hidden), temperature)
-
-
-def trunk_of(model) -> torch.nn.Module:
-    """The model's trunk: the transformer whose last hidden state (after the final norm) the output
-    layer reads, also through a peft wrapper."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner.base_model
 
 
 class caught_hidden:

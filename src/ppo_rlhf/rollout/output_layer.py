@@ -18,15 +18,10 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ppo_rlhf.core.kl import full_kl
+from ppo_rlhf.core.logprobs import CHUNK_POSITIONS
 from ppo_rlhf.core.precision import compute_dtype
-
-# Positions per chunk: 1024 x 152k x 4 bytes = 0.6 GB of float32 at most (core/logprobs.py's too).
-CHUNK_POSITIONS = 1024
-
-
-def base_of(model):
-    """The transformers model under a peft wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "peft_config") else model
+from ppo_rlhf.models.loading import base_of
 
 
 class OutputHead:
@@ -36,6 +31,10 @@ class OutputHead:
     def __init__(self, model, temperature: float = 1.0):
         inner = base_of(model)
         self.layer = inner.get_output_embeddings()
+        if getattr(self.layer, "disable_adapters", False):
+            # Built under adapters_disabled (the LoRA reference): the head keeps the base's layer, as
+            # its logits may be read after the context has closed (the full KL, in the update).
+            self.layer = self.layer.get_base_layer()
         config = inner.config.get_text_config()
         self.scale = 1.0
         if getattr(config, "logits_scaling", None):  # Granite
@@ -97,9 +96,7 @@ def token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, ma
 
 
 def _full_kl(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, ref_hidden: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(head.logits(hidden), dim=-1)
-    ref_logp = torch.log_softmax(ref_head.logits(ref_hidden), dim=-1)
-    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+    return full_kl(head.logits(hidden), ref_head.logits(ref_hidden))
 
 
 def full_kl_stats(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, ref_hidden: torch.Tensor,

@@ -88,7 +88,9 @@ def gap(model, sequences: Sequences, plan: PassPlan, reference: torch.Tensor) ->
         return str(why)
     mask = sequences.loss_mask.bool()
     difference = (got - reference)[mask].abs()
-    dtype = next(model.parameters()).dtype
+    parameter = next(model.parameters())
+    device = parameter.device.type  # under --mixed-precision the passes round as the autocast dtype does
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else parameter.dtype
     tolerance = TOLERANCE.get(dtype, HALF_TOLERANCE)
     if difference.numel() and difference.mean() > tolerance:
         return f"its log-probs differ from the model's own padded pass by {difference.mean():.2g} on average " \

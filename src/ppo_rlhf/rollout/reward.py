@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ppo_rlhf.config import ConfigError, above, any_number, at_least, option
-from ppo_rlhf.models.loading import max_positions, same_vocabulary
+from ppo_rlhf.models.loading import base_of, max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
@@ -95,7 +95,7 @@ def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -
 def trunk_and_head(model):
     """(trunk, score head) of a sequence classifier, also through a peft wrapper; head None when
     the model pools in its own way (no ``score`` module on top of a ``base_model``)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = base_of(model)
     head = getattr(inner, "score", None)
     trunk = inner.base_model
     return (trunk, None) if head is None or trunk is inner else (trunk, head)

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.models.loading import base_of
 from ppo_rlhf.rollout.generation import EngineWeightsError
 from ppo_rlhf.rollout.sequences import StopIds, response_mask_from_eos
 from ppo_rlhf.sharding import unique_state_dict
@@ -107,11 +108,6 @@ def response_seed(seed: int, process: int, draw: int, row: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def base_model(model):
-    """The transformers model under a peft wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "peft_config") else model
-
-
 def named_tensors(model) -> dict[str, torch.Tensor]:
     """Every name ``state_dict()`` has, a tied weight under each of its names (the engine loads its
     output layer by its own name), read from the parameters and persistent buffers themselves."""
@@ -125,7 +121,7 @@ def policy_weights(model) -> list[tuple[str, torch.Tensor]]:
     base is not touched); the other adapters (a critic's) and their parameters left out.  A
     sharded (FSDP) model is read inside the rollout's ``gathered``: from its parameters, which are
     whole there, where ``state_dict()`` would give this process's shards (``named_tensors``)."""
-    base = base_model(model)
+    base = base_of(model)
     if base is model:
         return list(named_tensors(model).items())
     from peft.tuners.lora import LoraLayer
@@ -162,8 +158,8 @@ def head_size(config) -> int:
 
 def check_model(vllm, model, device: torch.device) -> str:
     """The architecture name vLLM will build; a ConfigError when vLLM cannot serve it."""
-    config = base_model(model).config
-    architecture = (getattr(config, "architectures", None) or [type(base_model(model)).__name__])[0]
+    config = base_of(model).config
+    architecture = (getattr(config, "architectures", None) or [type(base_of(model)).__name__])[0]
     supported = vllm.ModelRegistry.get_supported_archs()
     if architecture not in supported:
         raise ConfigError(f"--rollout-engine vllm: vLLM {vllm.__version__} has no {architecture} (the actor's "
@@ -213,8 +209,8 @@ class VLLMGenerator:
         self.rng = DrawCount()  # saved in checkpoints as the sampling state (trainers/ppo_loop.py)
         self.device = torch.device(device)
         # At most the positions the model has (vLLM refuses more; the torch loop would break past them too).
-        positions = getattr(base_model(model).config.get_text_config(), "max_position_embeddings", None) or \
-            getattr(base_model(model).config.get_text_config(), "n_positions", None)
+        positions = getattr(base_of(model).config.get_text_config(), "max_position_embeddings", None) or \
+            getattr(base_of(model).config.get_text_config(), "n_positions", None)
         self.max_model_len = min(max_model_len, positions) if positions else max_model_len
         self.dtype = engine_dtype(mixed_precision)
         self.last_logprobs: torch.Tensor | None = None  # (B, T) the engine's log-probs of the last responses
@@ -233,7 +229,7 @@ class VLLMGenerator:
     def build(self, model, memory_utilization: float, max_rows: int):
         """The engine, built from the actor's config alone (random weights: the first rollout
         loads the actor's); the process's random states and thread setting are left as found."""
-        config = base_model(model).config
+        config = base_of(model).config
         architecture = check_model(self.vllm, model, self.device)
         self.config_dir = tempfile.TemporaryDirectory(prefix="ppo-rlhf-vllm-")
         saved = json.loads(config.to_json_string(use_diff=False))

@@ -206,8 +206,9 @@ def token_micro_batches(lengths: torch.Tensor, max_tokens: int | None, max_rows:
         return [list(range(start, min(start + (max_rows or rows), rows))) for start in range(0, rows, max_rows or rows)]
     groups: list[list[int]] = []
     room: list[int] = []
-    for row in sorted(range(rows), key=lambda r: -int(lengths[r])):
-        length = int(lengths[row])
+    lengths = lengths.tolist()  # one device sync, not one a row
+    for row in sorted(range(rows), key=lambda r: -lengths[r]):
+        length = lengths[row]
         target = next((g for g, left in enumerate(room) if left >= length and len(groups[g]) < (max_rows or rows)),
                       None)
         if target is None:
@@ -227,10 +228,11 @@ def split_by_tokens(index: torch.Tensor, lengths: torch.Tensor, processes: int) 
         return [index]
     shares: list[list[int]] = [[] for _ in range(processes)]
     tokens = [0] * processes
-    for position in sorted(range(len(index)), key=lambda i: -int(lengths[index[i]])):
+    row_lengths = lengths[index].tolist()
+    for position in sorted(range(len(index)), key=lambda i: -row_lengths[i]):
         process = min(range(processes), key=lambda p: (tokens[p], p))
         shares[process].append(position)
-        tokens[process] += int(lengths[index[position]])
+        tokens[process] += row_lengths[position]
     return [index[sorted(share)] for share in shares]
 
 
@@ -609,11 +611,15 @@ class PPOTrainer(PPOLoop):
         if rows == 0:  # dynamic sampling kept none of this process's groups
             empty = torch.zeros_like(sequences.response_ids, dtype=torch.float32)
             return empty, empty, empty, None if self.critic is None else empty
-        lengths = sequences.attention_mask.sum(dim=1)
-        passes = [torch.tensor(group, device=self.device) for group in
-                  token_micro_batches(lengths, self.config.max_tokens_per_micro_batch,
-                                      self.config.rollout_micro_batch_size)]
-        self.checked_pass_plan(sequences.select(passes[0]))
+        def micro_batches() -> list[torch.Tensor]:
+            return [torch.tensor(group, device=self.device) for group in
+                    token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
+                                        self.config.rollout_micro_batch_size)]
+
+        passes = micro_batches()
+        if self._pass_plan is None:  # checked on a padded pass's share of the budget, then cut by the plan
+            self.checked_pass_plan(sequences.select(passes[0]))
+            passes = micro_batches()
         parts = [self.old_and_reference(sequences.select(index)) for index in passes]
         # Back in row order (a token budget groups rows by length).
         order = torch.argsort(torch.cat(passes))
@@ -632,6 +638,15 @@ class PPOTrainer(PPOLoop):
                 for warning in warnings:
                     tqdm.write(f"warning: {warning}")
         return self._pass_plan
+
+    def pass_lengths(self, sequences: Sequences) -> torch.Tensor:
+        """(B,) the positions each row takes in a pass, for --max-tokens-per-micro-batch: its own
+        tokens where the passes are packed, the batch's whole width where they run padded (under
+        FSDP, --no-padding-free, or before the plan is checked)."""
+        if self._pass_plan is not None and self._pass_plan.pack:
+            return sequences.attention_mask.sum(dim=1)
+        width = sequences.attention_mask.shape[1]
+        return torch.full((sequences.attention_mask.shape[0],), width, device=sequences.attention_mask.device)
 
     @property
     def pass_plan(self) -> PassPlan | None:
@@ -790,7 +805,8 @@ class PPOTrainer(PPOLoop):
         mine = split_by_tokens(mb_index, lengths, self.processes)[self.rank]
         totals: dict[str, torch.Tensor] = {}
         parts = [torch.tensor(group, dtype=torch.long, device=self.device) for group in
-                 token_micro_batches(lengths[mine], config.max_tokens_per_micro_batch, config.train_micro_batch_size)]
+                 token_micro_batches(self.pass_lengths(experience.sequences)[mine], config.max_tokens_per_micro_batch,
+                                     config.train_micro_batch_size)]
         for part_index in parts:
             mb = experience.select(mine[part_index])
             token_share = mb.mask.sum().item() / max(mb_tokens, 1)
