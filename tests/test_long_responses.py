@@ -247,3 +247,14 @@ def test_the_plan_says_how_passes_run_and_a_fallback_is_told(zoo, tmp_path, caps
     assert "passes:    packed without padding; the output layer a chunk of positions at a time" in printed
     assert "micro-batches of up to 40 tokens, rows grouped longest first" in printed
     assert "warning" not in printed  # the first batch's check agreed
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_token_budget_counts_a_padded_pass_by_the_batchs_width(zoo, packed):
+    trainer = PPOTrainer(config_of(zoo, padding_free=packed, fused_output_layer=packed))
+    sequences = uneven_batch(trainer.actor.config.vocab_size, 0)
+    width = sequences.attention_mask.shape[1]
+    assert trainer.pass_lengths(sequences).tolist() == [width] * 6  # before the plan is checked: padded
+    trainer.checked_pass_plan(sequences)
+    real = sequences.attention_mask.sum(dim=1).tolist()
+    assert trainer.pass_lengths(sequences).tolist() == (real if packed else [width] * 6)
