@@ -6,7 +6,7 @@ the same run, on the same batch.
 
     make smollm2                                         # once: the model as a folder
     python benchmarks/bench_long_responses.py            # the 64-response batch, both ways
-    python benchmarks/bench_long_responses.py --longest  # the longest batch each way fits in 16 GiB
+    python benchmarks/bench_long_responses.py --longest  # then: the longest batch each way fits in 16 GiB
 
 The batch: 64 prompts of 64 tokens and responses of 32 to 1,024 tokens, log-uniform (geometric
 spacing: median 181, mean 295 -- most answers short and a long tail, as reasoning rollouts are), so
@@ -182,10 +182,35 @@ def longest(way: str, threads: int) -> int:
     return low
 
 
+def report(summary: dict) -> str:
+    """The results file's text, from the summary the JSON file holds."""
+    before, after = summary["before"], summary["after"]
+    lines = ["# Long, uneven responses", "", f"`python benchmarks/bench_long_responses.py` "
+             f"({summary['machine']}, {summary['date']}): SmolLM2-135M-Instruct in float32, 64 responses of 32-1,024 "
+             f"tokens (log-uniform, {before['real_tokens']:,} real tokens, {before['padded_positions']:,} padded "
+             f"positions), old + reference passes, then one epoch of 4 minibatches of 16, 4 rows a micro-batch.", "",
+             "| | passes | tokens/s | old + reference (s) | update (s) | peak memory, passes / update (MiB) |",
+             "|---|---|---|---|---|---|"]
+    for way in ("before", "after"):
+        r = summary[way]
+        lines.append(f"| {way} | {r['plan']} | {r['tokens_per_s']} | {r['forward_seconds']} | {r['update_seconds']} | "
+                     f"{r['forward_peak_mib']:,} / {r['update_peak_mib']:,} |")
+    lines += ["", f"Tokens/s {summary['tokens_per_s_ratio']}x; the update's peak memory {summary['update_peak_ratio']}x; "
+              f"the policy loss differs by {summary['pg_loss_difference']:.2g}."]
+    if "longest_in_16_gib" in summary:
+        longest_run = summary["longest_in_16_gib"]
+        lines += ["", f"`python benchmarks/bench_long_responses.py --longest` ({longest_run['machine']}, "
+                      f"{longest_run['date']}): the most 1,024-token responses (64-token prompts) one update "
+                      f"micro-batch takes with the data segment capped at 16 GiB: before {longest_run['before']}, "
+                      f"after {longest_run['after']}."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--longest", action="store_true", help="also the longest batch each way fits in 16 GiB")
+    parser.add_argument("--longest", action="store_true",
+                        help="only the longest batch each way fits in 16 GiB, added to the results file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -193,41 +218,35 @@ def main() -> None:
         return
     if not (MODEL / "config.json").is_file():
         raise SystemExit(f"no {MODEL}: run `make smollm2` first")
-    results = {}
-    for way in ("before", "after"):  # each in a process of its own: its peak memory its own
-        done = subprocess.run([sys.executable, __file__, "--child", way, "--threads", str(args.threads)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"{way} failed: {done.stderr[-2000:]}")
-        results[way] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(results[way], flush=True)
-    before, after = results["before"], results["after"]
-    summary = {"machine": f"{platform.processor() or platform.machine()}, {args.threads} torch threads, torch "
-                          f"{torch.__version__}", "date": time.strftime("%Y-%m-%d"), **results,
-               "tokens_per_s_ratio": round(after["tokens_per_s"] / before["tokens_per_s"], 2),
-               "update_peak_ratio": round(after["update_peak_mib"] / before["update_peak_mib"], 2),
-               "pg_loss_difference": abs(after["pg_loss"] - before["pg_loss"])}
-    if args.longest:
-        summary["longest_in_16_gib"] = {way: longest(way, args.threads) for way in ("before", "after")}
+    results_file = RESULTS / "long_responses.json"
+    machine = f"{platform.processor() or platform.machine()}, {args.threads} torch threads, torch {torch.__version__}"
+    if args.longest:  # slow on its own (a search of full updates): kept apart from the batch's figures
+        if not results_file.is_file():
+            raise SystemExit(f"no {results_file}: run `python {Path(__file__).name}` first")
+        summary = json.loads(results_file.read_text())
+        summary["longest_in_16_gib"] = {"machine": machine, "date": time.strftime("%Y-%m-%d")}
+        for way in ("before", "after"):
+            summary["longest_in_16_gib"][way] = longest(way, args.threads)
+            print(way, summary["longest_in_16_gib"][way], flush=True)
+    else:
+        results = {}
+        for way in ("before", "after"):  # each in a process of its own: its peak memory its own
+            done = subprocess.run([sys.executable, __file__, "--child", way, "--threads", str(args.threads)],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"{way} failed: {done.stderr[-2000:]}")
+            results[way] = json.loads(done.stdout.strip().splitlines()[-1])
+            print(results[way], flush=True)
+        before, after = results["before"], results["after"]
+        summary = {"machine": machine, "date": time.strftime("%Y-%m-%d"), **results,
+                   "tokens_per_s_ratio": round(after["tokens_per_s"] / before["tokens_per_s"], 2),
+                   "update_peak_ratio": round(after["update_peak_mib"] / before["update_peak_mib"], 2),
+                   "pg_loss_difference": abs(after["pg_loss"] - before["pg_loss"])}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "long_responses.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = ["# Long, uneven responses", "", f"`python benchmarks/bench_long_responses.py{' --longest' if args.longest else ''}` "
-             f"({summary['machine']}, {summary['date']}): SmolLM2-135M-Instruct in float32, 64 responses of 32-1,024 "
-             f"tokens (log-uniform, {before['real_tokens']:,} real tokens, {before['padded_positions']:,} padded "
-             f"positions), old + reference passes, then one epoch of 4 minibatches of 16, 4 rows a micro-batch.", "",
-             "| | passes | tokens/s | old + reference (s) | update (s) | peak memory, passes / update (MiB) |",
-             "|---|---|---|---|---|---|"]
-    for way in ("before", "after"):
-        r = results[way]
-        lines.append(f"| {way} | {r['plan']} | {r['tokens_per_s']} | {r['forward_seconds']} | {r['update_seconds']} | "
-                     f"{r['forward_peak_mib']:,} / {r['update_peak_mib']:,} |")
-    lines += ["", f"Tokens/s {summary['tokens_per_s_ratio']}x; the update's peak memory {summary['update_peak_ratio']}x; "
-              f"the policy loss differs by {summary['pg_loss_difference']:.2g}."]
-    if args.longest:
-        lines.append(f"Longest update micro-batch of 1,024-token responses in 16 GiB: before "
-                     f"{summary['longest_in_16_gib']['before']}, after {summary['longest_in_16_gib']['after']}.")
-    (RESULTS / "long_responses.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    results_file.write_text(json.dumps(summary, indent=2) + "\n")
+    text = report(summary)
+    (RESULTS / "long_responses.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
