@@ -86,16 +86,59 @@ def write_jsonl(path, rows) -> str:
     return str(path)
 
 
-def lake_text(observation, env) -> str:
-    """A FrozenLake board as the model reads it (``--observation-text``): the map's rows, the player
-    as P, without the terminal colours of gymnasium's ansi render."""
-    desc = env.unwrapped.desc
-    columns = desc.shape[1]
-    row, column = divmod(int(observation), columns)
-    lines = []
-    for r, cells in enumerate(desc):
-        text = "".join(cell.decode() for cell in cells)
-        if r == row:
-            text = text[:column] + "P" + text[column + 1:]
-        lines.append(text)
-    return "\n".join(lines)
+LAKE_MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+LAKE_CELLS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
+
+
+def lake_view(observation, env) -> str:
+    """A FrozenLake position as the model reads it (``--observation-text``): where the player is,
+    where the goal lies, and what each move steps onto.  A 135M model does not learn to read a
+    drawn board from a few dozen examples (SFT on them left it moving down on every map); this says
+    in words what the board shows, so the choice is local."""
+    desc = [[cell.decode() for cell in cells] for cells in env.unwrapped.desc]
+    size = len(desc)
+    row, column = divmod(int(observation), size)
+    goal = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "G")
+    around = []
+    for move, (dr, dc) in LAKE_MOVES.items():
+        r, c = row + dr, column + dc
+        around.append(f"{move}: {LAKE_CELLS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
+    return (f"You are at row {row + 1}, column {column + 1}; the goal is {goal[0] - row} down and "
+            f"{goal[1] - column} right. " + ", ".join(around) + ".")
+
+
+def lake_path(desc: list[str]) -> list[str]:
+    """The shortest moves from S to G on a FrozenLake map that step on no hole (breadth first)."""
+    size = len(desc)
+    start = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "S")
+    paths, frontier = {start: []}, [start]
+    while frontier:
+        following = []
+        for r, c in frontier:
+            if desc[r][c] == "G":
+                return paths[(r, c)]
+            for move, (dr, dc) in LAKE_MOVES.items():
+                cell = (r + dr, c + dc)
+                if 0 <= cell[0] < size and 0 <= cell[1] < size and desc[cell[0]][cell[1]] != "H" and cell not in paths:
+                    paths[cell] = paths[(r, c)] + [move]
+                    following.append(cell)
+        frontier = following
+    raise ValueError(f"no path on {desc}")
+
+
+def lake_trace(row: dict) -> dict:
+    """An SFT row: one map played along its shortest path, each board exactly as the episode runner
+    shows it (the gym adapter renders it, with ``lake_view``), each move one word."""
+    from ppo_rlhf.envs.gym_text import GymActionEnvironment
+
+    environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False}, observation_text=lake_view)
+    observation, _ = environment.reset(seed=0, options=row)
+    messages = [{"role": "user", "content": row["prompt"] + observation}]
+    for move in lake_path(row["desc"]):
+        messages.append({"role": "assistant", "content": move})
+        observation, _, terminated, _, _ = environment.step(move)
+        if terminated:
+            break
+        messages.append({"role": "user", "content": observation})
+    environment.close()
+    return {"messages": messages}
