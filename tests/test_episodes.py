@@ -280,6 +280,9 @@ def test_ppo_on_episodes_logs_them_and_saves_what_happened(zoo, tmp_path, capsys
     last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert last["episode/turns"] == 2.0 and last["episode/tokens"] > last["response_length"]
     assert {"episode/truncated", "tools/calls", "reward/environment"} <= set(last)
+    # the reward less the score is the KL's share only: the per-turn rewards (up to 8 a turn) are not in it
+    assert last["reward/environment"] > 0 and last["kl_coef"] > 0
+    assert last["non_score_reward"] == pytest.approx(-last["kl_coef"] * last["kl"])
     assert not (tmp_path / "run" / "rollouts" / "iteration_0001.jsonl").exists()
     records = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "iteration_0002.jsonl").open()]
     assert len(records) == 4

@@ -968,7 +968,10 @@ class PPOTrainer(PPOLoop):
             "score_std": experience.raw_scores.std(unbiased=False).item(),
             "kl": kl_per_response,
             "kl_coef": kl_coef,
-            "non_score_reward": (experience.rewards.sum(dim=1) - experience.scores).mean().item(),
+            # The KL's share of the reward (step 5's -kl_coef * kl): not rewards less the score, which
+            # would count an episode's per-turn rewards in it too.
+            "non_score_reward": (-kl_coef * experience.kl.sum(dim=1).mean().item()
+                                 if self.config.kl_in == "reward" else 0.0),
             "response_length": mask.sum(dim=1).mean().item(),
             "advantages_mean": masked_mean(experience.advantages, experience.mask).item(),
             "returns_mean": masked_mean(experience.returns, experience.mask).item(),
