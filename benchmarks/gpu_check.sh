@@ -47,9 +47,9 @@ EOF
 if [ -n "${QUICK:-}" ]; then steps="--sft-steps 40 --rm-steps 20 --ppo-iterations 3"; else steps=""; fi
 for precision in no bf16; do
     cat > "$OUT/stages_$precision.yaml" <<EOF
-sft: {device: $DEVICE, mixed_precision: $precision}
-rm: {device: $DEVICE, mixed_precision: $precision}
-ppo: {device: $DEVICE, mixed_precision: $precision}
+sft: {device: $DEVICE, mixed_precision: "$precision"}
+rm: {device: $DEVICE, mixed_precision: "$precision"}
+ppo: {device: $DEVICE, mixed_precision: "$precision"}
 EOF
     python3 -m ppo_rlhf.cli demo --out "$OUT/demo_$precision" --overwrite --stages-config "$OUT/stages_$precision.yaml" \
         $steps > "$OUT/demo_$precision.log" 2>&1
