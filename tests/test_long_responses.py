@@ -70,6 +70,34 @@ def test_a_packed_batch_restarts_positions_at_each_row_and_reads_each_response_b
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]  # the padding: a sequence of its own
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_each_row_sits_whole_in_its_bin_with_positions_from_zero(seed):
+    """Uneven random batches against the definition, row by row: the row's real tokens in order
+    at one place of one bin, positions 0.. there, each response token read back one place earlier."""
+    sequences = uneven_batch(vocab=50, pad=0, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    sequences.response_mask[:] = (torch.arange(9)[None, :] < torch.randint(1, 10, (6, 1), generator=generator)).long()
+    packed = pack(sequences, pad_token_id=0)
+    flat_ids, flat_positions = packed.input_ids.reshape(-1), packed.position_ids.reshape(-1)
+    placed = torch.zeros(flat_ids.shape, dtype=torch.bool)
+    for row in range(6):
+        tokens = torch.cat([sequences.prompt_ids[row][sequences.prompt_mask[row].bool()],
+                            sequences.response_ids[row][sequences.response_mask[row].bool()]])
+        prompt_length = int(sequences.prompt_mask[row].sum())
+        start = int(packed.source[row, 0]) - (prompt_length - 1)
+        span = slice(start, start + len(tokens))
+        assert start // packed.input_ids.shape[1] == (start + len(tokens) - 1) // packed.input_ids.shape[1]
+        assert flat_ids[span].tolist() == tokens.tolist()
+        assert flat_positions[span].tolist() == list(range(len(tokens)))
+        assert not placed[span].any()
+        placed[span] = True
+        response_length = int(sequences.response_mask[row].sum())
+        assert packed.source[row, :response_length].tolist() == list(range(start + prompt_length - 1,
+                                                                          start + prompt_length - 1 + response_length))
+        assert not packed.source[row, response_length:].any()
+    assert (flat_ids[~placed] == 0).all()  # the rest is padding
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("plan", [FUSED, PACKED], ids=["fused", "packed"])
 def test_each_layout_gives_the_padded_passs_numbers_and_gradients(arch, plan):
@@ -172,6 +200,33 @@ def test_chunks_give_the_same_numbers_as_one_pass():
     chunked = token_stats(head, hidden, sequences.response_ids, sequences.response_mask, entropy=True, chunk=4)
     for a, b in zip(whole, chunked):
         torch.testing.assert_close(a, b)
+
+
+def test_several_chunks_are_recomputed_in_the_backward_pass_with_one_chunks_gradients():
+    """One chunk keeps its logits for the backward pass; several are checkpoints that keep none
+    (each recomputed there); the gradients are the same either way."""
+    model, tokenizer = tiny("gemma2")
+    ref, _ = tiny("gemma2")
+    torch.nn.init.normal_(ref.lm_head.weight, std=0.3)
+    sequences = uneven_batch(model.config.vocab_size, tokenizer.pad_token_id)
+    with torch.no_grad():
+        hidden = response_stats(model, sequences, FUSED).hidden
+        ref_hidden = response_stats(ref, sequences, FUSED).hidden
+    head, ref_head, vocab = OutputHead(model, 0.7), OutputHead(ref, 0.7), model.config.vocab_size
+    results = []
+    for chunk in (1024, 4):
+        leaf = hidden.clone().requires_grad_()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            logprobs, entropies = token_stats(head, leaf, sequences.response_ids, sequences.response_mask,
+                                              entropy=True, entropy_grad=True, chunk=chunk)
+            kl = full_kl_stats(head, leaf, ref_head, ref_hidden, sequences.response_mask, chunk=chunk)
+        loss = logprobs.sum() + 0.1 * entropies.sum() + kl.sum()
+        results.append(torch.autograd.grad(loss, leaf)[0])
+        holds_logits = any(len(shape) and shape[-1] == vocab for shape in saved)
+        assert holds_logits == (chunk == 1024), chunk
+    torch.testing.assert_close(results[1], results[0])
+    assert results[0].abs().max() > 0
 
 
 def test_a_model_whose_fused_numbers_differ_falls_back_and_says_why(monkeypatch):

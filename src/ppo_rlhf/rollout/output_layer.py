@@ -8,8 +8,11 @@ responses of 1,024 tokens are 12.9 GB of float32 logits.  Here the trunk's hidde
 response positions are taken instead, and each chunk of positions goes through the output layer,
 the architecture's change and the temperature, and is reduced at once to what the update needs
 (the sampled token's log-prob, the entropy, the KL to another model's distribution).  With a
-gradient, each chunk is a checkpoint: its logits are recomputed in the backward pass, one chunk at
-a time.  The first batch of a run checks these numbers against the model's own forward
+gradient and more than one chunk, each chunk is a checkpoint: its logits are recomputed in the
+backward pass, one chunk at a time.  A batch that fits in one chunk keeps its logits for the
+backward pass instead: the recomputation would hold the same chunk at the same moment (at the
+start of the backward pass, beside every activation of the trunk), so it would cost a second
+pass through the output layer and save nothing.  The first batch of a run checks these numbers against the model's own forward
 (rollout/passes.py).
 """
 
@@ -74,11 +77,11 @@ def token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, ma
     positions ``mask`` selects are computed, the rest are 0."""
     selected = mask.bool()
     flat_hidden, flat_tokens = hidden[selected], tokens[selected]  # (N, H), (N,)
-    grad = torch.is_grad_enabled() and flat_hidden.requires_grad
+    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad and flat_tokens.shape[0] > chunk
     logprob_parts, entropy_parts = [], []
     for start in range(0, flat_tokens.shape[0], chunk):
         piece = slice(start, start + chunk)
-        if grad:  # recomputed in the backward pass: one chunk's logits alive at a time
+        if recompute:  # recomputed in the backward pass: one chunk's logits alive at a time
             logprobs, entropies = checkpoint(_token_stats, head, flat_hidden[piece], flat_tokens[piece],
                                              entropy, use_reentrant=False)
         else:
@@ -105,11 +108,11 @@ def full_kl_stats(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, 
     models' hidden states, a chunk at a time (core/kl.py ``full_kl``, without the (B, T, V) logits)."""
     selected = mask.bool()
     flat, ref_flat = hidden[selected], ref_hidden[selected].detach()
-    grad = torch.is_grad_enabled() and flat.requires_grad
+    recompute = torch.is_grad_enabled() and flat.requires_grad and flat.shape[0] > chunk
     parts = []
     for start in range(0, flat.shape[0], chunk):
         piece = slice(start, start + chunk)
-        if grad:
+        if recompute:
             parts.append(checkpoint(_full_kl, head, flat[piece], ref_head, ref_flat[piece], use_reentrant=False))
         else:
             parts.append(_full_kl(head, flat[piece], ref_head, ref_flat[piece]))

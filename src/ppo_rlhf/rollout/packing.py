@@ -61,30 +61,51 @@ def first_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def row_lengths(sequences: Sequences) -> list[int]:
+    """Each row's real tokens: its prompt without the left padding, then its response."""
+    return (sequences.prompt_mask.bool().sum(dim=1) + sequences.response_mask.bool().sum(dim=1)).tolist()
+
+
+def packed_tokens(lengths: list[int]) -> int:
+    """The positions a packed pass over rows of these lengths computes (bins x the longest row)."""
+    return len(first_fit_bins(lengths, max(lengths))) * max(lengths)
+
+
 def pack(sequences: Sequences, pad_token_id: int) -> PackedBatch:
-    """``sequences`` packed into bins as long as the longest row (module docstring)."""
-    prompt_mask, response_mask = sequences.prompt_mask.bool(), sequences.response_mask.bool()
-    prompt_lengths = prompt_mask.sum(dim=1).tolist()
-    lengths = [p + r for p, r in zip(prompt_lengths, response_mask.sum(dim=1).tolist())]
+    """``sequences`` packed into bins as long as the longest row (module docstring).
+
+    Only the bins are planned row by row (Python integers); the tokens move in one scatter, so
+    a pass over a tiny model does not pay a loop of tensor operations per row."""
+    lengths = row_lengths(sequences)
     capacity = max(lengths)
     bins = first_fit_bins(lengths, capacity)
     device = sequences.prompt_ids.device
-    input_ids = torch.full((len(bins), capacity), pad_token_id, dtype=sequences.prompt_ids.dtype, device=device)
-    position_ids = torch.zeros((len(bins), capacity), dtype=torch.long, device=device)
-    response_width = sequences.response_ids.shape[1]
-    source = torch.zeros(sequences.response_ids.shape, dtype=torch.long, device=device)
-    steps = torch.arange(response_width, device=device)
+    start = [0] * len(lengths)  # each row's first position in the flattened (bins * capacity) layout
+    used = []  # each bin's tokens
     for b, rows in enumerate(bins):
-        offset = 0
+        offset = b * capacity
         for row in rows:
-            ids = torch.cat([sequences.prompt_ids[row][prompt_mask[row]], sequences.response_ids[row][response_mask[row]]])
-            input_ids[b, offset:offset + len(ids)] = ids
-            position_ids[b, offset:offset + len(ids)] = torch.arange(len(ids), device=device)
-            # Response token t of this row is predicted at its position prompt_length - 1 + t.
-            source[row] = b * capacity + offset + prompt_lengths[row] - 1 + steps
-            offset += len(ids)
-        if offset < capacity:  # the padding after the last row: a sequence of its own, from 0
-            position_ids[b, offset:] = torch.arange(capacity - offset, device=device)
+            start[row] = offset
+            offset += lengths[row]
+        used.append(offset - b * capacity)
+    start = torch.tensor(start, dtype=torch.long, device=device)
+    # A row's real tokens in order (left padding of the prompt, padding after the response dropped):
+    # token k of the row goes to start + k.
+    ids = torch.cat([sequences.prompt_ids, sequences.response_ids], dim=1)
+    real = torch.cat([sequences.prompt_mask, sequences.response_mask], dim=1).bool()
+    rank = real.long().cumsum(dim=1) - 1
+    # The padding after a bin's last row: a sequence of its own, from 0 (the real tokens overwrite the rest).
+    positions = torch.arange(capacity, device=device)[None, :] - torch.tensor(used, device=device)[:, None]
+    position_ids = positions.clamp(min=0)
+    input_ids = torch.full((len(bins), capacity), pad_token_id, dtype=ids.dtype, device=device)
+    target = (start[:, None] + rank)[real]
+    input_ids.view(-1)[target] = ids[real]
+    position_ids.view(-1)[target] = rank[real]
+    # Response token t of a row is its token prompt_length + t, predicted one position earlier.
+    response_mask = sequences.response_mask.bool()
+    prompt_lengths = sequences.prompt_mask.bool().sum(dim=1)
+    steps = torch.arange(sequences.response_ids.shape[1], device=device)
+    source = (start + prompt_lengths - 1)[:, None] + steps[None, :]
     source = torch.where(response_mask, source, torch.zeros_like(source))
     return PackedBatch(input_ids, position_ids, source, response_mask)
 
