@@ -15,7 +15,7 @@ from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.core import full_kl
 from ppo_rlhf.models.lora import LoraOptions, with_adapter
 from ppo_rlhf.models.value import ValueHead
-from ppo_rlhf.rollout.output_layer import OutputHead, full_kl_stats, token_stats
+from ppo_rlhf.rollout.output_layer import KEPT_LOGITS_BYTES, OutputHead, chunk_positions, full_kl_stats, token_stats
 from ppo_rlhf.rollout.packing import first_fit_bins, pack
 from ppo_rlhf.rollout.passes import PassPlan, checked_plan, response_stats
 from ppo_rlhf.rollout.sequences import Sequences
@@ -202,9 +202,9 @@ def test_chunks_give_the_same_numbers_as_one_pass():
         torch.testing.assert_close(a, b)
 
 
-def test_several_chunks_are_recomputed_in_the_backward_pass_with_one_chunks_gradients():
-    """One chunk keeps its logits for the backward pass; several are checkpoints that keep none
-    (each recomputed there); the gradients are the same either way."""
+def test_large_passes_recompute_their_chunks_in_the_backward_pass_with_the_same_gradients():
+    """A pass with few logits keeps them for the backward pass; past ``keep_bytes`` each chunk is a
+    checkpoint that keeps none (recomputed there); the gradients are the same either way."""
     model, tokenizer = tiny("gemma2")
     ref, _ = tiny("gemma2")
     torch.nn.init.normal_(ref.lm_head.weight, std=0.3)
@@ -214,19 +214,51 @@ def test_several_chunks_are_recomputed_in_the_backward_pass_with_one_chunks_grad
         ref_hidden = response_stats(ref, sequences, FUSED).hidden
     head, ref_head, vocab = OutputHead(model, 0.7), OutputHead(ref, 0.7), model.config.vocab_size
     results = []
-    for chunk in (1024, 4):
+    assert not head.recomputes(int(sequences.response_mask.sum()))  # 28 positions of a 64-token vocabulary
+    for keep_bytes in (KEPT_LOGITS_BYTES, 0):
         leaf = hidden.clone().requires_grad_()
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
             logprobs, entropies = token_stats(head, leaf, sequences.response_ids, sequences.response_mask,
-                                              entropy=True, entropy_grad=True, chunk=chunk)
-            kl = full_kl_stats(head, leaf, ref_head, ref_hidden, sequences.response_mask, chunk=chunk)
+                                              entropy=True, entropy_grad=True, chunk=4, keep_bytes=keep_bytes)
+            kl = full_kl_stats(head, leaf, ref_head, ref_hidden, sequences.response_mask, chunk=4,
+                               keep_bytes=keep_bytes)
         loss = logprobs.sum() + 0.1 * entropies.sum() + kl.sum()
         results.append(torch.autograd.grad(loss, leaf)[0])
         holds_logits = any(len(shape) and shape[-1] == vocab for shape in saved)
-        assert holds_logits == (chunk == 1024), chunk
+        assert holds_logits == (keep_bytes > 0), keep_bytes
     torch.testing.assert_close(results[1], results[0])
     assert results[0].abs().max() > 0
+
+
+def test_a_chunk_is_64_mib_of_float32_logits():
+    assert chunk_positions(49152) == 341  # SmolLM2: 2**26 / (4 * 49152) = 341.3
+    assert chunk_positions(151936) == 110  # Qwen2: 110.4
+    assert chunk_positions(2**30) == 1
+
+
+def test_the_entropy_as_a_statistic_holds_nothing_for_the_backward_pass_nor_is_recomputed(monkeypatch):
+    model, tokenizer = tiny("llama")
+    sequences = uneven_batch(model.config.vocab_size, tokenizer.pad_token_id)
+    with torch.no_grad():
+        hidden = response_stats(model, sequences, FUSED).hidden
+    head, tokens, mask = OutputHead(model), sequences.response_ids, sequences.response_mask
+    held = {}
+    for entropy in (False, True):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            token_stats(head, hidden.clone().requires_grad_(), tokens, mask, entropy=entropy)
+        held[entropy] = saved
+    assert held[True] == held[False]
+    softmax_calls = []
+    monkeypatch.setattr(torch, "softmax", lambda *args, **kwargs: softmax_calls.append(1) or torch.exp(
+        torch.log_softmax(*args, **kwargs)))
+    leaf = hidden.clone().requires_grad_()
+    logprobs, entropies = token_stats(head, leaf, tokens, mask, entropy=True, chunk=4, keep_bytes=0)
+    forward_calls = len(softmax_calls)
+    logprobs.sum().backward()
+    assert forward_calls == 7 and len(softmax_calls) == forward_calls  # 28 positions, 4 a chunk; none in the backward
+    assert leaf.grad.abs().max() > 0 and entropies[mask.bool()].min() > 0
 
 
 def test_a_model_whose_fused_numbers_differ_falls_back_and_says_why(monkeypatch):
@@ -235,7 +267,8 @@ def test_a_model_whose_fused_numbers_differ_falls_back_and_says_why(monkeypatch)
     # An architecture ppo-rlhf does not know: its logit scaling is left out of the fused layer.
     monkeypatch.setattr(OutputHead, "__init__", lambda self, model, temperature=1.0: (
         setattr(self, "layer", model.get_output_embeddings()), setattr(self, "scale", 1.0),
-        setattr(self, "softcap", None), setattr(self, "temperature", temperature)) and None)
+        setattr(self, "softcap", None), setattr(self, "temperature", temperature),
+        setattr(self, "vocab_size", model.config.vocab_size)) and None)
     wanted = dataclasses.replace(PACKED, pad_token_id=tokenizer.pad_token_id, share_prompts=True)
     plan, warnings = checked_plan(model, sequences, wanted)
     assert not plan.fused and not plan.pack and plan.share_prompts

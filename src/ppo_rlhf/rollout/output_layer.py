@@ -7,12 +7,18 @@ its architecture does to them: Granite divides by ``logits_scaling``, Cohere mul
 responses of 1,024 tokens are 12.9 GB of float32 logits.  Here the trunk's hidden states at the
 response positions are taken instead, and each chunk of positions goes through the output layer,
 the architecture's change and the temperature, and is reduced at once to what the update needs
-(the sampled token's log-prob, the entropy, the KL to another model's distribution).  With a
-gradient and more than one chunk, each chunk is a checkpoint: its logits are recomputed in the
-backward pass, one chunk at a time.  A batch that fits in one chunk keeps its logits for the
-backward pass instead: the recomputation would hold the same chunk at the same moment (at the
-start of the backward pass, beside every activation of the trunk), so it would cost a second
-pass through the output layer and save nothing.  The first batch of a run checks these numbers against the model's own forward
+(the sampled token's log-prob, the entropy, the KL to another model's distribution).
+
+A chunk is as many positions as make a 64 MiB float32 (positions, vocabulary) tensor: 341 of
+SmolLM2's 49k vocabulary, 110 of Qwen2's 152k.  A chunk's backward pass holds a few of those at the
+moment the trunk's activations are all alive, so their size adds to the update's peak.  With a
+gradient, a pass whose logits come to more than 256 MiB makes each chunk a checkpoint: its logits
+are recomputed in the backward pass, one chunk at a time.  A smaller pass keeps them for the
+backward pass instead: recomputing would cost a second pass through the output layer to save
+less than the chunks' own backward passes hold.  The entropy, where it is only a statistic
+(no entropy bonus), is computed outside the graph: it holds nothing for the backward pass, and a
+checkpoint's recomputation, which stops once it has remade the tensors the backward pass needs,
+never reaches it.  The first batch of a run checks these numbers against the model's own forward
 (rollout/passes.py).
 """
 
@@ -22,9 +28,16 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ppo_rlhf.core.kl import full_kl
-from ppo_rlhf.core.logprobs import CHUNK_POSITIONS
 from ppo_rlhf.core.precision import compute_dtype
 from ppo_rlhf.models.loading import base_of
+
+CHUNK_BYTES = 64 * 2**20  # one chunk's float32 (positions, vocabulary) tensor
+KEPT_LOGITS_BYTES = 256 * 2**20  # a pass with more float32 logits than this recomputes them in the backward pass
+
+
+def chunk_positions(vocab_size: int) -> int:
+    """Positions in a chunk of the fused output layer: a float32 (positions, vocabulary) tensor of CHUNK_BYTES."""
+    return max(1, CHUNK_BYTES // (4 * vocab_size))
 
 
 class OutputHead:
@@ -46,6 +59,11 @@ class OutputHead:
             self.scale *= config.logit_scale
         self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 / 3
         self.temperature = temperature
+        self.vocab_size = getattr(self.layer, "out_features", None) or config.vocab_size
+
+    def recomputes(self, positions: int, keep_bytes: int = KEPT_LOGITS_BYTES) -> bool:
+        """Whether a pass with a gradient over ``positions`` recomputes its logits in the backward pass."""
+        return positions * self.vocab_size * 4 > keep_bytes
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) hidden states -> (n, V) float32 logits of the sampling distribution."""
@@ -58,34 +76,39 @@ class OutputHead:
         return logits / self.temperature if self.temperature != 1.0 else logits
 
 
-def _token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, entropy: bool):
+def _token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, entropy: bool, entropy_grad: bool):
     """One chunk: (n, H), (n,) -> log-probs (n,) and entropies (n,) (or an empty tensor)."""
     logits = head.logits(hidden)
     logsumexp = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - logsumexp
     if not entropy:
         return logprobs, logprobs.new_zeros(0)
-    probabilities = torch.softmax(logits, dim=-1)
-    return logprobs, logsumexp - (probabilities * logits).sum(dim=-1)
+    # Last, and without a graph unless it is trained: a checkpoint's recomputation stops before it.
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        probabilities = torch.softmax(logits, dim=-1)
+        return logprobs, logsumexp - (probabilities * logits).sum(dim=-1)
 
 
 def token_stats(head: OutputHead, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
-                entropy: bool = False, entropy_grad: bool = False, chunk: int = CHUNK_POSITIONS
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                entropy: bool = False, entropy_grad: bool = False, chunk: int | None = None,
+                keep_bytes: int = KEPT_LOGITS_BYTES) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T, H) hidden states at the positions predicting (B, T) ``tokens`` -> (B, T) log-probs and,
     with ``entropy``, (B, T) entropies (with a gradient only for ``entropy_grad``); only the
-    positions ``mask`` selects are computed, the rest are 0."""
+    positions ``mask`` selects are computed, the rest are 0.  ``chunk`` positions at a time (default:
+    :func:`chunk_positions`); with a gradient, recomputed in the backward pass where the pass's
+    logits would come to more than ``keep_bytes``."""
     selected = mask.bool()
     flat_hidden, flat_tokens = hidden[selected], tokens[selected]  # (N, H), (N,)
-    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad and flat_tokens.shape[0] > chunk
+    chunk = chunk or chunk_positions(head.vocab_size)
+    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad and head.recomputes(len(flat_tokens), keep_bytes)
     logprob_parts, entropy_parts = [], []
     for start in range(0, flat_tokens.shape[0], chunk):
         piece = slice(start, start + chunk)
         if recompute:  # recomputed in the backward pass: one chunk's logits alive at a time
             logprobs, entropies = checkpoint(_token_stats, head, flat_hidden[piece], flat_tokens[piece],
-                                             entropy, use_reentrant=False)
+                                             entropy, entropy_grad, use_reentrant=False)
         else:
-            logprobs, entropies = _token_stats(head, flat_hidden[piece], flat_tokens[piece], entropy)
+            logprobs, entropies = _token_stats(head, flat_hidden[piece], flat_tokens[piece], entropy, entropy_grad)
         logprob_parts.append(logprobs)
         entropy_parts.append(entropies if entropy_grad else entropies.detach())
     dtype = compute_dtype(hidden)
@@ -103,12 +126,13 @@ def _full_kl(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, ref_h
 
 
 def full_kl_stats(head: OutputHead, hidden: torch.Tensor, ref_head: OutputHead, ref_hidden: torch.Tensor,
-                  mask: torch.Tensor, chunk: int = CHUNK_POSITIONS) -> torch.Tensor:
+                  mask: torch.Tensor, chunk: int | None = None, keep_bytes: int = KEPT_LOGITS_BYTES) -> torch.Tensor:
     """(B, T) exact KL(policy || reference) over the vocabulary at each selected position, from both
     models' hidden states, a chunk at a time (core/kl.py ``full_kl``, without the (B, T, V) logits)."""
     selected = mask.bool()
     flat, ref_flat = hidden[selected], ref_hidden[selected].detach()
-    recompute = torch.is_grad_enabled() and flat.requires_grad and flat.shape[0] > chunk
+    chunk = chunk or chunk_positions(head.vocab_size)
+    recompute = torch.is_grad_enabled() and flat.requires_grad and head.recomputes(len(flat), keep_bytes)
     parts = []
     for start in range(0, flat.shape[0], chunk):
         piece = slice(start, start + chunk)
