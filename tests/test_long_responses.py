@@ -261,6 +261,18 @@ def test_the_entropy_as_a_statistic_holds_nothing_for_the_backward_pass_nor_is_r
     assert leaf.grad.abs().max() > 0 and entropies[mask.bool()].min() > 0
 
 
+def test_the_first_batch_check_never_holds_more_than_one_rows_logits():
+    model, tokenizer = tiny("llama")
+    sequences = uneven_batch(model.config.vocab_size, tokenizer.pad_token_id)
+    logits_rows = []
+    model.register_forward_hook(lambda module, args, output: logits_rows.append(output.logits.shape[:2]))
+    plan, warnings = checked_plan(model, sequences, dataclasses.replace(PACKED, pad_token_id=tokenizer.pad_token_id,
+                                                                        share_prompts=True))
+    assert plan.fused and plan.pack and plan.share_prompts and not warnings
+    own = [shape for shape in logits_rows if shape[1] > 1]  # the fused passes keep one position
+    assert len(own) == 6 and all(rows == 1 for rows, _ in own)
+
+
 def test_a_model_whose_fused_numbers_differ_falls_back_and_says_why(monkeypatch):
     model, tokenizer = tiny("granite")
     sequences = uneven_batch(model.config.vocab_size, tokenizer.pad_token_id)
