@@ -9,7 +9,7 @@ import torch
 from ppo_rlhf.core.logprobs import token_logprobs
 from ppo_rlhf.models.loading import base_of, trunk_of
 from ppo_rlhf.rollout.generation import cache_of
-from ppo_rlhf.rollout.packing import PackedBatch, pack, packed_tokens, padded_tokens, row_lengths
+from ppo_rlhf.rollout.packing import pack_if_shorter
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
 
@@ -74,14 +74,6 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0, shar
         return ResponseForward(logits=None, hidden=caught[0][:, start:start + response_length])
     # Position P-1+t predicts response token t: of the T+1 kept positions, drop the last.
     return scaled(ResponseForward(logits=out.logits[:, :-1], hidden=caught[0][:, :-1]), temperature)
-
-
-def pack_if_shorter(sequences: Sequences, pad_token_id: int) -> PackedBatch | None:
-    """The batch packed (rollout/packing.py), where that runs fewer positions than padded (decided
-    from the rows' lengths, before any tensor is built)."""
-    if packed_tokens(row_lengths(sequences)) >= padded_tokens(sequences):
-        return None
-    return pack(sequences, pad_token_id)
 
 
 def shared_tokens(sequences: Sequences, first_rows: torch.Tensor) -> int:

@@ -66,19 +66,28 @@ def row_lengths(sequences: Sequences) -> list[int]:
     return (sequences.prompt_mask.bool().sum(dim=1) + sequences.response_mask.bool().sum(dim=1)).tolist()
 
 
-def packed_tokens(lengths: list[int]) -> int:
-    """The positions a packed pass over rows of these lengths computes (bins x the longest row)."""
-    return len(first_fit_bins(lengths, max(lengths))) * max(lengths)
+def pack_if_shorter(sequences: Sequences, pad_token_id: int) -> PackedBatch | None:
+    """The batch packed, where that runs fewer positions than padded: decided from the rows'
+    lengths alone, before any tensor is built."""
+    lengths = row_lengths(sequences)
+    bins = first_fit_bins(lengths, max(lengths))
+    if len(bins) * max(lengths) >= padded_tokens(sequences):
+        return None
+    return pack(sequences, pad_token_id, lengths, bins)
 
 
-def pack(sequences: Sequences, pad_token_id: int) -> PackedBatch:
-    """``sequences`` packed into bins as long as the longest row (module docstring).
+def pack(sequences: Sequences, pad_token_id: int, lengths: list[int] | None = None,
+         bins: list[list[int]] | None = None) -> PackedBatch:
+    """``sequences`` packed into bins as long as the longest row (module docstring); ``lengths``
+    (each row's real tokens) and ``bins``, where the caller has them already.
 
     Only the bins are planned row by row (Python integers); the tokens move in one scatter, so
     a pass over a tiny model does not pay a loop of tensor operations per row."""
-    lengths = row_lengths(sequences)
+    if lengths is None:
+        lengths = row_lengths(sequences)
     capacity = max(lengths)
-    bins = first_fit_bins(lengths, capacity)
+    if bins is None:
+        bins = first_fit_bins(lengths, capacity)
     device = sequences.prompt_ids.device
     start = [0] * len(lengths)  # each row's first position in the flattened (bins * capacity) layout
     used = []  # each bin's tokens
