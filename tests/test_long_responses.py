@@ -6,6 +6,7 @@ keep the minibatch's gradient."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.core import full_kl
+from ppo_rlhf.models.loading import base_of, enable_activation_checkpointing
 from ppo_rlhf.models.lora import LoraOptions, with_adapter
 from ppo_rlhf.models.value import ValueHead
 from ppo_rlhf.rollout.output_layer import KEPT_LOGITS_BYTES, OutputHead, chunk_positions, full_kl_stats, token_stats
@@ -139,10 +141,23 @@ def test_packing_is_read_from_the_restarting_positions():
     assert (packed.gather(apart) - packed.gather(together)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_activation_checkpointing_is_enabled_by_the_name_this_transformers_has(lora):
+    model, _ = tiny("llama")
+    if lora:
+        model = with_adapter(LoraOptions(lora=True), model, "CAUSAL_LM")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the deprecated name warns
+        enable_activation_checkpointing(model)
+    inner = base_of(model)
+    assert inner.is_activation_checkpointing if hasattr(inner, "is_activation_checkpointing") else \
+        inner.is_gradient_checkpointing
+
+
 def test_a_lora_model_and_gradient_checkpointing_through_the_packed_pass():
     model, tokenizer = tiny("llama")
     model = with_adapter(LoraOptions(lora=True), model, "CAUSAL_LM")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model)
     model.train()
     sequences = uneven_batch(model.config.vocab_size, tokenizer.pad_token_id)
     grads = []

@@ -31,6 +31,17 @@ def trunk_of(model: nn.Module) -> nn.Module:
     return base_of(model).base_model
 
 
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Each decoder layer's activations recomputed in the backward pass (non-reentrant), called by
+    the name this transformers has: ``activation_checkpointing_enable`` in 5.2x, where
+    ``gradient_checkpointing_enable`` is a deprecated alias (warns, goes in v6), the old name before."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def require_model_folder(path: str | Path, what: str, prefer: tuple[str, ...] = ()) -> Path:
     """``path`` if it holds a model (config.json); otherwise an error that says what it is when
     ppo-rlhf wrote it -- a critic, an adapter, a run folder (and where that run's model is:

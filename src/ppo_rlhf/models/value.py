@@ -18,6 +18,7 @@ from torch import nn
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.models.loading import (  # noqa: F401 -- VALUE_HEAD: a critic folder's value head, named there
     VALUE_HEAD,
+    enable_activation_checkpointing,
     from_pretrained,
     is_adapter_only,
     load_adapter_as_model,
@@ -201,7 +202,7 @@ class ModelCritic(Critic):
         return values_of_own_pass(self, sequences)
 
     def enable_gradient_checkpointing(self) -> None:
-        self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(self.backbone)
 
     def save(self, path: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> None:
         """Trunk as a standard HF folder, value head beside it as safetensors; the tokenizer

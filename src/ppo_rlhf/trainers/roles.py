@@ -36,6 +36,7 @@ from ppo_rlhf.models.loading import (
     ModelError,
     adapter_base_path,
     check_vocabulary,
+    enable_activation_checkpointing,
     is_adapter_only,
     read_adapter,
     require_model_folder,
@@ -75,7 +76,7 @@ def load_roles(config: PPOConfig, task, functions: list | None = None, reward=No
         roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
     if config.gradient_checkpointing:
         # Only the trained models: the reference and the reward never run a backward pass.
-        roles.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(roles.actor)
         if roles.critic is not None:
             roles.critic.enable_gradient_checkpointing()
     return roles
