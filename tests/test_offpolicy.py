@@ -232,10 +232,11 @@ def test_the_plan_names_the_engines_weights_and_probe():
     def line(**values):
         return _engine(build_config(PPOConfig, {"task": "doubling", "rollout_engine": "vllm", **values}))
 
-    assert line() == ("; engine vllm (weights synced before each rollout and checked by a probe, tolerance 0.001; "
-                      "importance weights token-truncate, cap 2)")
-    assert "tolerance 0.1; importance weights sequence-mask to [0.3333, 3]" in line(
-        mixed_precision="bf16", is_correction="sequence-mask", is_cap=3.0)
+    assert line() == ("; engine vllm in float32 (weights synced before each rollout and checked by a probe in "
+                      "float32, tolerance 0.001; importance weights token-truncate, cap 2)")
+    assert "vllm in bfloat16 (weights synced before each rollout and checked by a probe in bfloat16, tolerance 0.1; " \
+           "importance weights sequence-mask to [0.3333, 3]" in line(mixed_precision="bf16",
+                                                                     is_correction="sequence-mask", is_cap=3.0)
     assert "tolerance 0.05; no importance weights" in line(vllm_probe_tolerance=0.05, is_correction="none")
     with pytest.raises(ConfigError, match="'vllm_probe_tolerance'.*without --rollout-engine vllm"):
         build_config(PPOConfig, {"task": "doubling", "vllm_probe_tolerance": 0.01})

