@@ -536,7 +536,9 @@ class RewardOptions:
             raise ConfigError(f"invalid value for 'reward_weights': {len(self.reward_weights)} weights "
                               f"{self.reward_weights} for {rewards} reward(s); give one weight per reward, in the "
                               f"order reward model, functions, URL")
-        if self.reward_weights and not any(self.reward_weights):
+        # With a teacher (ppo --teacher) its per-token reward is a signal of its own: every other reward
+        # weighted 0 is pure distillation.
+        if self.reward_weights and not any(self.reward_weights) and not getattr(self, "teacher", None):
             raise ConfigError(f"invalid value for 'reward_weights': {self.reward_weights}; with every reward weighted "
                               f"0 every response scores 0 and there is nothing to learn: give at least one weight "
                               f"that is not 0")

@@ -47,6 +47,7 @@ from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward,
 from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.trainers.estimators import uses_critic
 from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.teacher import TEACHER, Teacher, add_teacher_adapter, load_teacher
 
 POLICY, CRITIC, REWARD = "policy", "critic", "reward"  # adapter names on the shared base
 
@@ -58,6 +59,7 @@ class Roles:
     reward: CombinedReward | None  # the reward model, functions and URL, summed; None: the environment's alone
     critic: Critic | None  # SharedHeadCritic, ModelCritic or AdapterCritic; None: a critic-free estimator
     tokenizer: object
+    teacher: Teacher | None = None  # --teacher (trainers/teacher.py); None: no distillation
 
 
 def load_roles(config: PPOConfig, task, functions: list | None = None, reward=None) -> Roles:
@@ -73,7 +75,8 @@ def load_roles(config: PPOConfig, task, functions: list | None = None, reward=No
         actor, ref = load_causal_lm(config.model, config.load_dtype), load_causal_lm(config.model, config.load_dtype)
         tokenizer = load_tokenizer(config.model)
         reward = build_reward(config, tokenizer, task, functions) if reward is None else as_reward(reward, config, tokenizer, task)
-        roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
+        teacher = load_teacher(config.teacher, tokenizer, config.load_dtype) if config.teacher else None
+        roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer, teacher)
     if config.gradient_checkpointing:
         # Only the trained models: the reference and the reward never run a backward pass.
         enable_activation_checkpointing(roles.actor)
@@ -115,13 +118,21 @@ def load_single_base_roles(config: PPOConfig, task, functions: list | None = Non
     else:
         critic = build_critic(config, tokenizer, actor)
 
+    # A teacher trained as an adapter on this base (a --lora run's actor) is one more adapter on it.
+    teacher = None
+    if config.teacher:
+        teacher = (add_teacher_adapter(actor, config.teacher) if is_adapter_of(config.teacher, config.model)
+                   else load_teacher(config.teacher, tokenizer, config.load_dtype))
+
     # Which adapters train is decided here, once: peft's add/set_adapter also toggle it.
     actor.set_adapter(POLICY)
     trained = [POLICY] + ([CRITIC] if config.critic == "lora" else [])
     actor.set_requires_grad(trained, True)
-    if reward_adapter is not None:
-        actor.set_requires_grad(REWARD, False)
-    return Roles(actor, None, reward, critic, tokenizer)
+    frozen = [name for name, present in ((REWARD, reward_adapter is not None),
+                                         (TEACHER, teacher is not None and teacher.model is None)) if present]
+    if frozen:
+        actor.set_requires_grad(frozen, False)
+    return Roles(actor, None, reward, critic, tokenizer, teacher)
 
 
 def value_head_from(score) -> ValueHead:
