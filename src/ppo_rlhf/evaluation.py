@@ -109,6 +109,8 @@ class Evaluator:
         names = list(getattr(self.reward, "names", [])) + (["environment"] if self.environments is not None and
                                                             self.environments.pays and self.reward is not None else [])
         components = {name: [] for name in names} if len(names) > 1 else {}
+        if self.reward is not None:
+            self.reward.new_iteration()  # a judge's cache and counts: this evaluation's own
         mine = split_for_rank(list(range(len(self.prompts))))
         per_batch = max(self.batch_size // samples, 1)  # prompts a generate call answers, K times each
         for begin in range(0, len(mine), per_batch):
@@ -138,6 +140,10 @@ class Evaluator:
             metrics["score"] = sum(scores) / len(scores)
         for name, values in components.items():
             metrics[f"reward/{name}"] = sum(values) / len(values)
+        if self.reward is not None:  # a judge's counts (judge/unparsed), summed over the processes
+            for counts in gather_objects([self.reward.iteration_counts()]):
+                for name, count in counts.items():
+                    metrics[name] = metrics.get(name, 0.0) + count
         if samples > 1:
             metrics.update(self.pass_at_k(all_prompts, texts, finished, all_rows, scores, samples))
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)

@@ -32,7 +32,8 @@ from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, RolloutEngineOptions,
                  EnvironmentOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
-    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file")
+    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file", "reward_judge",
+                                    "judge_template")
 
     model: str | None = option(None, "causal LM folder to evaluate")
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
@@ -61,7 +62,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
         self.validate_engine()
         self.validate_rewards()
         check(not self.reward_weights or self.reward_count(), "reward_weights",
-              "left out without a reward to weigh (--reward-model, --reward-fn, --reward-url)", self.reward_weights)
+              "left out without a reward to weigh (--reward-model, --reward-fn, --reward-url, --reward-judge)", self.reward_weights)
         check(self.do_sample or self.temperature == 1.0, "temperature",
               "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
         check(self.do_sample or self.samples == 1, "samples",

@@ -990,6 +990,8 @@ class PPOTrainer(PPOLoop):
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
+        if self.reward is not None:
+            self.reward.new_iteration()  # a judge's scores are cached within an iteration
         experience, stage_metrics = self.make_experience(rows, draw_more)
         # The vLLM engine's weight probe after its sync (docs/design.md, "The vLLM rollout engine"):
         # its gap, and its seconds taken out of the rollout's.
@@ -1046,6 +1048,7 @@ class PPOTrainer(PPOLoop):
             **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
         }
         metrics.update(self.episode_metrics(self.last_rollout.episodes))
+        metrics.update(self.reward_counts())
         for name, part in self.reward_components.items():  # each reward as it came, before its weight
             metrics[f"reward/{name}"] = part.mean().item()
             metrics[f"reward/{name}_std"] = part.std(unbiased=False).item()
@@ -1060,6 +1063,14 @@ class PPOTrainer(PPOLoop):
                 or self.config.overlong_buffer is not None):
             metrics["score_used"] = experience.scores.mean().item()
         return metrics
+
+    def reward_counts(self) -> dict[str, float]:
+        """What the rewards counted this iteration (a judge's judge/unparsed), summed over the processes."""
+        counts = self.reward.iteration_counts() if self.reward is not None else {}
+        if not counts or self.processes == 1:
+            return counts
+        return dict(zip(counts, sum_across_processes(torch.tensor(list(counts.values()), dtype=torch.float64,
+                                                                  device=self.device)).tolist()))
 
     def episode_metrics(self, episodes: Episodes) -> dict[str, float]:
         """Per episode of the batch as drawn, over every process: turns, tokens (the model's and the

@@ -78,7 +78,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
 
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "reward_model", "critic_model", "teacher", "prompts", "eval_prompts",
-                                    "chat_template_file")
+                                    "chat_template_file", "reward_judge", "judge_template")
 
     # --- models and data
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")

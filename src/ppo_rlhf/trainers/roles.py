@@ -44,6 +44,7 @@ from ppo_rlhf.models.loading import (
 )
 from ppo_rlhf.models.lora import AdapterCritic, AdapterRewardModel, add_adapter_from, with_adapter
 from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward, ScoringReward
+from ppo_rlhf.rollout.judge import LocalJudge, make_judge
 from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.trainers.estimators import uses_critic
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -151,13 +152,16 @@ def is_adapter_of(adapter: str, model: str) -> bool:
 
 
 def reward_functions(config, task) -> list:
-    """The rewards that need no model -- the functions, then the URL -- or, when no reward at all
-    is given, the task's rule.  Cheap to build, so a stage builds them before loading any model
-    and checks the data's columns against them (docs/design.md, "Rewards")."""
+    """The rewards a stage builds before loading any model and checks the data's columns against
+    (docs/design.md, "Rewards"): the functions, then the URL, then the judge (a local judge's model
+    is loaded by :func:`build_reward`, after that check); or, when no reward at all is given, the
+    task's rule."""
     functions = [FunctionReward(path, prompt_field=config.prompt_field) for path in config.reward_fn]
     if config.reward_url:
         functions.append(UrlReward(config.reward_url, config.prompt_field, config.reward_timeout,
                                    config.reward_retries, config.reward_backoff))
+    if config.reward_judge:
+        functions.append(make_judge(config))
     if not functions and not config.reward_model and task is not None:
         functions.append(FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward",
                                         description=f"the {task.name} task's rule"))
@@ -170,6 +174,9 @@ def build_reward(config, tokenizer, task, functions: list | None = None,
     the functions and the URL, weighted by ``reward_weights`` in that order.  None when there is
     none, which the caller allowed: an environment's rewards are then the score (``require_a_reward``)."""
     functions = reward_functions(config, task) if functions is None else functions
+    for part in functions:
+        if isinstance(part, LocalJudge):
+            part.load()
     if model_reward is None and config.reward_model:
         model = load_sequence_classifier(config.reward_model, config.load_dtype)
         model_reward = ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,
