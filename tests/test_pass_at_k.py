@@ -70,3 +70,69 @@ def test_sampled_metrics_by_hand():
     assert sampled_metrics(right, answers) == pytest.approx(
         {"pass@1": 0.375, "pass@2": 0.5, "pass@3": 0.5, "pass@4": 0.5, "mean@4": 0.375, "maj@4": 0.5})
     assert "maj@4" not in sampled_metrics(right, None)  # no parsed answers: no vote
+
+
+# ---------------------------------------------------------------- eval --samples K, ppo --eval-samples K
+def test_eval_samples_writes_pass_at_k_to_the_summary(tiny_sft_model, tmp_path):
+    from zoo import run
+
+    run(["eval", "--model", tiny_sft_model, "--task", "doubling", "--size", 20, "--do-sample", "--samples", 4,
+         "--num-threads", 1, "--out", tmp_path / "eval"])
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    passes = [summary[f"pass@{k}"] for k in range(1, 5)]
+    assert summary["samples_per_prompt"] == 4 and "maj@4" in summary
+    assert passes == sorted(passes)  # more tries never pass fewer problems
+    # pass@1 and mean@4 are both the share of right samples; exact_match is over all 80 samples too.
+    assert summary["pass@1"] == pytest.approx(summary["mean@4"]) == pytest.approx(summary["exact_match"])
+
+
+def test_ppo_eval_samples_logs_pass_at_k_of_the_sampled_evaluation(tiny_sft_model, tmp_path):
+    from zoo import run
+
+    run(["ppo", "--model", tiny_sft_model, "--task", "doubling", "--estimator", "grpo", "--samples-per-prompt", 2,
+         "--batch-size", 8, "--mini-batch-size", 8, "--ppo-epochs", 1, "--iterations", 1, "--eval-size", 10,
+         "--max-new-tokens", 7, "--max-length", 24, "--eval-samples", 3, "--save-every", 0, "--num-threads", 1, "--out", tmp_path / "run"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {"eval_sampled/pass@1", "eval_sampled/pass@3", "eval_sampled/mean@3", "eval_sampled/maj@3"} <= set(
+        summary["after_sampled"])
+    assert "eval/pass@1" not in summary["after"]  # the greedy evaluation is one response a prompt
+
+
+def test_bad_sample_counts_are_refused_by_name(tiny_sft_model, tmp_path, capsys):
+    from zoo import run_failing
+
+    err = run_failing(["eval", "--model", tiny_sft_model, "--task", "doubling", "--samples", 0], capsys)
+    assert "invalid value for 'samples': 0; allowed: > 0" in err
+    err = run_failing(["eval", "--model", tiny_sft_model, "--task", "doubling", "--samples", 3], capsys)
+    assert "'samples': 3; allowed: 1 without --do-sample" in err and "add --do-sample" in err
+    err = run_failing(["ppo", "--model", tiny_sft_model, "--task", "doubling", "--eval-samples", 0,
+                       "--out", tmp_path / "r"], capsys)
+    assert "invalid value for 'eval_samples': 0; allowed: > 0" in err
+    err = run_failing(["ppo", "--model", tiny_sft_model, "--task", "doubling", "--eval-samples", 4,
+                       "--no-eval-sampled", "--out", tmp_path / "r"], capsys)
+    assert "'eval_samples': 4; allowed: 1 with --no-eval-sampled" in err
+
+
+def test_pass_at_k_of_a_reward_that_is_not_right_or_wrong_is_refused_naming_it(zoo, tmp_path, capsys):
+    from zoo import REWARDS_MODULE, run_failing
+
+    err = run_failing(["eval", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn",
+                       f"{REWARDS_MODULE}:length_score", "--do-sample", "--samples", 2, "--max-new-tokens", 4,
+                       "--max-length", 32, "--num-threads", 1], capsys)
+    assert "pass@k needs a right-or-wrong outcome per response" in err and "length_score" in err
+
+
+def test_mlflow_gets_pass_at_k_under_a_name_it_takes(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    import ppo_rlhf.trackers as trackers
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    [tracker] = trackers.open_trackers(["mlflow"], tmp_path / "run", {}, resumed=False)
+    tracker.log(1, {"eval_sampled/pass@2": 0.5})
+    tracker.finish()
+    mlflow.end_run()
+    assert MlflowClient().get_run(tracker.run_id).data.metrics == {"eval_sampled/pass_at_2": 0.5}

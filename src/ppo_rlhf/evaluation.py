@@ -58,7 +58,7 @@ def reward_outcomes(scores: list[float], responses: list[str], reward) -> tuple[
     <answer> tags, else its last number); RewardError unless every score is 0 or 1."""
     bad = next((i for i, score in enumerate(scores) if score not in (0.0, 1.0)), None)
     if bad is not None:
-        name = getattr(reward, "description", type(reward).__name__)
+        name = reward.plan() if hasattr(reward, "plan") else reward.description  # several: each with its weight
         raise RewardError(f"pass@k needs a right-or-wrong outcome per response, but the reward ({name}) scored "
                           f"{scores[bad]:g} for response {responses[bad]!r}; evaluate with a reward that gives 1 "
                           f"for right and 0 for wrong (e.g. ppo_rlhf.rewards:answer_match), a task with a checker, "
