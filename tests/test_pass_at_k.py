@@ -136,3 +136,15 @@ def test_mlflow_gets_pass_at_k_under_a_name_it_takes(tmp_path, monkeypatch):
     tracker.finish()
     mlflow.end_run()
     assert MlflowClient().get_run(tracker.run_id).data.metrics == {"eval_sampled/pass_at_2": 0.5}
+
+
+def test_a_reasoning_gym_tasks_outcomes_are_its_accuracy_and_parsed_answers():
+    pytest.importorskip("reasoning_gym")
+    from ppo_rlhf.tasks.reasoning_gym import make_task
+
+    task = make_task("chain_sum", 20, 5, 0, {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
+    row = task.eval_rows()[0]
+    responses = [f"<answer>{row['answer']}</answer>", f"so {row['answer']}.0", "<answer>no idea</answer>"]
+    right, answers = task.outcomes([row["prompt"]] * 3, responses, [True] * 3, [row] * 3)
+    assert right == [True, True, False]
+    assert answers == [float(row["answer"]), float(row["answer"]), "no idea"]  # one vote for the two right ones
