@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install vllm-venv test-vllm demo test test-slow test-all bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora clean
+.PHONY: install vllm-venv test-vllm demo test test-slow test-all bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora bench-distill clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -117,6 +117,9 @@ smollm2: $(SMOLLM2)/config.json
 
 example-smollm2: smollm2
 	$(VENV)/bin/ppo-rlhf ppo --config examples/smollm2_vader/ppo.yaml --overwrite
+
+bench-distill: smollm2
+	$(PY) benchmarks/bench_distill.py
 
 bench-lora: smollm2
 	$(PY) benchmarks/bench_lora_memory.py

@@ -2,21 +2,68 @@
 
 A metric is ``metric(prompts, responses, finished, rows) -> dict[str, float]`` (a task's
 ``metric``; ``rows`` are the held-out prompt rows, where a task keeps what its checker needs).  Without one, the evaluator reports the mean reward and response length only.
+
+With K samples of each prompt (``eval --samples K``, ``ppo --eval-samples K``) it also reports
+pass@k for k = 1..K (core/pass_at_k.py), mean@K and maj@K (docs/design.md, "pass@k"), from each
+response's 0/1 outcome: the task's (``outcomes(prompts, responses, finished, rows)`` -> right or
+not, and the parsed answer), or the reward's, which must then be 0 or 1.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Callable
 
 import torch
 
+from ppo_rlhf.core import pass_at_k
 from ppo_rlhf.distributed import gather_objects, rank, split_for_rank
+from ppo_rlhf.rewards import response_answer, voted_answer
+from ppo_rlhf.rollout.reward import RewardError
 from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out, score_episodes
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 
 Metric = Callable[[list, list, list, list], dict]
+# (prompts, responses, finished, rows) -> (right or not, parsed answer) per response
+Outcomes = Callable[[list, list, list, list], tuple[list[bool], list]]
+
+
+def majority_correct(answers: list, right: list) -> bool:
+    """maj@k of one problem: whether the answer given most often among its samples (None: none
+    parsed, never counted; a tie goes to the answer given first) is a right one."""
+    votes = Counter(answer for answer in answers if answer is not None)
+    if not votes:
+        return False
+    top = max(votes.values())
+    winner = next(answer for answer in answers if answer is not None and votes[answer] == top)
+    return any(bool(r) for answer, r in zip(answers, right) if answer == winner)
+
+
+def sampled_metrics(right: list[list], answers: list[list] | None) -> dict[str, float]:
+    """pass@1..pass@K, mean@K and (with parsed answers) maj@K over problems of K samples each:
+    ``right`` (P, K) 0/1 outcomes, ``answers`` (P, K) parsed answers or None."""
+    correct = torch.tensor(right, dtype=torch.float64)  # (P, K)
+    k_max = correct.shape[1]
+    metrics = {f"pass@{k}": pass_at_k(correct, k).mean().item() for k in range(1, k_max + 1)}
+    metrics[f"mean@{k_max}"] = correct.mean().item()
+    if answers is not None:
+        metrics[f"maj@{k_max}"] = sum(majority_correct(a, r) for a, r in zip(answers, right)) / len(right)
+    return metrics
+
+
+def reward_outcomes(scores: list[float], responses: list[str], reward) -> tuple[list[bool], list]:
+    """Each response's 0/1 outcome from the reward's scores, and its parsed answer (its last
+    <answer> tags, else its last number); RewardError unless every score is 0 or 1."""
+    bad = next((i for i, score in enumerate(scores) if score not in (0.0, 1.0)), None)
+    if bad is not None:
+        name = reward.plan() if hasattr(reward, "plan") else reward.description  # several: each with its weight
+        raise RewardError(f"pass@k needs a right-or-wrong outcome per response, but the reward ({name}) scored "
+                          f"{scores[bad]:g} for response {responses[bad]!r}; evaluate with a reward that gives 1 "
+                          f"for right and 0 for wrong (e.g. ppo_rlhf.rewards:answer_match), a task with a checker, "
+                          f"or a single sample")
+    return [score == 1.0 for score in scores], [voted_answer(response_answer(r)) for r in responses]
 
 
 class Evaluator:
@@ -25,11 +72,13 @@ class Evaluator:
     def __init__(self, tokenizer, prompt_rows: list[dict], metric: Metric | None = None, reward=None,
                  prompt_field: str = "prompt", max_prompt_length: int = 128, max_new_tokens: int = 128,
                  batch_size: int = 1024, chat_template: bool = False, environments=None,
-                 limits: EpisodeLimits | None = None, environment_weight: float = 1.0, seed: int = 0):
+                 limits: EpisodeLimits | None = None, environment_weight: float = 1.0, seed: int = 0,
+                 outcomes: Outcomes | None = None):
         self.tokenizer = tokenizer
         self.rows = prompt_rows
         self.prompts = [row.get(prompt_field) for row in prompt_rows]
         self.metric = metric
+        self.outcomes = outcomes  # a task's right-or-wrong per response, for pass@k
         self.reward = reward
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -41,13 +90,16 @@ class Evaluator:
 
     @torch.no_grad()
     def __call__(self, model, do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
-                 prefix: str = "eval/", generator: Generator | None = None) -> tuple[dict[str, float], list[tuple[str, str]]]:
+                 prefix: str = "eval/", generator: Generator | None = None, samples: int = 1
+                 ) -> tuple[dict[str, float], list[tuple[str, str]]]:
         """(metrics, [(prompt, response), ...]) over all held-out prompts.
 
         Several processes: each answers its own contiguous part of the prompts (sampling with its
         own seed), and the metric is computed on all the answers, gathered in every process.
         ``generator``: the engine to answer with (``eval --rollout-engine vllm``); default: a
-        TorchGenerator with the decoding asked for here."""
+        TorchGenerator with the decoding asked for here.  ``samples`` K > 1: each prompt answered
+        K times (sampled: the generator's decoding), the metrics over all K x P answers, and
+        pass@k, mean@K and maj@K added; the pairs returned are each prompt's first answer."""
         start = time.perf_counter()
         generator = generator or TorchGenerator(stop_token_ids(self.tokenizer, model), self.tokenizer.pad_token_id,
                                                 self.max_new_tokens, do_sample=do_sample, temperature=temperature,
@@ -57,11 +109,17 @@ class Evaluator:
         names = list(getattr(self.reward, "names", [])) + (["environment"] if self.environments is not None and
                                                             self.environments.pays and self.reward is not None else [])
         components = {name: [] for name in names} if len(names) > 1 else {}
+        if self.reward is not None:
+            self.reward.new_iteration()  # a judge's cache and counts: this evaluation's own
         mine = split_for_rank(list(range(len(self.prompts))))
-        for begin in range(0, len(mine), self.batch_size):
-            index = mine[begin:begin + self.batch_size]
-            prompts, rows = [self.prompts[i] for i in index], [self.rows[i] for i in index]
-            seeds = None if self.environments is None else episode_seeds(self.seed, -1, 0, index[0], len(index), 1)
+        per_batch = max(self.batch_size // samples, 1)  # prompts a generate call answers, K times each
+        for begin in range(0, len(mine), per_batch):
+            index = mine[begin:begin + per_batch]
+            # Each prompt's K samples in adjacent rows; an environment's K episodes start alike.
+            prompts = [self.prompts[i] for i in index for _ in range(samples)]
+            rows = [self.rows[i] for i in index for _ in range(samples)]
+            seeds = (None if self.environments is None
+                     else episode_seeds(self.seed, -1, 0, index[0], len(index), samples))
             out = roll_out(model, self.tokenizer, generator, rows, prompts, self.limits, self.environments, seeds)
             texts += out.texts
             finished += out.finished
@@ -74,12 +132,35 @@ class Evaluator:
         texts, finished, lengths, scores = (gather_objects(part) for part in (texts, finished, lengths, scores))
         components = {name: gather_objects(values) for name, values in components.items()}
         metrics = {}
+        all_prompts = [p for p in self.prompts for _ in range(samples)]
+        all_rows = [row for row in self.rows for _ in range(samples)]
         if self.metric is not None:
-            metrics.update(self.metric(self.prompts, texts, finished, self.rows))
+            metrics.update(self.metric(all_prompts, texts, finished, all_rows))
         if scores:
             metrics["score"] = sum(scores) / len(scores)
         for name, values in components.items():
             metrics[f"reward/{name}"] = sum(values) / len(values)
+        if self.reward is not None:  # a judge's counts (judge/unparsed), summed over the processes
+            for counts in gather_objects([self.reward.iteration_counts()]):
+                for name, count in counts.items():
+                    metrics[name] = metrics.get(name, 0.0) + count
+        if samples > 1:
+            metrics.update(self.pass_at_k(all_prompts, texts, finished, all_rows, scores, samples))
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
         metrics["seconds"] = time.perf_counter() - start
-        return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, texts))
+        return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, texts[::samples]))
+
+    def pass_at_k(self, prompts: list, texts: list[str], finished: list[bool], rows: list[dict], scores: list[float],
+                  samples: int) -> dict[str, float]:
+        """pass@k, mean@K, maj@K of K adjacent samples per prompt, from the task's outcomes (its
+        checker says right or wrong, and what each answer was), else the reward's 0/1 scores."""
+        if self.outcomes is not None:
+            right, answers = self.outcomes(prompts, texts, finished, rows)
+        elif scores:
+            right, answers = reward_outcomes(scores, texts, self.reward)
+        else:
+            raise RewardError("pass@k needs a right-or-wrong outcome per response: a task with a checker, or a "
+                              "reward that gives 1 for right and 0 for wrong (--reward-fn ...)")
+        grouped = [list(right[i:i + samples]) for i in range(0, len(right), samples)]
+        votes = [list(answers[i:i + samples]) for i in range(0, len(answers), samples)]
+        return sampled_metrics(grouped, votes)

@@ -68,6 +68,15 @@ def response_answer(response: str) -> str | None:
     return tagged if tagged is not None else last_number(response)
 
 
+def voted_answer(text: str | None):
+    """A parsed answer as pass@k's majority vote counts it (evaluation.py): a number by its value
+    ("12", "12.0" and "1.2e1" alike), else the text with case and runs of whitespace ignored."""
+    if text is None:
+        return None
+    number = as_number(text)
+    return number if number is not None else normalised_text(text)
+
+
 def same_answer(given: str | None, expected) -> bool:
     """Numerically within a relative 1e-6 (absolute 1e-9 near 0) when both read as numbers, else
     equal as normalised text."""

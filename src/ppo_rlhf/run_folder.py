@@ -187,7 +187,7 @@ def start_run_folder(out: str | Path, overwrite: bool) -> list[str]:
 # or moved).  Any other change would make the resumed run a different run (another model,
 # reference, reward, critic, LoRA, batch or objective).
 MAY_CHANGE_ON_RESUME = frozenset({
-    "out", "iterations", "eval_every", "eval_size", "eval_sampled", "eval_prompts", "eval_split", "show_samples", "save_every",
+    "out", "iterations", "eval_every", "eval_size", "eval_sampled", "eval_samples", "eval_prompts", "eval_split", "show_samples", "save_every",
     "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every", "max_bad_steps",
     "report_to",  # where the metrics also go (trackers.py): the same run continued
     "rollout_micro_batch_size", "train_micro_batch_size", "share_prompts",  # how the same sums are split into passes

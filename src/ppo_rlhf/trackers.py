@@ -170,6 +170,11 @@ class _MLflow(Tracker):
             self.last_step = _mlflow_last_step(self.run_id)
         return tracker
 
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        # MLflow refuses a metric name with '@' (letters, digits, _ - . / : and spaces only):
+        # pass@k is sent as pass_at_k there, and as pass@k everywhere else.
+        super().log(step, {key.replace("@", "_at_"): value for key, value in metrics.items()})
+
 
 def _mlflow_last_step(run_id: str) -> int | None:
     from mlflow.tracking import MlflowClient

@@ -21,6 +21,7 @@ from ppo_rlhf.core.kl import (
     check_kl_placement,
     full_kl,
     kl_penalty,
+    teacher_reverse_kl,
 )
 from ppo_rlhf.core.logprobs import chunked_entropy, token_logprobs
 from ppo_rlhf.core.losses import (
@@ -37,6 +38,7 @@ from ppo_rlhf.core.losses import (
     value_loss,
 )
 from ppo_rlhf.core.masked import keep_masked, masked_mean, masked_var, masked_whiten
+from ppo_rlhf.core.pass_at_k import pass_at_k
 from ppo_rlhf.core.offpolicy import IS_CORRECTIONS, engine_importance_weights, mismatch_statistics
 
 __all__ = [
@@ -70,10 +72,12 @@ __all__ = [
     "masked_whiten",
     "mismatch_statistics",
     "overlong_penalty",
+    "pass_at_k",
     "policy_loss",
     "reward_to_go",
     "sapo_loss",
     "shaped_rewards",
+    "teacher_reverse_kl",
     "token_logprobs",
     "value_loss",
 ]

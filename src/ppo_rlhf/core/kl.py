@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from ppo_rlhf.core.masked import keep_masked
 from ppo_rlhf.core.precision import compute_dtype
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "full")
@@ -66,6 +67,20 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "full":
         raise ValueError("the 'full' KL needs the logits of both models: call full_kl(logits, ref_logits)")
     raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+
+
+def teacher_reverse_kl(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """On-policy distillation's per-token term (docs/design.md, "On-policy distillation"): (B, T)
+    ``log pi(x_t) - log teacher(x_t)`` of the tokens the policy sampled, on the tokens it wrote
+    (``mask``: an episode's environment tokens are not its to answer for), 0 elsewhere.
+
+    It is k1 of the reverse KL(pi || teacher), the estimate the KL penalty puts in the reward,
+    for the reason given above: in the reward, PPO differentiates it through the score function,
+    and only k1 then gives the gradient of that KL.  The trainer's reward is ``-teacher_coef``
+    times it, as the penalty's is ``-kl_coef`` times the KL to the reference: negative where the
+    policy wrote a token the teacher finds less likely than it does, positive where more.
+    """
+    return keep_masked(kl_penalty(logprobs, teacher_logprobs, "k1"), mask)
 
 
 def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import ConfigError, above, any_number, at_least, option
+from ppo_rlhf.config import ConfigError, above, any_number, at_least, check, option
 from ppo_rlhf.models.loading import base_of, max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -55,6 +55,14 @@ class ScoringReward:
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
         raise NotImplementedError
+
+    def new_iteration(self) -> None:
+        """A PPO iteration (or an evaluation) starts: forget what was kept for the last one (a judge's
+        cached scores and counts)."""
+
+    def iteration_counts(self) -> dict[str, float]:
+        """Counts since :meth:`new_iteration`, logged as they are named (a judge's ``judge/unparsed``)."""
+        return {}
 
 
 class RewardError(ValueError):
@@ -481,6 +489,17 @@ class CombinedReward(ScoringReward):
     def check_columns(self, rows: list[dict], source: str) -> None:
         check_columns(self.parts, rows, source)
 
+    def new_iteration(self) -> None:
+        for part in self.parts:
+            part.new_iteration()
+
+    def iteration_counts(self) -> dict[str, float]:
+        counts: dict[str, float] = {}
+        for part in self.parts:
+            for name, count in part.iteration_counts().items():
+                counts[name] = counts.get(name, 0.0) + count
+        return counts
+
     def plan(self) -> str:
         """The rewards and their weights, for the run's plan."""
         if len(self.parts) == 1 and self.weights[0] == 1.0:
@@ -501,6 +520,10 @@ class CombinedReward(ScoringReward):
         return sum(w * self.last_components[name].to(device).float() for name, w in zip(self.names, self.weights))
 
 
+JUDGE_SCORE = "number:0:10"  # --judge-score's default: a 0-10 rating, the commonest judge prompt's
+JUDGE_MAX_NEW_TOKENS = 32  # a rating, with room for a few words before it
+
+
 @dataclass
 class RewardOptions:
     """The reward fields shared by ``ppo`` and ``eval`` besides ``reward_model``, which each
@@ -511,8 +534,20 @@ class RewardOptions:
                                       "as columns; several: repeat the flag or separate with commas")
     reward_url: str | None = option(None, "score through an HTTP endpoint: POST {prompts, responses, columns} -> "
                                           "{scores}; one more reward, named 'url'")
+    reward_judge: str | None = option(None, "score with an LLM judge: a causal LM folder (run here, batched, greedy) "
+                                            "or an OpenAI-compatible chat-completions URL (e.g. http://host:8000/v1); "
+                                            "one more reward, named 'judge' (docs/rewards.md)")
+    judge_template: str | None = option(None, "Jinja template of the judge's input, given prompt, response and the "
+                                              "prompt row's columns by name (empty: a built-in one for --judge-score)")
+    judge_score: str = option(JUDGE_SCORE, "how the judge's answer becomes a score: number:LOW:HIGH (its last "
+                                             "number, which must lie in [LOW, HIGH]) or token:TEXT (the probability "
+                                             "of TEXT as its first token, e.g. token:Yes); an answer without a score "
+                                             "gets its batch's mean and is counted as judge/unparsed")
+    judge_model: str | None = option(None, "the model name sent to a judge URL (empty: the first the server lists "
+                                           "at /models)")
+    judge_max_new_tokens: int = option(JUDGE_MAX_NEW_TOKENS, "longest answer of the judge in tokens (number scores)", range=above(0))
     reward_weights: list[float] = option([], "weight of each reward in the score, in the order reward model, "
-                                             "functions, URL (empty: 1 each); the score is the weighted sum",
+                                             "functions, URL, judge (empty: 1 each); the score is the weighted sum",
                                              range=any_number())
     reward_timeout: float = option(60.0, "seconds to wait for the reward URL's answer to one request", range=above(0))
     reward_retries: int = option(3, "retries of a reward URL request that timed out, could not connect, or got "
@@ -522,7 +557,8 @@ class RewardOptions:
 
     def reward_count(self) -> int:
         """How many rewards were asked for (a task's rule, used when none is, not counted)."""
-        return bool(getattr(self, "reward_model", None)) + len(self.reward_fn) + bool(self.reward_url)
+        return (bool(getattr(self, "reward_model", None)) + len(self.reward_fn) + bool(self.reward_url)
+                + bool(self.reward_judge))
 
     def validate_rewards(self) -> None:
         """The reward URL's form, and the weights: not all 0, and one per reward where the config
@@ -531,30 +567,53 @@ class RewardOptions:
         reward=[f, g])``), which CombinedReward holds to it."""
         if self.reward_url is not None:
             check_reward_url(self.reward_url)
+        self.validate_judge()
         rewards = self.reward_count() or (1 if getattr(self, "task", None) is not None else 0)
         if self.reward_weights and rewards and len(self.reward_weights) != rewards:
             raise ConfigError(f"invalid value for 'reward_weights': {len(self.reward_weights)} weights "
                               f"{self.reward_weights} for {rewards} reward(s); give one weight per reward, in the "
-                              f"order reward model, functions, URL")
-        if self.reward_weights and not any(self.reward_weights):
+                              f"order reward model, functions, URL, judge")
+        # With a teacher (ppo --teacher) its per-token reward is a signal of its own: every other reward
+        # weighted 0 is pure distillation.
+        if self.reward_weights and not any(self.reward_weights) and not getattr(self, "teacher", None):
             raise ConfigError(f"invalid value for 'reward_weights': {self.reward_weights}; with every reward weighted "
                               f"0 every response scores 0 and there is nothing to learn: give at least one weight "
                               f"that is not 0")
+
+
+    def validate_judge(self) -> None:
+        """--reward-judge's form, its score's spec, and the judge options refused without a judge (or,
+        --judge-model, without a judge URL: a local judge is the folder it names)."""
+        from ppo_rlhf.rollout.judge import JudgeScore, is_url
+
+        judge = self.reward_judge
+        if judge is None:
+            for key, default in (("judge_template", None), ("judge_score", JUDGE_SCORE), ("judge_model", None),
+                                 ("judge_max_new_tokens", JUDGE_MAX_NEW_TOKENS)):
+                check(getattr(self, key) == default, key, "left out without --reward-judge", getattr(self, key))
+            return
+        JudgeScore.parse(self.judge_score)
+        if is_url(judge):
+            check_reward_url(judge, "reward_judge")
+        else:
+            check(self.judge_model is None, "judge_model", f"left out with a local judge (--reward-judge {judge} is "
+                                                           f"the model): it names the model a judge URL serves",
+                  self.judge_model)
 
 
 URL_ALLOWED = "an http:// or https:// URL with a host and, if it names one, a port from 1 to 65535 " \
               "(e.g. http://localhost:8000/score)"
 
 
-def check_reward_url(url: str) -> None:
+def check_reward_url(url: str, key: str = "reward_url") -> None:
     """ConfigError unless ``url`` could be requested: http or https, a host name (or address)
     without spaces, a port from 1 to 65535.  Checked when the config is built, so a URL that
     can never answer stops the run before any model loads, not after its first rollout and
-    every retry (docs/design.md, "Rewards")."""
+    every retry (docs/design.md, "Rewards").  ``key``: the setting that holds it."""
     from urllib.parse import urlsplit
 
     def refused(why: str) -> ConfigError:
-        return ConfigError(f"invalid value for 'reward_url': {url!r}: {why}; allowed: {URL_ALLOWED}")
+        return ConfigError(f"invalid value for '{key}': {url!r}: {why}; allowed: {URL_ALLOWED}")
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):

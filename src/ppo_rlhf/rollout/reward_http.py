@@ -67,24 +67,7 @@ class UrlReward(ScoringReward):
 
     def post(self, body: bytes) -> bytes:
         """The answer's body, after up to ``retries`` retries of what may pass (see above)."""
-        for attempt in range(self.retries + 1):
-            try:
-                request = urllib.request.Request(self.url, data=body, method="POST",
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return response.read()
-            except urllib.error.HTTPError as error:
-                status = f"HTTP {error.code} ({_start_of(error.read())})"
-                if 400 <= error.code < 500 and error.code != 429:  # the request is wrong: another try will be too
-                    raise RewardError(f"reward URL {self.url} answered {status}") from None
-                problem = status
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as error:
-                reason = getattr(error, "reason", error)
-                problem = "timed out" if isinstance(reason, TimeoutError) else f"{type(reason).__name__}: {reason}"
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2 ** attempt)
-        raise RewardError(f"reward URL {self.url} failed {self.retries + 1} times (timeout {self.timeout:g} s); "
-                          f"the last: {problem}")
+        return request_with_retries(self.url, body, self.timeout, self.retries, self.backoff, "reward URL")
 
     def scores_from(self, answer: bytes, count: int) -> torch.Tensor:
         try:
@@ -100,6 +83,32 @@ class UrlReward(ScoringReward):
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
         return run_coroutine(self.score_async(batch))
+
+
+def request_with_retries(url: str, body: bytes | None, timeout: float, retries: int, backoff: float, what: str,
+                         headers: dict[str, str] | None = None) -> bytes:
+    """The body of the answer to a POST of JSON ``body`` to ``url`` (a GET without one), after up
+    to ``retries`` retries of what may pass: connection errors, timeouts, HTTP 429 and 5xx, after
+    ``backoff`` x 1, 2, 4 ... seconds; another 4xx fails at once.  Errors are RewardErrors naming
+    ``what`` and the URL (--reward-url's, and a judge's: rollout/judge.py)."""
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    for attempt in range(retries + 1):
+        try:
+            request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
+                                             headers=headers)
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.read()
+        except urllib.error.HTTPError as error:
+            status = f"HTTP {error.code} ({_start_of(error.read())})"
+            if 400 <= error.code < 500 and error.code != 429:  # the request is wrong: another try will be too
+                raise RewardError(f"{what} {url} answered {status}") from None
+            problem = status
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as error:
+            reason = getattr(error, "reason", error)
+            problem = "timed out" if isinstance(reason, TimeoutError) else f"{type(reason).__name__}: {reason}"
+        if attempt < retries:
+            time.sleep(backoff * 2 ** attempt)
+    raise RewardError(f"{what} {url} failed {retries + 1} times (timeout {timeout:g} s); the last: {problem}")
 
 
 def _start_of(body: bytes) -> str:

@@ -32,7 +32,8 @@ from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, RolloutEngineOptions,
                  EnvironmentOptions):
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
-    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file")
+    input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file", "reward_judge",
+                                    "judge_template")
 
     model: str | None = option(None, "causal LM folder to evaluate")
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
@@ -46,6 +47,10 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
     temperature: float = option(1.0, "sampling temperature", range=above(0))
+    samples: int = option(1, "responses sampled for each prompt (needs --do-sample above 1): pass@k for k = 1..K "
+                             "(Chen et al.'s unbiased estimator), mean@K and maj@K (majority vote on the parsed "
+                             "answer), from the task's checker or a reward that gives 1 for right and 0 for wrong",
+                          range=above(0))
     show: int = option(5, "print this many prompts with their responses", range=at_least(0))
     out: str | None = option(None, "write summary.json here (default: print only)")
     seed: int = option(0, "random seed (sampling)", range=SEEDS)
@@ -57,9 +62,12 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
         self.validate_engine()
         self.validate_rewards()
         check(not self.reward_weights or self.reward_count(), "reward_weights",
-              "left out without a reward to weigh (--reward-model, --reward-fn, --reward-url)", self.reward_weights)
+              "left out without a reward to weigh (--reward-model, --reward-fn, --reward-url, --reward-judge)", self.reward_weights)
         check(self.do_sample or self.temperature == 1.0, "temperature",
               "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
+        check(self.do_sample or self.samples == 1, "samples",
+              "1 without --do-sample (greedy decoding gives every sample of a prompt the same response); add "
+              "--do-sample for pass@k", self.samples)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         self.validate_environment()
 
@@ -129,6 +137,7 @@ def run_eval(config: EvalConfig) -> dict:
     check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,
                  max_prompt_length, max_new_tokens, config.chat_template_flag())
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
+                          outcomes=getattr(task, "outcomes", None),
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template,
                           environments=environments, environment_weight=config.environment_reward_weight,
@@ -138,13 +147,13 @@ def run_eval(config: EvalConfig) -> dict:
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
                                 config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                                config.max_length, max_rows=min(evaluator.batch_size, len(rows)))
+                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples))
         generator.fixed_weights = True  # the evaluated model never changes: sent once, not per batch
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
-                                     seed=config.seed, prefix="", generator=generator)
+                                     seed=config.seed, prefix="", generator=generator, samples=config.samples)
     summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
-               **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
+               **({"samples_per_prompt": config.samples} if config.samples > 1 else {}), **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
     if config.out:
         start_run_folder(config.out, config.overwrite)
         run_log = RunLog(Path(config.out), to_dict(config), report_to="none")

@@ -153,6 +153,15 @@ def evaluate(prompts: list[str], responses: list[str], finished: list[bool], row
     }
 
 
+def outcomes(prompts: list[str], responses: list[str], finished: list[bool], rows: list[dict] | None = None
+             ) -> tuple[list[bool], list]:
+    """Each response's exact match (pass@k's outcome) and its answer as a vote counts it: the value
+    and style read from it, None for an unreadable or unfinished one."""
+    right = [judge(p, r, f)[0] for p, r, f in zip(prompts, responses, finished)]
+    answers = [read_answer(r) if f and None not in read_answer(r) else None for r, f in zip(responses, finished)]
+    return right, answers
+
+
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:
     import json
 
@@ -192,6 +201,7 @@ class DoublingTask:
         return prompt_rows(self.eval_questions, self.seed + 2)
 
     metric = staticmethod(evaluate)
+    outcomes = staticmethod(outcomes)
     rule_reward = staticmethod(rule_reward)
 
 

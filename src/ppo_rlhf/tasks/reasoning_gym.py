@@ -24,7 +24,7 @@ import math
 import yaml
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.rewards import as_number, extract_answer, last_number
+from ppo_rlhf.rewards import as_number, extract_answer, last_number, voted_answer
 
 PREFIX = "reasoning-gym:"
 SYSTEM_PROMPT = ("Solve the problem. You may reason briefly first; then give only the final answer inside "
@@ -162,6 +162,14 @@ class ReasoningGymTask:
         n = max(len(scores), 1)
         return {"accuracy": sum(s >= 1.0 for s in scores) / n, "task_score": sum(scores) / n,
                 "answer_format": sum(extract_answer(r) is not None for r in responses) / n}
+
+
+    def outcomes(self, prompts: list, responses: list[str], finished: list[bool], rows: list[dict]
+                 ) -> tuple[list[bool], list]:
+        """Each response's accuracy (the checker's full score: pass@k's outcome) and its answer as a
+        vote counts it (rewards.py, voted_answer)."""
+        right = [self.score(r, row["task_index"]) >= 1.0 for r, row in zip(responses, rows)]
+        return right, [voted_answer(self.answer(r, row["task_index"])) for r, row in zip(responses, rows)]
 
 
 def make_task(name: str, size: int, eval_size: int, seed: int, settings: dict | None = None,

@@ -40,6 +40,15 @@ def needs_greedy_baseline(estimator: str) -> bool:
     return estimator == "remax"
 
 
+def teacher_in_score(estimator: str) -> bool:
+    """Where on-policy distillation's per-token reward goes (docs/design.md, "On-policy
+    distillation"): summed over each response into its score for the group estimators, whose
+    advantage is one number a response measured against its group's; per token in the rewards,
+    as the KL penalty is, for the estimators that take per-token rewards (gae's critic,
+    reinforce++'s and remax's reward-to-go)."""
+    return estimator in GROUP_ESTIMATORS
+
+
 def check_prompt_groups(prompts: list, samples_per_prompt: int) -> None:
     """The rollout batch holds each prompt ``samples_per_prompt`` times in adjacent rows (the
     group baselines and ReMax's greedy response rely on it); ValueError naming the first row

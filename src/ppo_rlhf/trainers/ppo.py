@@ -3,8 +3,9 @@
     1. rollout     the actor generates responses (eval mode, same temperature as the log-probs)
     2. score       the reward model / function scores each finished response
     3. old pass    actor (and critic) log-probs and values of what was generated, eval mode
-    4. ref pass    the frozen reference's log-probs
-    5. rewards     r[t] = -kl_coef * kl[t], plus the score on the last response token
+    4. ref pass    the frozen reference's log-probs (and the teacher's, distilling: --teacher)
+    5. rewards     r[t] = -kl_coef * kl[t], plus the score on the last response token (distilling:
+                   -teacher_coef * (log pi - log teacher) per token, or summed into the score)
     6. advantages  GAE over the response tokens, returns = A + V_old, whitened A; or, with a
                    critic-free estimator (trainers/estimators.py), the reward-to-go of the
                    rewards with the score less its baseline
@@ -47,6 +48,7 @@ from ppo_rlhf.core import (
     reward_to_go,
     sapo_loss,
     shaped_rewards,
+    teacher_reverse_kl,
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
@@ -56,7 +58,7 @@ from ppo_rlhf.envs.options import check_template_renders_tools
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
-from ppo_rlhf.models.lora import adapters_disabled
+from ppo_rlhf.models.lora import active_adapter, adapters_disabled
 from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.passes import PassPlan, ResponseStats, checked_plan, full_kl_between, response_stats
@@ -67,6 +69,7 @@ from ppo_rlhf.trainers.estimators import (
     check_prompt_groups,
     critic_free_advantages,
     needs_greedy_baseline,
+    teacher_in_score,
     uses_critic,
 )
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
@@ -74,6 +77,7 @@ from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.ppo_loop import PPOLoop
 from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts
 from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
+from ppo_rlhf.trainers.teacher import TEACHER, Teacher
 
 
 @dataclass
@@ -177,11 +181,12 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
     of their own (docs/design.md, "Old log-probs from the update"): exact when the batch gets one
     optimizer step (the update's forward then runs the weights that sampled it), no dropout
     differs between that forward and the rollout's, and nothing computed before the update needs
-    them -- no critic (GAE's values come from the same pass), no KL in the reward."""
+    them -- no critic (GAE's values come from the same pass), no KL in the reward, no teacher (its
+    reward is the old log-probs' difference from the teacher's)."""
     one_step = config.ppo_epochs == 1 and config.mini_batch_size == config.batch_size
     no_dropout = config.disable_dropout and not (config.lora and config.lora_dropout > 0)
     kl_free_reward = config.kl_in == "loss" or (config.kl_coef == 0 and config.target_kl is None)
-    return one_step and no_dropout and kl_free_reward and critic is None
+    return one_step and no_dropout and kl_free_reward and critic is None and config.teacher is None
 
 
 def environments_of(config: PPOConfig, environment=None, tools: list | None = None):
@@ -323,15 +328,16 @@ class PPOTrainer(PPOLoop):
         if model is None:
             self.run_parts = run = build_run(config, reward, self.environments)
             model, ref, reward, tokenizer, critic = run.model, run.ref, run.reward, run.tokenizer, run.critic
-            generator, accelerator = run.generator, run.accelerator
+            generator, accelerator, teacher = run.generator, run.accelerator, run.teacher
         else:
-            ref, reward, tokenizer, generator, accelerator = complete_parts(config, model, ref, reward, tokenizer,
-                                                                            generator, accelerator, pays)
-        self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator)
+            ref, reward, tokenizer, generator, accelerator, teacher = complete_parts(
+                config, model, ref, reward, tokenizer, generator, accelerator, pays)
+        self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator, teacher)
 
     def set_up(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None,
-               accelerator) -> None:
+               accelerator, teacher: Teacher | None = None) -> None:
         self.actor, self.ref, self.reward, self.tokenizer = actor, ref, reward, tokenizer
+        self.teacher = teacher  # on-policy distillation's (trainers/teacher.py); None: none
         self.config, self.generator = config, generator
         self.stored_dtype = actor.dtype  # the final actor is saved as it came in (trained in float32)
         if critic is not None and not uses_critic(config.estimator):
@@ -371,18 +377,20 @@ class PPOTrainer(PPOLoop):
                                          fused=config.fused_output_layer and self.sharding is None,
                                          pack=config.padding_free)
         self._pass_plan: PassPlan | None = None
+        self._teacher_plan: PassPlan | None = None  # a teacher of its own: its plan, checked on it
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
         under an FSDP launch each model sharded."""
         actor, ref, reward, critic, config = self.actor, self.ref, self.reward, self.critic, self.config
-        for model in (actor, ref, getattr(reward, "model", None), critic):
+        teacher = getattr(self.teacher, "model", None)  # a teacher of its own (an adapter lives on the actor)
+        for model in (actor, ref, getattr(reward, "model", None), critic, teacher):
             if isinstance(model, torch.nn.Module):
                 model.to(self.device)
         train_in_float32(actor, "actor")
         if critic is not None:
             train_in_float32(critic, "critic")
-        for model in (ref, getattr(reward, "model", None)):
+        for model in (ref, getattr(reward, "model", None), teacher):
             if model is not None:
                 model.eval().requires_grad_(False)
         if config.disable_dropout:
@@ -398,7 +406,7 @@ class PPOTrainer(PPOLoop):
             shard(actor, self.sharding)
             if critic is not None:
                 critic.shard(self.sharding)
-            for frozen in (ref, getattr(reward, "model", None)):
+            for frozen in (ref, getattr(reward, "model", None), teacher):
                 if isinstance(frozen, torch.nn.Module):
                     shard(frozen, dataclasses.replace(self.sharding, reshard_after_forward=True))
 
@@ -433,6 +441,22 @@ class PPOTrainer(PPOLoop):
                 return response_stats(self.actor, sequences, plan)
         return response_stats(self.ref, sequences, plan)
 
+    @under_autocast
+    def teacher_stats(self, sequences: Sequences) -> ResponseStats:
+        """The teacher's log-probs of the response tokens, at the policy's temperature as the
+        reference's are (docs/design.md, "On-policy distillation"): an adapter on the actor's base
+        runs on the actor's checked plan, a model of its own on a plan checked on it."""
+        if self.teacher.model is None:  # LoRA: the teacher adapter on the shared base
+            with active_adapter(self.actor, TEACHER):
+                return response_stats(self.actor, sequences, self.checked_pass_plan(sequences))
+        if self._teacher_plan is None:  # another model than the actor: the faster passes checked on it
+            with torch.no_grad():
+                self._teacher_plan, warnings = checked_plan(self.teacher.model, sequences, self.wanted_pass_plan)
+            if self.rank == 0:
+                for warning in warnings:
+                    tqdm.write(f"warning: the teacher's passes: {warning}")
+        return response_stats(self.teacher.model, sequences, self._teacher_plan)
+
     # ------------------------------------------------------------ stages 1-6
     @torch.no_grad()
     @under_autocast
@@ -462,11 +486,13 @@ class PPOTrainer(PPOLoop):
         # reference's log-probs and the per-token KL.
         start = time.perf_counter()
         logprobs, ref_logprobs, kl, values = self.old_and_reference_passes(rollout.sequences)
+        teacher_logprobs = self.teacher_passes(rollout.sequences) if self.teacher is not None else None
 
         # The whole batch, in every process (one process: these are the tensors themselves).
         sequences = self.gather_sequences(rollout.sequences)
         mask = sequences.loss_mask
-        logprobs, ref_logprobs, values, kl = (gather_rows(t) for t in (logprobs, ref_logprobs, values, kl))
+        logprobs, ref_logprobs, values, kl, teacher_logprobs = (
+            gather_rows(t) for t in (logprobs, ref_logprobs, values, kl, teacher_logprobs))
         engine_logprobs = gather_rows(rollout.episodes.engine_logprobs)
         raw_scores, scores = gather_rows(rollout.raw_scores), self.normalise_scores(gather_rows(rollout.scores))
         greedy_scores = None
@@ -479,6 +505,9 @@ class PPOTrainer(PPOLoop):
         # An episode's per-turn rewards (--turn-rewards per-turn) land on each turn's last token.
         kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
         turn_rewards = gather_rows(rollout.turn_rewards)
+        if teacher_logprobs is not None:  # distilling: the teacher's reward per token, or summed into the score
+            scores, turn_rewards = self.add_teacher_rewards(logprobs, teacher_logprobs, mask, scores, turn_rewards,
+                                                            metrics)
         rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward, turn_rewards)
 
         # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline
@@ -496,6 +525,22 @@ class PPOTrainer(PPOLoop):
         experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
                                 scores, raw_scores, greedy_scores, engine_logprobs)
         return experience, metrics
+
+    def add_teacher_rewards(self, logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor,
+                            scores: torch.Tensor, token_rewards: torch.Tensor | None, metrics: dict[str, float]
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """On-policy distillation's reward, ``-teacher_coef * (log pi - log teacher)`` on each token the
+        policy wrote, where the estimator takes it (docs/design.md, "On-policy distillation"): per
+        token beside the other token rewards, as the KL penalty is (gae, reinforce++, remax), or
+        summed over each response into its score before the group baseline (grpo, dr-grpo, rloo:
+        their advantage is one number a response).  Returns (scores, token rewards); logs
+        ``teacher/reverse_kl``, the KL summed over a response, averaged over the batch."""
+        reverse_kl = teacher_reverse_kl(logprobs, teacher_logprobs, mask)  # (B, T)
+        metrics["teacher/reverse_kl"] = reverse_kl.sum(dim=1).mean().item()
+        teacher_rewards = -self.config.teacher_coef * reverse_kl
+        if teacher_in_score(self.config.estimator):
+            return scores + teacher_rewards.sum(dim=1), token_rewards
+        return scores, teacher_rewards if token_rewards is None else token_rewards + teacher_rewards
 
     def roll_out(self, rows: list[dict], metrics: dict[str, float]) -> Rollout:
         """Stages 1-2 on this process's ``rows``: episodes played by the actor (one turn each without
@@ -534,6 +579,8 @@ class PPOTrainer(PPOLoop):
         """(b,) scores as the rewards gave them (the environment's included), on the trainer's
         device, and each reward's own (b,) scores by name."""
         raw, parts = score_episodes(self.reward, rows, episodes, self.config.environment_reward_weight)
+        if raw is None:  # no reward but a teacher's (--teacher alone): the score is 0, the signal per token
+            return torch.zeros(len(rows), device=self.device), {}
         # A reward function's scores come on the CPU.
         return raw.to(self.device).float(), {name: part.to(self.device) for name, part in parts.items()}
 
@@ -626,6 +673,19 @@ class PPOTrainer(PPOLoop):
         logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts])[order] for i in range(3))
         values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])[order]
         return logprobs, ref_logprobs, kl, values
+
+    def teacher_passes(self, sequences: Sequences) -> torch.Tensor:
+        """(b, T) the teacher's log-probs of this process's rows, in the rollout's micro-batches."""
+        rows = sequences.response_ids.shape[0]
+        if rows == 0:
+            return torch.zeros_like(sequences.response_ids, dtype=torch.float32)
+        passes = [torch.tensor(group, device=self.device) for group in
+                  token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
+                                      self.config.rollout_micro_batch_size)]
+        if self.teacher.model is None:
+            self.actor.eval()  # the adapter runs on the actor's base: no dropout, as the old pass
+        parts = [self.teacher_stats(sequences.select(index)).logprobs for index in passes]
+        return torch.cat(parts)[torch.argsort(torch.cat(passes))]  # back in row order
 
     def checked_pass_plan(self, sequences: Sequences) -> PassPlan:
         """How the forward passes run, checked once, on the first batch a pass sees: the faster ways
@@ -930,6 +990,8 @@ class PPOTrainer(PPOLoop):
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
+        if self.reward is not None:
+            self.reward.new_iteration()  # a judge's scores are cached within an iteration
         experience, stage_metrics = self.make_experience(rows, draw_more)
         # The vLLM engine's weight probe after its sync (docs/design.md, "The vLLM rollout engine"):
         # its gap, and its seconds taken out of the rollout's.
@@ -986,6 +1048,7 @@ class PPOTrainer(PPOLoop):
             **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
         }
         metrics.update(self.episode_metrics(self.last_rollout.episodes))
+        metrics.update(self.reward_counts())
         for name, part in self.reward_components.items():  # each reward as it came, before its weight
             metrics[f"reward/{name}"] = part.mean().item()
             metrics[f"reward/{name}_std"] = part.std(unbiased=False).item()
@@ -1000,6 +1063,14 @@ class PPOTrainer(PPOLoop):
                 or self.config.overlong_buffer is not None):
             metrics["score_used"] = experience.scores.mean().item()
         return metrics
+
+    def reward_counts(self) -> dict[str, float]:
+        """What the rewards counted this iteration (a judge's judge/unparsed), summed over the processes."""
+        counts = self.reward.iteration_counts() if self.reward is not None else {}
+        if not counts or self.processes == 1:
+            return counts
+        return dict(zip(counts, sum_across_processes(torch.tensor(list(counts.values()), dtype=torch.float64,
+                                                                  device=self.device)).tolist()))
 
     def episode_metrics(self, episodes: Episodes) -> dict[str, float]:
         """Per episode of the batch as drawn, over every process: turns, tokens (the model's and the

@@ -47,6 +47,9 @@ VF_COEF = 0.1
 # ~100 sampled tokens held such a reward flat (accuracy 0.30 -> 0.38 in 30 iterations on a user's
 # tiny model); at 0.05 it rises 1.8-2.4x on three seeds (docs/design.md, "Defaults that learn").
 KL_COEF = 0.05
+# On-policy distillation's weight of the per-token reverse KL to the teacher: 1, the reverse KL itself
+# as the reward (Thinking Machines, 2025; Agarwal et al., 2024's on-policy GKD).
+TEACHER_COEF = 1.0
 # DAPO's values: the whole score (of a 0/1 reward) off at the limit; a few extra rounds before giving up.
 OVERLONG_PENALTY = 1.0
 MAX_RESAMPLE_ROUNDS = 4
@@ -74,13 +77,17 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
 
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
-    input_paths: ClassVar[tuple] = ("model", "reward_model", "critic_model", "prompts", "eval_prompts",
-                                    "chat_template_file")
+    input_paths: ClassVar[tuple] = ("model", "reward_model", "critic_model", "teacher", "prompts", "eval_prompts",
+                                    "chat_template_file", "reward_judge", "judge_template")
 
     # --- models and data
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)")
     reward_model: str | None = option(None, "reward model folder (sequence classifier); or, or with it, --reward-fn "
                                             "and --reward-url (the score is then the weighted sum, --reward-weights)")
+    teacher: str | None = option(None, "on-policy distillation: a causal LM folder or a run's checkpoint (a --lora "
+                                       "run's adapter too) with the student's tokenizer, whose log-probs of the "
+                                       "student's own tokens give each token the reward -teacher_coef * (log pi - "
+                                       "log teacher), besides any other reward (docs/estimators.md)")
     critic: str = option("shared", "shared: value head on the actor's trunk; separate: its own model; lora: its own "
                                    "adapter on the actor's base (needs --lora)", choices=("shared", "separate", "lora"))
     critic_model: str | None = option(None, "separate critic initialisation (default: the reward model when it shares "
@@ -112,6 +119,10 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     # --- reward shaping
     kl_coef: float = option(KL_COEF, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if "
                                      "--target-kl)", range=at_least(0))
+    teacher_coef: float | None = option(None, f"--teacher: weight of the per-token reward -teacher_coef * (log pi - "
+                                              f"log teacher), in the score's units; gae, reinforce++ and remax take it "
+                                              f"per token, the group estimators summed over the response into its "
+                                              f"score (empty: {TEACHER_COEF:g})", range=above(0))
     kl_in: str = option("reward", "where the KL to the reference goes: reward (r[t] = -kl_coef * kl[t], PPO's "
                                   "classic) or loss (+ kl_coef * mean(kl), differentiated directly, as GRPO does)",
                         choices=KL_PLACEMENTS)
@@ -283,6 +294,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     sample_every: int = option(10, "every N iterations, print a few training rollouts (prompt, response, score) and "
                                    "add them to samples.jsonl and TensorBoard (0: never)", range=at_least(0))
     eval_sampled: bool = option(True, "also evaluate with sampled decoding (temperature 1) at each evaluation")
+    eval_samples: int = option(1, "responses sampled for each held-out prompt in the sampled evaluation: above 1, "
+                                  "eval_sampled/pass@k for k = 1..K, mean@K and maj@K as `eval --samples K` gives "
+                                  "them (from the task's checker, or a reward of 0 or 1)", range=above(0))
     save_every: int = option(50, "write a resumable checkpoint every N iterations (0: only at the end)",
                              range=at_least(0))
     resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but for "
@@ -336,17 +350,33 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         check(self.show_samples == 0 or self.eval_prompts is not None or self.task is not None, "show_samples",
               "0 without held-out prompts (--eval-prompts, or a --task's)", self.show_samples)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
+        check(self.eval_samples == 1 or self.eval_sampled, "eval_samples",
+              "1 with --no-eval-sampled (the K samples are the sampled evaluation's; drop --no-eval-sampled)",
+              self.eval_samples)
+        self.validate_teacher()
         self.validate_rewards()
         self.validate_environment()
+
+    def validate_teacher(self) -> None:
+        """--teacher's weight, and dynamic sampling, whose filter reads only the score: a group of
+        equal scores still differs in what the teacher makes of each token."""
+        if self.teacher is None:
+            check(self.teacher_coef is None, "teacher_coef", "left out without --teacher", self.teacher_coef)
+            return
+        if self.teacher_coef is None:  # resolved here, so config.yaml records the value used
+            self.teacher_coef = TEACHER_COEF
+        check(not self.dynamic_sampling, "dynamic_sampling",
+              "off with --teacher: it drops the groups whose scores are all equal, which under distillation still "
+              "carry the teacher's per-token signal", self.dynamic_sampling)
 
     def require_a_reward(self, environment_pays: bool = False) -> None:
         """A run needs a reward: the config's own, the task's rule, or an environment's
         (``environment_pays``).  Not part of ``validate``: a config built in Python may leave the
         reward to the trainer (``PPOTrainer(config, reward=f)``)."""
-        if not self.reward_count() and self.task is None and not environment_pays:
+        if not self.reward_count() and self.task is None and not environment_pays and self.teacher is None:
             raise ConfigError("no reward: give --reward-model DIR, --reward-fn module:function or --reward-url URL "
-                              "(several are summed), --task doubling for its rule, or an --environment that pays "
-                              "rewards (tools alone do not)")
+                              "(several are summed), --task doubling for its rule, an --environment that pays "
+                              "rewards (tools alone do not), or a --teacher to distill")
 
     def validate_estimator(self) -> None:
         """Samples per prompt, critic settings and paper defaults for the advantage estimator."""

@@ -54,6 +54,7 @@ def eval_line(metrics: dict) -> str:
     """The held-out figures worth a line on the console."""
     keys = [k for k in ("eval/exact_match", "eval_sampled/exact_match", "eval/accuracy", "eval_sampled/accuracy",
                         "eval/score", "eval/response_length") if k in metrics]
+    keys += [k for k in metrics if k.startswith("eval_sampled/pass@")][-1:]  # pass@K, the largest k
     return ", ".join(f"{key} {metrics[key]:.4g}" for key in keys)
 
 
@@ -151,7 +152,8 @@ class PPOLoop:
         config = self.config
         task = self.run_parts.task if self.run_parts is not None else self.task
         return Evaluator(self.tokenizer, eval_rows, task.metric if task else None,
-                         reward=None if task else self.reward, prompt_field=config.prompt_field,
+                         reward=None if task else self.reward, outcomes=getattr(task, "outcomes", None),
+                         prompt_field=config.prompt_field,
                          max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
                          chat_template=config.chat_template, environments=self.environments,
                          limits=self.episode_limits, environment_weight=config.environment_reward_weight,
@@ -170,7 +172,7 @@ class PPOLoop:
             metrics, samples = self.evaluator(self.actor, generator=self.decoding(do_sample=False))
             if sampled:
                 seed = self.config.seed + rank()  # each process its own draws (evaluation.py's default)
-                metrics.update(self.evaluator(self.actor, prefix="eval_sampled/",
+                metrics.update(self.evaluator(self.actor, prefix="eval_sampled/", samples=self.config.eval_samples,
                                               generator=self.decoding(do_sample=True, seed=seed))[0])
         return metrics, samples
 

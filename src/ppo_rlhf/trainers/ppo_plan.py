@@ -11,6 +11,7 @@ import math
 
 from ppo_rlhf.config import flag_name
 from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
+from ppo_rlhf.trainers.estimators import teacher_in_score
 from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
 
 
@@ -45,6 +46,10 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         paid = f"{config.environment_reward_weight:g} x the environment's rewards" + (
             " (each step's on its turn)" if config.turn_rewards == "per-turn" else "")
         reward = paid if roles.reward is None else f"{reward} + {paid}"
+    teacher = getattr(trainer, "teacher", None)
+    if teacher is not None:
+        reward = teacher_reward(config) + ("" if roles.reward is None and not (environments and environments.pays)
+                                           else f"; plus {reward}")
     decoding = f"sampled at temperature {config.temperature:g}" if config.do_sample else "GREEDY"
     if config.estimator == "remax":
         decoding += ", plus one greedy response per prompt (the baseline)"
@@ -54,6 +59,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     return [
         f"actor:     {actor}; {_count(actor_trained)} parameters trained, on {where}",
         f"reference: {reference}",
+        *([f"teacher:   {teacher.description}, frozen; its log-probs of the model's own tokens, at the rollout's "
+           f"temperature"] if teacher is not None else []),
         f"critic:    {critic}",
         f"reward:    {reward}",
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
@@ -72,6 +79,13 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"KL:        {kl}",
         *variant_lines(config),
     ]
+
+
+def teacher_reward(config: PPOConfig) -> str:
+    """What on-policy distillation adds to the reward, and where the estimator takes it."""
+    where = ("summed over each response into its score, before the group baseline" if teacher_in_score(config.estimator)
+             else "per token, in the reward-to-go" + (" and the critic's returns" if config.estimator == "gae" else ""))
+    return f"{config.teacher_coef:g} x -(log pi - log teacher) on each token the model wrote (on-policy distillation), {where}"
 
 
 def episode_line(config: PPOConfig, environments) -> str:
@@ -143,7 +157,7 @@ def sharded_roles(trainer) -> str:
     from torch.distributed.fsdp import FSDPModule
 
     roles = {"actor": trainer.actor, "critic": getattr(trainer.critic, "backbone", None), "reference": trainer.ref,
-             "reward model": getattr(trainer.reward, "model", None)}
+             "reward model": getattr(trainer.reward, "model", None), "teacher": getattr(trainer.teacher, "model", None)}
     names = [name for name, model in roles.items() if isinstance(model, FSDPModule)]
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
@@ -182,8 +196,8 @@ def plan_warnings(config: PPOConfig, actor=None) -> list[str]:
 
 def score_spread_warning(metrics: dict, iteration: int) -> str | None:
     """A reward that gives the whole batch one score teaches nothing: the advantages are then the
-    KL penalty's alone."""
-    if metrics.get("score_std") == 0.0:
+    KL penalty's alone (under distillation the teacher's reward is the signal: no warning)."""
+    if metrics.get("score_std") == 0.0 and "teacher/reverse_kl" not in metrics:  # a teacher's signal is per token
         return (f"every response of iteration {iteration} got the same score ({metrics['score']:g}): the reward has "
                 f"no spread across the batch, so there is nothing to learn from it; check the reward on a few "
                 f"responses (the first training samples are in the metrics)")

@@ -29,6 +29,7 @@ from ppo_rlhf.trainers.common import check_policy, seed_everything, set_threads
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from ppo_rlhf.trainers.resume import TRAINED, check_resume_settings, last_checkpoint, resumable
 from ppo_rlhf.trainers.roles import as_reward, load_roles, reward_functions
+from ppo_rlhf.trainers.teacher import Teacher, check_teacher_tokenizer, load_teacher
 
 
 def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
@@ -112,6 +113,7 @@ class RunParts:
     task: object | None
     train_rows: list[dict]
     eval_rows: list[dict]
+    teacher: Teacher | None = None
 
 
 def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
@@ -129,6 +131,8 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     check_run_start(config)
     task = make_task(config, config.seed)
     train_rows, eval_rows = prompt_sets(config, task)
+    if config.teacher:  # the teacher reads the student's token ids: one tokenizer, checked before any model loads
+        check_teacher_tokenizer(config.teacher, load_tokenizer(config.model), config.model)
     if reward is None:
         functions = reward_functions(config, task)
         check_columns(functions, train_rows, config.prompts or f"the {config.task} task's prompts")
@@ -145,7 +149,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
                  config.chat_template, config.max_prompt_length, after_prompt, config.chat_template_flag())
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
-                    task, train_rows, eval_rows)
+                    task, train_rows, eval_rows, roles.teacher)
 
 
 def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generator:
@@ -159,7 +163,8 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
                    environment_pays: bool = False) -> tuple:
     """An in-memory model given: the missing pieces around it.  The reference is a frozen copy of
     the model (None for a peft model: its base with adapters disabled), the tokenizer is
-    ``config.model``'s, the reward the config's unless given."""
+    ``config.model``'s, the reward the config's unless given, and the teacher (``config.teacher``)
+    a model of its own."""
     if not isinstance(model, torch.nn.Module) or getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise ModelError(f"model= must be a causal language model (an AutoModelForCausalLM, or a peft model around "
                          f"one) or its folder; got a {type(model).__name__}, which has no output layer to sample "
@@ -178,4 +183,8 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
     reward = as_reward(reward, config, tokenizer, make_task(config, config.seed) if reward is None else None,
                        environment_pays)
     generator = generator or make_generator(config, tokenizer, model, accelerator)
-    return ref, reward, tokenizer, generator, accelerator
+    teacher = None
+    if config.teacher:
+        check_teacher_tokenizer(config.teacher, tokenizer, "the tokenizer given")
+        teacher = load_teacher(config.teacher, tokenizer, config.load_dtype)
+    return ref, reward, tokenizer, generator, accelerator, teacher

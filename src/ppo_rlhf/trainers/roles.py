@@ -44,9 +44,11 @@ from ppo_rlhf.models.loading import (
 )
 from ppo_rlhf.models.lora import AdapterCritic, AdapterRewardModel, add_adapter_from, with_adapter
 from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, ModelReward, ScoringReward
+from ppo_rlhf.rollout.judge import LocalJudge, make_judge
 from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.trainers.estimators import uses_critic
 from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.teacher import TEACHER, Teacher, add_teacher_adapter, load_teacher
 
 POLICY, CRITIC, REWARD = "policy", "critic", "reward"  # adapter names on the shared base
 
@@ -58,6 +60,7 @@ class Roles:
     reward: CombinedReward | None  # the reward model, functions and URL, summed; None: the environment's alone
     critic: Critic | None  # SharedHeadCritic, ModelCritic or AdapterCritic; None: a critic-free estimator
     tokenizer: object
+    teacher: Teacher | None = None  # --teacher (trainers/teacher.py); None: no distillation
 
 
 def load_roles(config: PPOConfig, task, functions: list | None = None, reward=None) -> Roles:
@@ -73,7 +76,8 @@ def load_roles(config: PPOConfig, task, functions: list | None = None, reward=No
         actor, ref = load_causal_lm(config.model, config.load_dtype), load_causal_lm(config.model, config.load_dtype)
         tokenizer = load_tokenizer(config.model)
         reward = build_reward(config, tokenizer, task, functions) if reward is None else as_reward(reward, config, tokenizer, task)
-        roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer)
+        teacher = load_teacher(config.teacher, tokenizer, config.load_dtype) if config.teacher else None
+        roles = Roles(actor, ref, reward, build_critic(config, tokenizer, actor), tokenizer, teacher)
     if config.gradient_checkpointing:
         # Only the trained models: the reference and the reward never run a backward pass.
         enable_activation_checkpointing(roles.actor)
@@ -115,13 +119,21 @@ def load_single_base_roles(config: PPOConfig, task, functions: list | None = Non
     else:
         critic = build_critic(config, tokenizer, actor)
 
+    # A teacher trained as an adapter on this base (a --lora run's actor) is one more adapter on it.
+    teacher = None
+    if config.teacher:
+        teacher = (add_teacher_adapter(actor, config.teacher) if is_adapter_of(config.teacher, config.model)
+                   else load_teacher(config.teacher, tokenizer, config.load_dtype))
+
     # Which adapters train is decided here, once: peft's add/set_adapter also toggle it.
     actor.set_adapter(POLICY)
     trained = [POLICY] + ([CRITIC] if config.critic == "lora" else [])
     actor.set_requires_grad(trained, True)
-    if reward_adapter is not None:
-        actor.set_requires_grad(REWARD, False)
-    return Roles(actor, None, reward, critic, tokenizer)
+    frozen = [name for name, present in ((REWARD, reward_adapter is not None),
+                                         (TEACHER, teacher is not None and teacher.model is None)) if present]
+    if frozen:
+        actor.set_requires_grad(frozen, False)
+    return Roles(actor, None, reward, critic, tokenizer, teacher)
 
 
 def value_head_from(score) -> ValueHead:
@@ -140,13 +152,16 @@ def is_adapter_of(adapter: str, model: str) -> bool:
 
 
 def reward_functions(config, task) -> list:
-    """The rewards that need no model -- the functions, then the URL -- or, when no reward at all
-    is given, the task's rule.  Cheap to build, so a stage builds them before loading any model
-    and checks the data's columns against them (docs/design.md, "Rewards")."""
+    """The rewards a stage builds before loading any model and checks the data's columns against
+    (docs/design.md, "Rewards"): the functions, then the URL, then the judge (a local judge's model
+    is loaded by :func:`build_reward`, after that check); or, when no reward at all is given, the
+    task's rule."""
     functions = [FunctionReward(path, prompt_field=config.prompt_field) for path in config.reward_fn]
     if config.reward_url:
         functions.append(UrlReward(config.reward_url, config.prompt_field, config.reward_timeout,
                                    config.reward_retries, config.reward_backoff))
+    if config.reward_judge:
+        functions.append(make_judge(config))
     if not functions and not config.reward_model and task is not None:
         functions.append(FunctionReward(task.rule_reward, name=f"{task.name}.rule_reward",
                                         description=f"the {task.name} task's rule"))
@@ -159,6 +174,9 @@ def build_reward(config, tokenizer, task, functions: list | None = None,
     the functions and the URL, weighted by ``reward_weights`` in that order.  None when there is
     none, which the caller allowed: an environment's rewards are then the score (``require_a_reward``)."""
     functions = reward_functions(config, task) if functions is None else functions
+    for part in functions:
+        if isinstance(part, LocalJudge):
+            part.load()
     if model_reward is None and config.reward_model:
         model = load_sequence_classifier(config.reward_model, config.load_dtype)
         model_reward = ModelReward(model, load_tokenizer(config.reward_model), tokenizer, label_field=config.label_field,

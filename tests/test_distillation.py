@@ -1,0 +1,164 @@
+"""On-policy distillation (--teacher; trainers/teacher.py, docs/design.md "On-policy distillation"):
+the per-token reverse KL worked by hand, where each estimator takes the teacher's reward, the
+tokenizer checked at start, a LoRA teacher as an adapter on the shared base, and whole runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.core import reward_to_go, shaped_rewards, teacher_reverse_kl
+from ppo_rlhf.models import load_causal_lm
+from ppo_rlhf.rollout.passes import PassPlan, response_stats
+from ppo_rlhf.trainers.estimators import ESTIMATORS, score_advantages
+from ppo_rlhf.trainers.ppo import PPOTrainer, old_logprobs_from_update
+from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.teacher import tokenizer_difference
+from zoo import REWARDS_MODULE, make_tokenizer, run, run_failing
+
+
+def test_teacher_reverse_kl_by_hand():
+    # Two responses; the first wrote 2 tokens, the second 3 (the last column of the first is padding
+    # holding inf, which must stay out).
+    logprobs = torch.tensor([[-1.0, -2.0, float("inf")], [-0.5, -0.5, -3.0]])
+    teacher = torch.tensor([[-1.5, -1.0, 0.0], [-0.5, -2.5, -1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    # log pi - log teacher: [0.5, -1.0, pad 0], [0.0, 2.0, -2.0]
+    reverse_kl = teacher_reverse_kl(logprobs, teacher, mask)
+    assert reverse_kl.tolist() == [[0.5, -1.0, 0.0], [0.0, 2.0, -2.0]]
+    # Per token in the rewards (gae, reinforce++, remax), teacher_coef 2, no KL to the reference,
+    # scores 3 and 0 on each response's last token:
+    #   rewards [-1, 2 + 3, 0] and [0, -4, 4 + 0]; reward-to-go (gamma 1) [4, 5, 0] and [0, 0, 4]
+    rewards = shaped_rewards(torch.tensor([3.0, 0.0]), torch.zeros(2, 3), mask, 0.0, -2.0 * reverse_kl)
+    assert rewards.tolist() == [[-1.0, 5.0, 0.0], [0.0, -4.0, 4.0]]
+    assert reward_to_go(rewards, mask, 1.0).tolist() == [[4.0, 5.0, 0.0], [0.0, 0.0, 4.0]]
+    # Summed into the score (the group estimators), one group of the two: 3 + (-2)(-0.5) = 4 and
+    # 0 + (-2)(0) = 0; rloo: each less the other: 4 and -4.
+    summed = torch.tensor([3.0, 0.0]) + (-2.0 * reverse_kl).sum(dim=1)
+    assert summed.tolist() == [4.0, 0.0]
+    assert score_advantages("rloo", summed, 2).tolist() == [4.0, -4.0]
+
+
+def small_config(zoo, tmp_path, **overrides) -> PPOConfig:
+    return build_config(PPOConfig, {
+        "model": str(zoo["llama"]), "teacher": str(zoo["granite"]), "prompts": str(zoo["prompts"]),
+        "reward_fn": f"{REWARDS_MODULE}:length_score", "samples_per_prompt": 2, "batch_size": 4,
+        "mini_batch_size": 4, "ppo_epochs": 1, "max_new_tokens": 5, "max_length": 32, "kl_coef": 0.0,
+        "teacher_coef": 0.5, "out": str(tmp_path / "run"), "num_threads": 1, **overrides})
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_estimator_takes_the_teachers_reward_where_it_belongs(zoo, tmp_path, estimator):
+    """The rollout's rewards hold -teacher_coef * (log pi - log teacher) of the teacher's own forward
+    pass: per token for gae, reinforce++ and remax; summed into the score for the group estimators."""
+    trainer = PPOTrainer(small_config(zoo, tmp_path, estimator=estimator,
+                                      samples_per_prompt=1 if estimator in ("gae", "remax") else 2))
+    experience, metrics = trainer.make_experience(trainer.run_parts.train_rows[:2] * 2 if estimator in ("gae", "remax")
+                                                  else [r for r in trainer.run_parts.train_rows[:2] for _ in (0, 1)])
+    mask, sequences = experience.mask, experience.sequences
+    granite = load_causal_lm(zoo["granite"])
+    with torch.no_grad():
+        teacher = response_stats(granite, sequences, PassPlan(pad_token_id=trainer.tokenizer.pad_token_id)).logprobs
+    reverse_kl = torch.where(mask.bool(), experience.logprobs - teacher, torch.zeros(()))
+    assert metrics["teacher/reverse_kl"] == pytest.approx(reverse_kl.sum(dim=1).mean().item(), abs=1e-4)
+    teacher_rewards = -0.5 * reverse_kl
+    scores = experience.raw_scores  # the length reward, no normalisation
+    if estimator in ("grpo", "dr-grpo", "rloo"):
+        torch.testing.assert_close(experience.scores, scores + teacher_rewards.sum(dim=1), atol=1e-4, rtol=0)
+        expected = shaped_rewards(scores + teacher_rewards.sum(dim=1), torch.zeros_like(mask, dtype=torch.float32),
+                                  mask, 0.0)
+    else:
+        torch.testing.assert_close(experience.scores, scores)
+        expected = shaped_rewards(scores, torch.zeros_like(mask, dtype=torch.float32), mask, 0.0, teacher_rewards)
+    torch.testing.assert_close(experience.rewards, expected, atol=1e-4, rtol=0)
+
+
+def test_a_teacher_turns_off_the_old_logprobs_from_the_update(zoo, tmp_path):
+    plain = small_config(zoo, tmp_path, teacher=None, teacher_coef=None, estimator="grpo", kl_in="loss")
+    assert old_logprobs_from_update(plain, None)
+    assert not old_logprobs_from_update(small_config(zoo, tmp_path, estimator="grpo", kl_in="loss"), None)
+
+
+def test_teacher_settings_that_do_nothing_or_cannot_work_are_refused(zoo, tmp_path):
+    with pytest.raises(ConfigError, match="'teacher_coef'.*left out without --teacher"):
+        small_config(zoo, tmp_path, teacher=None)
+    with pytest.raises(ConfigError, match="'teacher_coef'.*> 0"):
+        small_config(zoo, tmp_path, teacher_coef=0.0)
+    with pytest.raises(ConfigError, match="'dynamic_sampling'.*off with --teacher"):
+        small_config(zoo, tmp_path, estimator="grpo", dynamic_sampling=True)
+    # A teacher is a reward of its own: alone, or with every other reward weighted 0.
+    assert small_config(zoo, tmp_path, reward_fn=[]).teacher_coef == 0.5
+    assert small_config(zoo, tmp_path, reward_weights=[0.0]).reward_weights == [0.0]
+    assert small_config(zoo, tmp_path, teacher_coef=None).teacher_coef == 1.0
+
+
+# ---------------------------------------------------------------- one tokenizer
+def test_a_teacher_with_another_vocabulary_is_refused_before_any_model_loads(zoo, tmp_path, capsys):
+    err = run_failing(["ppo", "--model", zoo["llama"], "--teacher", zoo["gpt2"], "--prompts", zoo["prompts"],
+                       "--out", tmp_path / "run", "--num-threads", 1], capsys)
+    assert f"--teacher {zoo['gpt2']} cannot score the student's tokens" in err
+    assert "its tokenizer has 300 tokens, the student's 320" in err and "same tokenizer family" in err
+
+
+def test_tokenizer_differences_are_named():
+    llama = make_tokenizer("llama")
+    assert tokenizer_difference(make_tokenizer("llama"), llama) is None
+    other_eos = make_tokenizer("llama")
+    other_eos.eos_token = "<s>"
+    assert tokenizer_difference(other_eos, llama) == "its EOS token is '<s>' (id 0), the student's '</s>' (id 1)"
+    # The same size and special tokens, two tokens at each other's ids.
+    data = json.loads(llama.backend_tokenizer.to_str())
+    (a, i), (b, j) = sorted(data["model"]["vocab"].items(), key=lambda item: item[1])[5:7]
+    data["model"]["vocab"][a], data["model"]["vocab"][b] = j, i
+    swapped = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), bos_token="<s>",
+                                      eos_token="</s>", pad_token="</s>")
+    assert tokenizer_difference(swapped, llama) == f"token {a!r} is id {i} to the student and id {j} to the teacher"
+
+
+# ---------------------------------------------------------------- LoRA: the teacher an adapter on the shared base
+def test_a_lora_teacher_is_an_adapter_on_the_students_base_and_stays_frozen(zoo, tmp_path):
+    """A --lora run's actor (an adapter on the zoo's llama) as the teacher of a --lora student on
+    the same base: one base in memory, the teacher adapter's log-probs those of the adapter merged
+    into its base, never trained, and not saved with the student."""
+    teacher_run = tmp_path / "teacher"
+    run(["ppo", "--model", zoo["llama"], "--lora", "--prompts", zoo["prompts"], "--reward-fn",
+         f"{REWARDS_MODULE}:length_score", "--estimator", "grpo", "--samples-per-prompt", 2, "--batch-size", 4,
+         "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 4, "--max-length", 32, "--iterations", 2,
+         "--lr", 1e-2, "--eval-every", 0, "--save-every", 0, "--num-threads", 1, "--out", teacher_run])
+    adapter = teacher_run / "checkpoints" / "actor"
+    trainer = PPOTrainer(small_config(zoo, tmp_path, teacher=str(adapter), lora=True, estimator="grpo",
+                                      reward_weights=[0.0]))
+    assert trainer.teacher.model is None and "an adapter on the shared base" in trainer.teacher.description
+    teacher_weights = {name: p.detach().clone() for name, p in trainer.actor.named_parameters() if ".teacher." in name}
+    assert teacher_weights and not any(p.requires_grad for n, p in trainer.actor.named_parameters() if ".teacher." in n)
+    rows = [r for r in trainer.run_parts.train_rows[:2] for _ in (0, 1)]
+    experience, _ = trainer.make_experience(rows)
+    with torch.no_grad():
+        from_adapter = trainer.teacher_passes(experience.sequences)
+        merged = load_causal_lm(adapter)  # the adapter folded into its base: the same model
+        own = response_stats(merged, experience.sequences, PassPlan(pad_token_id=trainer.tokenizer.pad_token_id))
+    torch.testing.assert_close(torch.where(experience.mask.bool(), from_adapter, 0.0),
+                               torch.where(experience.mask.bool(), own.logprobs, 0.0), atol=1e-4, rtol=0)
+    trainer.step(rows)
+    for name, p in trainer.actor.named_parameters():
+        if ".teacher." in name:
+            assert torch.equal(p, teacher_weights[name]), name  # frozen
+    assert trainer.actor.active_adapter == "policy"
+
+
+def test_a_distillation_run_logs_the_reverse_kl_and_says_what_the_reward_is(zoo, tmp_path, capsys):
+    run(["ppo", "--model", zoo["llama"], "--teacher", zoo["granite"], "--prompts", zoo["prompts"],
+         "--estimator", "reinforce++", "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1,
+         "--max-new-tokens", 4, "--max-length", 32, "--iterations", 2, "--eval-every", 0, "--save-every", 0,
+         "--num-threads", 1, "--out", tmp_path / "run"])
+    out = capsys.readouterr().out
+    assert f"teacher:   {zoo['granite']}, frozen" in out
+    assert "reward:    1 x -(log pi - log teacher) on each token the model wrote (on-policy distillation), per token" in out
+    assert "warning: every response" not in out  # a score of 0 is no flat reward under a teacher
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["score"] == 0.0 and r["teacher/reverse_kl"] != 0.0 for r in records)
