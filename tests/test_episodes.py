@@ -15,14 +15,15 @@ from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.options import check_template_renders_tools, tool_template_path
 from ppo_rlhf.envs.parsers import ToolCall, parse_hermes
 from ppo_rlhf.envs.tools import ToolBox, ToolEnvironment
-from ppo_rlhf.rollout.episodes import ChatContinuation, EpisodeLimits, episode_seeds, roll_out
+from ppo_rlhf.envs.chat import ChatContinuation
+from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.passes import response_stats
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from toy_envs import Counter, LetterGame, add, divide, sleepy
-from zoo import PROMPTS, THREADS, run, run_failing, same_actor_as_straight_run, write_jsonl
+from zoo import PROMPTS, THREADS, Scripted, run, run_failing, same_actor_as_straight_run, write_jsonl
 
 TEMPLATE = str(tool_template_path())
 # The zoo's models have 128 positions: prompt and episode fit in them.
@@ -36,21 +37,6 @@ def qwen(zoo):
     tokenizer = AutoTokenizer.from_pretrained(zoo["qwen2"])
     tokenizer.chat_template = tool_template_path().read_text()
     return AutoModelForCausalLM.from_pretrained(zoo["qwen2"]), tokenizer
-
-
-class Scripted:
-    """A Generator that writes given token ids, turn after turn (each call: one list per row)."""
-
-    def __init__(self, turns: list[list[list[int]]], stop_ids: list[int], pad: int):
-        self.turns, self.stop_token_ids, self.pad = list(turns), stop_ids, pad
-        self.contexts = []  # the ids each call was asked to continue
-
-    def generate(self, model, prompt_ids, prompt_mask):
-        self.contexts.append([ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)])
-        rows = self.turns.pop(0)
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [self.pad] * (width - len(r)) for r in rows])
-        return ids, torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
 
 
 def always_call(name: str, arguments: dict):
@@ -89,7 +75,6 @@ def test_the_tokens_trained_on_are_the_tokens_sampled_even_where_text_would_re_e
 def test_a_turn_cut_by_its_token_limit_is_closed_as_the_template_closes_a_turn(qwen):
     model, tokenizer = qwen
     continuation = ChatContinuation(tokenizer, None)
-    assert continuation.turn_end == "<|im_end|>\n"
     answer = [{"role": "user", "content": "again"}]
     stopped = tokenizer.decode(continuation.ids(answer, tokenizer.eos_token_id, stopped=True))
     cut = tokenizer.decode(continuation.ids(answer, 5, stopped=False))
@@ -187,8 +172,11 @@ def test_a_trl_environment_class_runs_unchanged(qwen):
                         EpisodeLimits(128, 400, max_turns=3, chat_template=True), source)
     # reset() got each row's own target and its string was appended to the prompt; get_reward() scored the end.
     assert [p[-1]["content"] for p in episodes.prompts] == ["go (count to 2)", "go (count to 3)"]
-    assert episodes.episode_rewards == [0.0, 1.0]  # three increments: right for target 3 only
+    # Three turns, but the last turn's call is not run (it ends the episode; TRL runs none): two
+    # increments, right for target 2 only.
+    assert episodes.episode_rewards == [1.0, 0.0]
     assert [c[1]["content"] for c in episodes.conversations] == ["1", "1"]
+    assert [len(c) for c in episodes.conversations] == [5, 5]  # model, tool, model, tool, model
 
 
 def test_frozen_lake_is_played_by_its_action_names(qwen):
@@ -197,14 +185,14 @@ def test_frozen_lake_is_played_by_its_action_names(qwen):
     assert environment.action_names == ["left", "down", "right", "up"]
     # A row's own map: 2x2, the goal right of the start.
     observation, _ = environment.reset(seed=0, options={"desc": ["SG", "FF"]})
-    assert "left, down, right, up" in observation and "SG" in observation.replace("\x1b[41m", "").replace("\x1b[0m", "")
+    assert "left, down, right, up" in observation and "\nSG\nFF\nYou are at row 1, column 1." in observation
     assert environment.step("I go nowhere")[:4] == (
         "That is not an action. Answer with one of: left, down, right, up.", 0.0, False, False)
     _, reward, terminated, _, _ = environment.step("Right!")
     assert reward == 1.0 and terminated and environment.tool_stats["invalid_actions"] == 1
     # Environments are pooled: the next row, naming no map, plays the run's (4x4) map, not the last row's.
     observation, _ = environment.reset(seed=0, options={})
-    assert observation.count("\n") == 4 and "SFFF" in observation.replace("\x1b[41m", "").replace("\x1b[0m", "")
+    assert observation.endswith("\nSFFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 1.") and "\x1b" not in observation
 
 
 @pytest.mark.parametrize("environment, says", [

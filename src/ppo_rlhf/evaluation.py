@@ -6,6 +6,7 @@ A metric is ``metric(prompts, responses, finished, rows) -> dict[str, float]`` (
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -79,7 +80,8 @@ class Evaluator:
         if scores:
             metrics["score"] = sum(scores) / len(scores)
         for name, values in components.items():
-            metrics[f"reward/{name}"] = sum(values) / len(values)
+            scored = [value for value in values if not math.isnan(value)]  # the rows this reward applies to
+            metrics[f"reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
         metrics["seconds"] = time.perf_counter() - start
         return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, texts))

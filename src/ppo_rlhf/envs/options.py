@@ -26,9 +26,12 @@ class EnvironmentOptions:
                                                   "leaves after the prompt", range=above(0))
     tool_timeout: float = option(10.0, "seconds a tool call may take; past it the model is told the tool timed out",
                                  range=above(0))
-    tool_parser: str = option("hermes", "how tool calls are read from the model's text: hermes "
-                                        "(<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, Qwen's and "
-                                        "Hermes' templates) or module:function (text -> list of ToolCall)")
+    tool_parser: str = option("auto", "how tool calls are read from the model's text: auto (the tokenizer's "
+                                      "response_template where it has one, else by the chat template's family: "
+                                      "hermes, llama3-json or gpt-oss), hermes (<tool_call>{\"name\": ..., "
+                                      "\"arguments\": {...}}</tool_call>: Qwen, Hermes, SmolLM3), llama3-json "
+                                      "({\"name\": ..., \"parameters\": {...}}: Llama 3.x), gpt-oss "
+                                      "(to=functions.NAME ... <|call|>), or module:function (text -> list of ToolCall)")
     environment_config: str = option("", "arguments the environment is made with, 'key=value,...' (values read as "
                                           "YAML), e.g. is_slippery=false for gym:FrozenLake-v1")
     action_names: list[str] = option([], "gym:ID: the name of each action, in the action order (default: the "
@@ -82,23 +85,26 @@ class EnvironmentOptions:
 
 def check_template_renders_tools(tokenizer, schemas: list[dict], where: str) -> None:
     """ConfigError at start when tools are given but the chat template leaves them out of the
-    prompt, or cannot render a tool's answer: the model would never learn they exist."""
+    prompt, or cannot render a tool's answer: the model would never learn they exist.  ``where``
+    names the template (envs/chat.py, ``template_name``)."""
     if not schemas:
         return
     name = schemas[0]["function"]["name"]
     question = [{"role": "user", "content": "?"}]
-    answered = question + [{"role": "assistant", "content": "!"}, {"role": "tool", "name": name, "content": "\x01"}]
+    call = {"type": "function", "function": {"name": name, "arguments": {}}}
+    answered = question + [{"role": "assistant", "content": "!", "tool_calls": [call]},
+                           {"role": "tool", "name": name, "content": "sentinel-4f9a"}]
     try:
         listed = name in tokenizer.apply_chat_template(question, tools=schemas, tokenize=False,
                                                        add_generation_prompt=True)
-        answers = "\x01" in tokenizer.apply_chat_template(answered, tools=schemas, tokenize=False,
+        answers = "sentinel-4f9a" in tokenizer.apply_chat_template(answered, tools=schemas, tokenize=False,
                                                           add_generation_prompt=True)
         problem = None if listed and answers else ("does not list the tools in the prompt" if not listed else
                                                    "does not render a tool's answer (role 'tool')")
     except Exception as error:  # noqa: BLE001 -- a template that raises on tools or a tool message
         problem = f"raises on tools ({type(error).__name__}: {error})"
     if problem:
-        raise ConfigError(f"{where}'s chat template {problem}, so the model cannot see its tools; give a template "
+        raise ConfigError(f"{where} {problem}, so the model cannot see its tools; give a template "
                           f"that renders them with --chat-template-file (ppo-rlhf ships one for ChatML models such "
                           f"as SmolLM2 and Qwen: {tool_template_path()})")
 

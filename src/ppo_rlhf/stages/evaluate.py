@@ -20,7 +20,8 @@ from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
-from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_renders_tools
+from ppo_rlhf.envs.chat import prepare_for_config
+from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -112,11 +113,12 @@ def run_eval(config: EvalConfig) -> dict:
     scored = config.reward_count() > 0
     functions = reward_functions(config, None) if scored else []
     check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
+    if environments is not None:  # the chat template checked for episodes before the model loads (envs/chat.py)
+        environments.check_rows(rows[: config.size])
+        prepare_for_config(load_tokenizer(config.model), environments, config)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
     apply_chat_template_file(tokenizer, config.chat_template_file)
-    if environments is not None:
-        check_template_renders_tools(tokenizer, environments.tools, config.model)
     accelerator = config.accelerator()
     model.to(accelerator.device)
     reward = build_reward(config, tokenizer, None, functions) if scored else None

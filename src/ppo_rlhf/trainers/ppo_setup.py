@@ -14,6 +14,7 @@ import torch
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.distributed import on_main_process, rank, world_size
+from ppo_rlhf.envs.chat import prepare_for_config
 from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
@@ -129,6 +130,10 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     check_run_start(config)
     task = make_task(config, config.seed)
     train_rows, eval_rows = prompt_sets(config, task)
+    if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
+        environments.check_rows(train_rows + eval_rows)
+        if config.model is not None:
+            prepare_for_config(load_tokenizer(config.model), environments, config)
     if reward is None:
         functions = reward_functions(config, task)
         check_columns(functions, train_rows, config.prompts or f"the {config.task} task's prompts")
