@@ -369,18 +369,32 @@ GAME = {"environment": "toy_envs:LetterGame"}
 
 @pytest.mark.parametrize("values, says", [
     ({**GAME, "max_turns": 0}, "'max_turns'.*> 0"),
-    ({"max_turns": 3}, "'max_turns'.*left out without --environment or --tool"),
     ({**GAME, "action_names": ["a"]}, "'action_names'.*left out without --environment gym:ID"),
     ({**GAME, "turn_rewards": "per-turn", "estimator": "grpo", "samples_per_prompt": 2}, "gae or reinforce\\+\\+"),
     ({**GAME, "environment_config": "is_slippery"}, "key=value"),
     ({**GAME, "max_episode_tokens": 256}, "'max_episode_tokens'.*< max_length"),
     ({**GAME, "overlong_buffer": 4}, "'overlong_buffer'.*a turn's limit"),
-    ({"environment_config": "is_slippery=false"}, "'environment_config'.*left out without"),
-], ids=["zero-turns", "turns-without-environment", "action-names-off-gym", "per-turn-with-a-group", "config",
-        "episode-longer-than-max-length", "overlong-on-episodes", "config-without-environment"])
+], ids=["zero-turns", "action-names-off-gym", "per-turn-with-a-group", "config",
+        "episode-longer-than-max-length", "overlong-on-episodes"])
 def test_episode_options_are_checked_at_start(values, says):
     with pytest.raises(ConfigError, match=says):
         build_config(PPOConfig, values)
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"max_turns": 3}, "'max_turns'.*left out without --environment or --tool"),
+    ({"environment_config": "is_slippery=false"}, "'environment_config'.*left out without"),
+], ids=["turns-without-environment", "config-without-environment"])
+def test_episode_options_without_episodes_are_refused_at_start(values, says):
+    with pytest.raises(ConfigError, match=says):
+        PPOTrainer(build_config(PPOConfig, values))  # refused before anything loads (no model is named)
+
+
+def test_a_config_may_hold_episode_options_for_an_environment_given_in_python(zoo):
+    config = build_config(PPOConfig, {"max_turns": 3, "turn_rewards": "per-turn"})  # no --environment: not refused
+    with pytest.raises(ConfigError) as refused:  # past the episode checks, to what the run lacks (its prompts)
+        PPOTrainer(config, environment=Counter)
+    assert "max_turns" not in str(refused.value) and "turn_rewards" not in str(refused.value)
 
 
 @pytest.mark.learning

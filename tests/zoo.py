@@ -15,6 +15,7 @@ logits by logit_scale) and gemma2 (caps them with final_logit_softcapping).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from pathlib import Path
@@ -352,3 +353,49 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     fast.chat_template = {"qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "gpt_oss": GPT_OSS_TEMPLATE,
                           "special_tags": tool_template_path().read_text()}[family]
     return fast
+
+
+def family_model(family: str, folder: Path, positions: int = 1024) -> Path:
+    """A tiny random model (Llama's architecture for llama3, Qwen2's otherwise) with
+    :func:`family_tokenizer`'s tokenizer, saved in ``folder``; ``positions``: room for a prompt
+    that lists tools."""
+    tokenizer = family_tokenizer(family)
+    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+               bos_token_id=tokenizer.bos_token_id)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=positions, initializer_range=0.2, **ids)
+    torch.manual_seed(0)
+    config = LlamaConfig(**sizes) if family == "llama3" else Qwen2Config(tie_word_embeddings=True, **sizes)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class CallsFirst:
+    """A rollout engine (the built-in loop) whose first turn of every episode writes ``text`` (a tool
+    call, as the template teaches it) and its stop token; later turns are sampled, ``sampled``
+    tokens at most.  A tiny random model writes no call of its own, and an agent program's rewards
+    read what its calls did."""
+
+    def __init__(self, tokenizer, text: str, sampled: int = 8, seed: int = 0):
+        from ppo_rlhf.rollout.generation import TorchGenerator
+
+        self.stop_token_ids, self.pad, self.sampled = [tokenizer.eos_token_id], tokenizer.pad_token_id, sampled
+        self.call = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        self.max_new_tokens = max(len(self.call), sampled)
+        self.loop = TorchGenerator(self.stop_token_ids, self.pad, sampled, do_sample=True, seed=seed)
+        self.turn = 0
+
+    @contextlib.contextmanager
+    def holding_weights(self, model):
+        """Entered once per batch of episodes (rollout/episodes.py): the next call is their first turn."""
+        self.turn = 0
+        yield
+
+    def generate(self, model, prompt_ids, prompt_mask, max_new_tokens=None):
+        self.turn += 1
+        if self.turn > 1:
+            limits = [min(limit, self.sampled) for limit in max_new_tokens] if max_new_tokens else None
+            return self.loop.generate(model, prompt_ids, prompt_mask, limits)
+        rows = prompt_ids.shape[0]
+        return torch.tensor([self.call] * rows), torch.ones(rows, len(self.call), dtype=torch.long)

@@ -53,15 +53,23 @@ class EnvironmentOptions:
         """Whether rollouts are multi-turn episodes (by the flags; the Python API may give objects)."""
         return self.environment is not None or bool(self.tool)
 
+    def check_episode_options_used(self, given: bool = False) -> None:
+        """At start, once it is known whether rollouts are episodes: an episode option set without
+        them is refused (``given``: an environment or tools were given as Python objects,
+        PPOTrainer(environment=..., tools=...), which turn episodes on as the flags do; a config
+        may hold episode options for them, so this is not a rule of the config alone)."""
+        if given or self.has_episodes():
+            return
+        for field in fields(EnvironmentOptions):
+            if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
+                default = field.default if field.default_factory is MISSING else field.default_factory()
+                check(getattr(self, field.name) == default, field.name,
+                      "left out without --environment or --tool", getattr(self, field.name))
+
     def validate_environment(self, given: bool = False) -> None:
-        """The rules between the episode options; ``given``: an environment or tools were given as
-        Python objects (PPOTrainer(environment=..., tools=...)), which turn episodes on too."""
+        """The rules between the episode options, where rollouts are episodes (by the flags, or
+        ``given``: objects given in Python)."""
         if not (given or self.has_episodes()):
-            for field in fields(EnvironmentOptions):
-                if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
-                    default = field.default if field.default_factory is MISSING else field.default_factory()
-                    check(getattr(self, field.name) == default, field.name,
-                          "left out without --environment or --tool", getattr(self, field.name))
             return
         self.chat_template = True  # turns are chat messages: the template frames them (docs/agents.md)
         gym = (self.environment or "").startswith("gym:")

@@ -403,7 +403,7 @@ class FunctionReward(ScoringReward):
             raise ConfigError(f"reward function {self.name} requires '{not_passed[0]}', which TRL passes and "
                               f"ppo-rlhf does not; give it a default (e.g. {not_passed[0]}=None)")
         try:
-            args, kwargs = self._arguments([], [], {name: [] for name in self.required_columns}, [], [])
+            args, kwargs = self._arguments([], [], {name: [] for name in self.required_columns}, [], [], None, [])
             signature.bind(*args, **kwargs)
         except TypeError:
             raise ConfigError(f"reward function {self.name} must take (prompts, responses), or TRL's keywords "
@@ -443,7 +443,8 @@ class FunctionReward(ScoringReward):
         else:
             args = [prompts, responses]
         if self.takes_all:  # **kwargs: the episode's keywords where there are episodes (TRL's rule for environments)
-            return args, {**offered, **(episode if conversations is not None else {})}
+            named = {key: value for key, value in episode.items() if key in self.named}
+            return args, {**offered, **(episode if conversations is not None else named)}
         return args, {k: v for k, v in {**offered, **episode}.items() if k in self.named}
 
     def _call(self, batch: ScoringBatch):

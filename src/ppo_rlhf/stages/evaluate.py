@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, load_yaml, option, to_dict
-from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
+from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
-from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
@@ -26,6 +25,7 @@ from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
+from ppo_rlhf.trainers.ppo_setup import prompt_reading
 from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 
 
@@ -97,14 +97,16 @@ def run_eval(config: EvalConfig) -> dict:
     if rank() == 0 and (warning := training_run_warning(config)):
         print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
+    config.check_episode_options_used()
     environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
                                       tool_timeout=config.tool_timeout, environment_config=config.environment_config,
                                       action_names=config.action_names or None,
                                       observation_text=config.observation_text)
     if config.prompts:
-        rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)},
-                         prompt_rows(config.prompt_field, config.chat_template), config.data_split)
-        rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
+        required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
+        rows = load_rows(config.prompts, required, convert, config.data_split)
+        if environments is None:  # an episode's empty prompt is its environment's to fill
+            rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
     elif task is not None:
         rows = task.eval_rows()
     else:

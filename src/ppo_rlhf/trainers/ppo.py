@@ -51,7 +51,7 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
-from ppo_rlhf.data import DataError, prompt_check, row_complaint
+from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_complaint
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.chat import prepare_episode_chat, template_name
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
@@ -188,7 +188,9 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
 def environments_of(config: PPOConfig, environment=None, tools: list | None = None):
     """The EnvironmentSource of the run's episodes (envs/__init__.py), from the config and what was
     given in Python; None: single-turn rollouts.  Given objects turn episodes on as the flags do."""
-    if environment is not None or tools:
+    given = environment is not None or bool(tools)
+    config.check_episode_options_used(given)
+    if given:
         config.validate_environment(given=True)
     return environment_source(environment if environment is not None else config.environment,
                               list(tools or []) + list(config.tool), tool_parser=config.tool_parser,
@@ -938,7 +940,8 @@ class PPOTrainer(PPOLoop):
     def step(self, rows: list[dict], draw_more: Callable[[], list[dict]] | None = None) -> dict[str, float]:
         """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics.  ``draw_more``:
         another batch of rows, for --dynamic-sampling (see make_experience)."""
-        check_step_rows(rows, self.config.prompt_field, prompt_check(self.config.chat_template))
+        check_step_rows(rows, self.config.prompt_field, environment_prompt if self.environments is not None
+                        else prompt_check(self.config.chat_template))
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
+from ppo_rlhf.data import drop_empty_prompts, environment_prompt, load_rows, prompt_check, with_environment_placeholders
 from ppo_rlhf.distributed import on_main_process, rank, world_size
 from ppo_rlhf.envs.chat import prepare_for_config
 from ppo_rlhf.envs.options import apply_chat_template_file
@@ -32,20 +33,31 @@ from ppo_rlhf.trainers.resume import TRAINED, check_resume_settings, last_checkp
 from ppo_rlhf.trainers.roles import as_reward, load_roles, reward_functions
 
 
-def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
-    """The training prompts and the held-out ones (at most ``eval_size``)."""
-    required = {config.prompt_field: prompt_check(config.chat_template)}
-    convert = prompt_rows(config.prompt_field, config.chat_template)
+def prompt_sets(config: PPOConfig, task, environments=None) -> tuple[list[dict], list[dict]]:
+    """The training prompts and the held-out ones (at most ``eval_size``).  Played with
+    ``environments``, a row may hold no prompt, or an empty one: the environment's reset() says the
+    task (data.py, ``with_environment_placeholders``)."""
+    required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
+    keep = (lambda rows, source: rows) if environments is not None else (
+        lambda rows, source: drop_empty_prompts(rows, config.prompt_field, source))
     train = load_rows(config.prompts, required, convert, config.data_split) if config.prompts else (task.prompt_rows() if task else None)
     if train is None:
         raise ConfigError("no prompts: give --prompts FILE or --task doubling")
     if config.prompts:
-        train = drop_empty_prompts(train, config.prompt_field, config.prompts)
+        train = keep(train, config.prompts)
     if config.eval_prompts:
-        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required, convert, config.eval_split), config.prompt_field, config.eval_prompts)
+        held_out = keep(load_rows(config.eval_prompts, required, convert, config.eval_split), config.eval_prompts)
     else:
         held_out = task.eval_rows() if task else []
     return train, held_out[: config.eval_size]
+
+
+def prompt_reading(field: str, chat_template: bool, episodes: bool) -> tuple[dict, Callable]:
+    """(the prompt field's check, the rows' converter) of ppo's and eval's prompt rows."""
+    convert = prompt_rows(field, chat_template)
+    if not episodes:
+        return {field: prompt_check(chat_template)}, convert
+    return {field: environment_prompt}, lambda rows: convert(with_environment_placeholders(rows, field))
 
 
 def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) -> list[dict]:
@@ -129,7 +141,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
     check_run_start(config)
     task = make_task(config, config.seed)
-    train_rows, eval_rows = prompt_sets(config, task)
+    train_rows, eval_rows = prompt_sets(config, task, environments)
     if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
         environments.check_rows(train_rows + eval_rows)
         if config.model is not None:
