@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ppo_rlhf.config import ConfigError, build_config
-from ppo_rlhf.envs import environment_source
+from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.envs import EnvironmentFailed, environment_source
 from ppo_rlhf.envs.options import check_template_renders_tools, tool_template_path
 from ppo_rlhf.envs.parsers import ToolCall, parse_hermes
 from ppo_rlhf.envs.tools import ToolBox, ToolEnvironment
@@ -480,3 +482,120 @@ def test_frozen_lake_in_a_ppo_run(tmp_path):
          "--max-new-tokens", 4, "--max-length", 1000, "--eval-every", 0, "--save-every", 0, *THREADS])
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert 1 <= metrics["episode/turns"] <= 3 and "env/invalid_actions" in metrics
+
+
+# ---------------------------------------------------------------- limits as documented
+def test_each_turn_asks_for_no_more_than_the_room_its_episode_has_left(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    generator = Scripted([[[7, 8, stop]]] * 3, [stop], tokenizer.pad_token_id)
+    generator.max_new_tokens = 50
+    source = environment_source(tools=[add], tool_parser=always_call("add", {"a": 1, "b": 1}))
+    answer = len(ChatContinuation(tokenizer, source.tools).ids([{"role": "tool", "name": "add", "content": "2"}], stop,
+                                                             stopped=True))
+    roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
+             EpisodeLimits(128, 400, max_turns=3, max_episode_tokens=3 + answer + 20, chat_template=True), source)
+    assert generator.limits[:2] == [[50], [20]]  # the second turn: the 20 tokens its episode has left, not 50
+
+
+def test_a_later_turn_never_runs_past_the_positions_of_a_model_with_learned_positions(zoo):
+    """GPT-2's n_positions equals --max-length here: a turn asking --max-new-tokens whatever room
+    is left ran past it (an IndexError in the position embedding)."""
+    from ppo_rlhf.rollout.sequences import stop_token_ids
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(zoo["gpt2"]), AutoTokenizer.from_pretrained(zoo["gpt2"])
+    assert model.config.n_positions == 128
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|endoftext|>{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    generator = TorchGenerator(stop_token_ids(tokenizer, model), tokenizer.pad_token_id, 60, do_sample=True, seed=0)
+    episodes = roll_out(model, tokenizer, generator, [{"prompt": "hello"}] * 2, ["hello"] * 2,
+                        EpisodeLimits(20, 128, max_turns=4, chat_template=True), environment_source(LetterGame))
+    lengths = episodes.sequences.prompt_mask.sum(dim=1) + episodes.sequences.response_mask.sum(dim=1)
+    assert lengths.max() <= 128 and max(episodes.turns) == 2
+
+
+def test_the_calls_of_a_turn_that_ends_the_episode_are_not_run(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    source = environment_source(tools=[add], tool_parser=always_call("add", {"a": 1, "b": 2}))
+    episodes = roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id), [{"prompt": "hi"}],
+                        ["hi"], EpisodeLimits(128, 400, max_turns=1, chat_template=True), source)
+    assert episodes.stats["calls"] == 0 and episodes.tool_logs == [[]]  # not run: the model would never read it
+    assert episodes.conversations[0] == [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}]
+    assert episodes.truncated == [True]  # ended by --max-turns while it still called a tool
+
+
+def test_an_empty_turn_keeps_its_per_turn_reward(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    generator = Scripted([[[7, 8, stop]], [[]], [[9, stop]]], [stop], tokenizer.pad_token_id)  # an engine may return nothing
+    episodes = roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
+                        EpisodeLimits(128, 400, max_turns=3, chat_template=True),
+                        environment_source("toy_envs:PaysEachTurn"))
+    first, second, third = episodes.turn_ends[0]
+    assert first == second == 2 and episodes.step_rewards[0] == [1.0, 1.0, 1.0]  # the empty turn's lands on the one before
+    config = build_config(PPOConfig, {"environment": "toy_envs:PaysEachTurn", "turn_rewards": "per-turn"})
+    trainer = SimpleNamespace(config=config, device="cpu")
+    score, placed = PPOTrainer.place_turn_rewards(trainer, torch.tensor([3.0]), episodes)
+    assert placed[0, 2] == 2.0 and placed[0, third] == 1.0 and score.item() == 0.0
+
+
+def test_per_turn_rewards_go_through_the_scores_normalisation_and_clip():
+    config = build_config(PPOConfig, {"environment": "toy_envs:LetterGame", "turn_rewards": "per-turn",
+                                      "score_norm": True, "score_clip": 1.5})
+    trainer = SimpleNamespace(config=config, score_moments=RunningMoments())
+    scores, turns = torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 4.0, 0.0], [2.0, 0.0, 0.0]])
+    normalised, turn_rewards = PPOTrainer.normalise_scores(trainer, scores, turns)
+    returns = torch.tensor([5.0, 2.0])  # the moments are of each episode's whole return
+    assert trainer.score_moments.mean.item() == pytest.approx(returns.mean().item(), rel=1e-3)
+    std = trainer.score_moments.std.item()
+    torch.testing.assert_close(turn_rewards, (turns / std).clamp(-1.5, 1.5))
+    mean = trainer.score_moments.mean.item()
+    torch.testing.assert_close(normalised, ((scores - mean) / std).clamp(-1.5, 1.5))
+
+
+@pytest.mark.parametrize("environment, option", [
+    ("gym:FrozenLake-v1", {"tool_parser": "hermes"}),
+    ("toy_envs:LetterGame", {"tool_timeout": 5.0}),
+], ids=["gym-tool-parser", "gymnasium-class-tool-timeout"])
+def test_tool_options_are_refused_where_no_tool_is_called(environment, option):
+    name = next(iter(option))
+    with pytest.raises(ConfigError, match=f"invalid value for '{name}'.*calls no tool.*leave --{name.replace('_', '-')} out"):
+        environment_source(environment, **option)
+
+
+def test_blackjack_plays_its_observation_said_in_words():
+    environment = environment_source("gym:Blackjack-v1").environments(1)[0]
+    observation, _ = environment.reset(seed=0, options={})
+    assert "stick, hit" in observation and "Your cards add up to 11; the dealer shows a 10." in observation
+    observation, reward, terminated, _, _ = environment.step("hit")
+    assert observation == "Your cards add up to 12; the dealer shows a 10." and not terminated
+
+
+def test_an_environment_that_draws_no_text_is_refused_naming_observation_text():
+    with pytest.raises(ConfigError, match="gym:CartPole-v1 draws no text.*--observation-text module:function"):
+        environment_source("gym:CartPole-v1", action_names=["left", "right"])
+
+
+def test_the_adapters_instructions_are_a_paragraph_of_their_own(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    source = environment_source("gym:FrozenLake-v1", environment_config="is_slippery=false")
+    episodes = roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
+                        [{"prompt": "Reach G."}], ["Reach G."], EpisodeLimits(128, 400, chat_template=True), source)
+    assert episodes.prompts[0][-1]["content"].startswith("Reach G.\n\nYou are playing FrozenLake.")
+
+
+@pytest.mark.parametrize("environment, says", [
+    ("toy_envs:OldGymStep", "step\\(\\) returned 4 values \\(observation, reward, done, info\\), the old gym API.*split "
+                            "done into terminated"),
+    ("toy_envs:TextReward", "step\\(\\) returned the reward '1.0' \\(str\\); a reward is a finite number"),
+], ids=["old-gym-4-tuple", "text-reward"])
+def test_what_an_environment_hands_back_is_checked_naming_it_the_method_and_the_row(qwen, environment, says):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    with pytest.raises(EnvironmentFailed, match=f"environment {environment.split(':')[1]}: {says}.*rows.jsonl:4"):
+        roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
+                 [{"prompt": "hi", "_source": "rows.jsonl:4"}], ["hi"], EpisodeLimits(128, 400, chat_template=True),
+                 environment_source(environment))

@@ -185,3 +185,14 @@ class OldGymStep(LetterGame):
 class TextReward(LetterGame):
     def step(self, action: str):
         return None, "1.0", True, False, {}
+
+
+class PaysEachTurn(LetterGame):
+    """LetterGame paying 1 for every turn, however empty (three turns)."""
+
+    def __init__(self):
+        super().__init__(turns=3)
+
+    def step(self, action: str):
+        observation, _, done, truncated, info = super().step(action)
+        return observation, 1.0, done, truncated, info
