@@ -142,7 +142,8 @@ def test_a_template_auto_cannot_read_is_refused_naming_the_parsers(zoo):
     tokenizer.chat_template = (tokenizer.chat_template.replace("{% for m in messages %}",
                                                                "{% for t in tools or [] %}{{ t | tojson }}{% endfor %}"
                                                                "{% for m in messages %}"))
-    with pytest.raises(ConfigError, match="--tool-parser auto cannot tell.*--tool-parser hermes / llama3-json / gpt-oss"):
+    with pytest.raises(ConfigError, match="--tool-parser auto cannot tell.*--tool-parser hermes / llama3-json / "
+                                          "gpt-oss"):
         prepared(tokenizer)
 
 

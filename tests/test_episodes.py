@@ -529,12 +529,14 @@ def test_the_calls_of_a_turn_that_ends_the_episode_are_not_run(qwen):
 def test_an_empty_turn_keeps_its_per_turn_reward(qwen):
     model, tokenizer = qwen
     stop = tokenizer.eos_token_id
-    generator = Scripted([[[7, 8, stop]], [[]], [[9, stop]]], [stop], tokenizer.pad_token_id)  # an engine may return nothing
+    # An engine may return nothing for a turn.
+    generator = Scripted([[[7, 8, stop]], [[]], [[9, stop]]], [stop], tokenizer.pad_token_id)
     episodes = roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
                         EpisodeLimits(128, 400, max_turns=3, chat_template=True),
                         environment_source("toy_envs:PaysEachTurn"))
     first, second, third = episodes.turn_ends[0]
-    assert first == second == 2 and episodes.step_rewards[0] == [1.0, 1.0, 1.0]  # the empty turn's lands on the one before
+    # The empty turn's reward lands on the turn before it.
+    assert first == second == 2 and episodes.step_rewards[0] == [1.0, 1.0, 1.0]
     config = build_config(PPOConfig, {"environment": "toy_envs:PaysEachTurn", "turn_rewards": "per-turn"})
     trainer = SimpleNamespace(config=config, device="cpu")
     score, placed = PPOTrainer.place_turn_rewards(trainer, torch.tensor([3.0]), episodes)
@@ -561,7 +563,8 @@ def test_per_turn_rewards_go_through_the_scores_normalisation_and_clip():
 ], ids=["gym-tool-parser", "gymnasium-class-tool-timeout"])
 def test_tool_options_are_refused_where_no_tool_is_called(environment, option):
     name = next(iter(option))
-    with pytest.raises(ConfigError, match=f"invalid value for '{name}'.*calls no tool.*leave --{name.replace('_', '-')} out"):
+    flag = name.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"invalid value for '{name}'.*calls no tool.*leave --{flag} out"):
         environment_source(environment, **option)
 
 
@@ -588,8 +591,8 @@ def test_the_adapters_instructions_are_a_paragraph_of_their_own(qwen):
 
 
 @pytest.mark.parametrize("environment, says", [
-    ("toy_envs:OldGymStep", "step\\(\\) returned 4 values \\(observation, reward, done, info\\), the old gym API.*split "
-                            "done into terminated"),
+    ("toy_envs:OldGymStep", "step\\(\\) returned 4 values \\(observation, reward, done, info\\), the old gym "
+                            "API.*split done into terminated"),
     ("toy_envs:TextReward", "step\\(\\) returned the reward '1.0' \\(str\\); a reward is a finite number"),
 ], ids=["old-gym-4-tuple", "text-reward"])
 def test_what_an_environment_hands_back_is_checked_naming_it_the_method_and_the_row(qwen, environment, says):
@@ -599,3 +602,22 @@ def test_what_an_environment_hands_back_is_checked_naming_it_the_method_and_the_
         roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
                  [{"prompt": "hi", "_source": "rows.jsonl:4"}], ["hi"], EpisodeLimits(128, 400, chat_template=True),
                  environment_source(environment))
+
+
+# ---------------------------------------------------------------- evaluation shows episodes
+def test_eval_with_an_environment_keeps_whole_episodes_reports_them_and_shows_progress(zoo, tmp_path, capsys):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS[:4]])
+    run(["eval", "--model", zoo["qwen2"], "--prompts", rows, "--environment", "toy_envs:Counter",
+         "--tool-parser", "toy_envs:calls_increment", "--chat-template-file", TEMPLATE, "--max-turns", 2,
+         "--max-new-tokens", 4, "--max-length", 1024, "--out", tmp_path / "eval", *THREADS])
+    captured = capsys.readouterr()
+    assert "eval: 100%" in captured.err and "4/4" in captured.err  # the bar of the episodes played
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["episode/turns"] == 2.0 and summary["tools/calls"] == 1.0 and summary["tools/errors"] == 0.0
+    assert summary["episode/success"] == 1.0 and summary["score"] == 1.0  # one increment reaches the target 1
+    sample = summary["samples"][0]
+    assert [m["role"] for m in sample["messages"]] == ["assistant", "tool", "assistant"]
+    assert sample["messages"][0]["tool_calls"][0]["function"] == {"name": "increment", "arguments": {"by": 1}}
+    assert sample["messages"][1] == {"role": "tool", "name": "increment", "content": "1"}
+    assert sample["tool_calls"][0]["outcome"] == "ok" and sample["turns"] == 2 and sample["truncated"]
+    assert "[tool] 1" in sample["response"]

@@ -40,5 +40,6 @@ def train(model_path: str, rows: str, out: str, **given) -> dict:
     # TRL:     args=GRPOConfig(max_steps=1000, chat_template_kwargs={"enable_thinking": False}),
     # TRL:     environment_factory=IncrementEnv,
     # TRL: )
-    trainer = PPOTrainer(PPOConfig(model=model_path, prompts=rows, out=out, **BUDGET), environment=IncrementEnv, **given)
+    trainer = PPOTrainer(PPOConfig(model=model_path, prompts=rows, out=out, **BUDGET), environment=IncrementEnv,
+                         **given)
     return trainer.train()

@@ -148,7 +148,8 @@ def continuation_problem(tokenizer, tools: list[dict], answer: list[dict], templ
     except TemplateProblem as problem:
         return problem.args[0]
     except Exception as error:  # noqa: BLE001 -- a template that raises on the stand-in conversation
-        return f"raises on an assistant turn followed by a {answer[0]['role']} message ({type(error).__name__}: {error})"
+        role = answer[0]["role"]
+        return f"raises on an assistant turn followed by a {role} message ({type(error).__name__}: {error})"
     if SENTINEL not in continuation.tokenizer.decode(ids):
         return f"leaves out a {answer[0]['role']} message that follows an assistant turn"
     return None

@@ -339,8 +339,9 @@ class FunctionReward(ScoringReward):
     Called as ``f(prompts, responses, **columns) -> list[float]``, one score per response:
 
     - ``prompts``, ``responses``: the first two positional parameters, whatever their names.
-      A function with a parameter named ``completions``, or fewer than two positional parameters
-      free to take them (``def reward(environments, **kwargs)``), is called the way TRL's
+      A function with a parameter named ``completions``, or one of TRL's keywords (``environments``,
+      ``completion_ids``) among its first two, or fewer than two positional parameters and
+      ``**kwargs`` (``def reward(environments, **kwargs)``, ``def reward(**kwargs)``), is called the way TRL's
       GRPOTrainer calls its reward functions instead, every argument by keyword: ``prompts=``,
       ``completions=`` (the responses: text after a plain prompt, ``[{"role": "assistant",
       "content": text}]`` after a conversational one, an episode's messages after its prompt --
@@ -386,9 +387,10 @@ class FunctionReward(ScoringReward):
         parameters = signature.parameters
         positional_names = [name for name, p in parameters.items()
                             if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        self.trl_style = TRL_RESPONSES in parameters or len(positional_names) < 2 or any(
-            name in KEYWORD_ONLY_NAMES for name in positional_names[:2])
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        self.trl_style = (TRL_RESPONSES in parameters
+                          or any(name in KEYWORD_ONLY_NAMES for name in positional_names[:2])
+                          or (len(positional_names) < 2 and self.takes_all))
         by_name = [name for name, p in parameters.items()
                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
         # Positional call: the first two positional parameters take prompts and responses.

@@ -137,7 +137,8 @@ def run_eval(config: EvalConfig) -> dict:
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template,
                           environments=environments, environment_weight=config.environment_reward_weight,
                           limits=EpisodeLimits(max_prompt_length, config.max_length, config.max_turns,
-                                               config.max_episode_tokens, config.chat_template), seed=config.seed)
+                                               config.max_episode_tokens, config.chat_template), seed=config.seed,
+                          show_progress=True)
     generator = None
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
@@ -147,8 +148,12 @@ def run_eval(config: EvalConfig) -> dict:
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
                                      seed=config.seed, prefix="", generator=generator)
+    # An episode's sample is the whole of it: its messages, the tool calls and their results, turns and score.
+    shown = [{"prompt": p, "response": r, **{k: v for k, v in episode.items() if k != "prompt"}}
+             for (p, r), episode in zip(samples, evaluator.last_episodes)] if evaluator.last_episodes else [
+        {"prompt": p, "response": r} for p, r in samples]
     summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
-               **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
+               **metrics, "samples": shown[: config.show]}
     if config.out:
         start_run_folder(config.out, config.overwrite)
         run_log = RunLog(Path(config.out), to_dict(config), report_to="none")
