@@ -13,8 +13,9 @@ calls, the same tensors).  With one, each episode goes on:
 
 The model's tokens are never decoded and re-encoded: what it sampled is what trains.  Only what
 the environment adds is tokenized, once, as the chat template continues a conversation after an
-assistant turn (:class:`ChatContinuation`).  Episodes of a batch advance turn by turn together:
-each turn is one ``generator.generate`` call on the episodes still running.
+assistant turn (envs/chat.py, ``ChatContinuation``).  Episodes of a batch advance turn by turn
+together: each turn is one ``generator.generate`` call on the episodes still running, each asking
+for no more than the room its episode has left.
 """
 
 from __future__ import annotations
