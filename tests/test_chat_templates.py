@@ -38,7 +38,7 @@ def play(model, tokenizer, turns: list[str], stop: int, source, max_turns: int =
     ids = [[tokenizer(text, add_special_tokens=False)["input_ids"] + [stop]] for text in turns]
     generator = Scripted(ids, [stop], tokenizer.pad_token_id)
     episodes = roll_out(model, tokenizer, generator, [{"prompt": "1 + 2?"}], ["1 + 2?"],
-                        EpisodeLimits(400, 800, max_turns=max_turns, chat_template=True), source)
+                        EpisodeLimits(2000, 3000, max_turns=max_turns, chat_template=True), source)
     return episodes, generator
 
 
@@ -100,7 +100,7 @@ def test_gpt_oss_tool_answers_follow_a_stand_in_turn_that_made_the_call(model):
            [tokenizer("<|channel|>final<|message|>3", add_special_tokens=False)["input_ids"] + [stop]]]
     generator = Scripted(ids, [stop, call], tokenizer.pad_token_id)
     episodes = roll_out(model, tokenizer, generator, [{"prompt": "1 + 2?"}], ["1 + 2?"],
-                        EpisodeLimits(400, 800, max_turns=3, chat_template=True), source)
+                        EpisodeLimits(2000, 3000, max_turns=3, chat_template=True), source)
     assert episodes.conversations[0][0]["tool_calls"] == [
         {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]
     answer = tokenizer.decode(generator.contexts[1][0][len(generator.contexts[0][0]) + len(ids[0][0]):])

@@ -4,6 +4,7 @@ their errors; TRL's environment classes; gymnasium environments in text; the tra
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +26,7 @@ from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from toy_envs import Counter, LetterGame, add, divide, sleepy
-from zoo import PROMPTS, THREADS, Scripted, run, run_failing, same_actor_as_straight_run, write_jsonl
+from zoo import PROMPTS, REWARDS_MODULE, THREADS, Scripted, run, run_failing, same_actor_as_straight_run, write_jsonl
 
 TEMPLATE = str(tool_template_path())
 # The zoo's models have 128 positions: prompt and episode fit in them.
@@ -60,7 +61,7 @@ def test_the_tokens_trained_on_are_the_tokens_sampled_even_where_text_would_re_e
     source = environment_source(tools=[add], tool_parser=lambda text: [ToolCall("add", {"a": 1, "b": 2})]
                                 if len(text) and text == "good" else [])
     episodes = roll_out(model, tokenizer, generator, [{"prompt": "hello"}], ["hello"],
-                        EpisodeLimits(128, 400, max_turns=4, chat_template=True), source)
+                        EpisodeLimits(1024, 1400, max_turns=4, chat_template=True), source)
     sequences = episodes.sequences
     ids, loss_mask = sequences.response_ids[0].tolist(), sequences.loss_mask[0].tolist()
     model_ids = [token for token, own in zip(ids, loss_mask) if own]
@@ -110,7 +111,7 @@ def test_an_episode_ends_at_each_limit(qwen, limit, expected_turns, truncated):
     calls = iter([True, True, False, False, False, False, False, False])
     source = environment_source(tools=[add], tool_parser=lambda text: [ToolCall("add", {"a": 1, "b": 1})]
                                 if next(calls) else [])
-    limits = EpisodeLimits(128, 400, chat_template=True, **limit)
+    limits = EpisodeLimits(1024, 1400, chat_template=True, **limit)
     episodes = roll_out(model, tokenizer, Scripted(turns, [stop], tokenizer.pad_token_id), [{"prompt": "hi"}], ["hi"],
                         limits, source)
     assert episodes.turns == [expected_turns] and episodes.truncated == [truncated]
@@ -125,7 +126,7 @@ def test_a_turn_past_the_token_budget_is_cut_and_counted_truncated(qwen):
     stop = tokenizer.eos_token_id
     source = environment_source(tools=[add], tool_parser=lambda text: [])
     episodes = roll_out(model, tokenizer, Scripted([[[5] * 12 + [stop]]], [stop], tokenizer.pad_token_id),
-                        [{"prompt": "hi"}], ["hi"], EpisodeLimits(128, 400, 4, 8, True), source)
+                        [{"prompt": "hi"}], ["hi"], EpisodeLimits(1024, 1400, 4, 8, True), source)
     assert episodes.sequences.response_mask.sum().item() == 8 and episodes.truncated == [True]
     assert episodes.finished == [False]  # cut before its stop id
 
@@ -171,7 +172,7 @@ def test_a_trl_environment_class_runs_unchanged(qwen):
     stop = tokenizer.eos_token_id
     episodes = roll_out(model, tokenizer, Scripted([[[5, stop]] * 2] * 3, [stop], tokenizer.pad_token_id),
                         [{"prompt": "go", "target": 2}, {"prompt": "go", "target": 3}], ["go", "go"],
-                        EpisodeLimits(128, 400, max_turns=3, chat_template=True), source)
+                        EpisodeLimits(1024, 1400, max_turns=3, chat_template=True), source)
     # reset() got each row's own target and its string was appended to the prompt; get_reward() scored the end.
     assert [p[-1]["content"] for p in episodes.prompts] == ["go (count to 2)", "go (count to 3)"]
     # Three turns, but the last turn's call is not run (it ends the episode; TRL runs none): two
@@ -344,15 +345,26 @@ def test_a_run_stopped_by_its_environment_resumes_from_its_last_checkpoint(zoo, 
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_tools_from_python_and_the_shipped_template(zoo, tmp_path):
+@pytest.fixture(scope="module")
+def room_for_tools(tmp_path_factory):
+    """The zoo's ChatML model with 1024 positions: the tool template's prompt is ~470 tokens in its
+    tiny vocabulary, and a prompt cut would take the tools away (refused)."""
+    from test_default_learning import users_tiny_model
+
+    folder = tmp_path_factory.mktemp("room") / "model"
+    users_tiny_model(folder, arch="qwen2", positions=1024)
+    return str(folder)
+
+
+def test_tools_from_python_and_the_shipped_template(room_for_tools, tmp_path):
     def doubled(prompts, responses, conversations, environments):
         assert all(c[0]["role"] == "assistant" for c in conversations) and len(environments) == len(responses)
         return [float(len(r) % 3) for r in responses]
 
-    config = PPOConfig(model=str(zoo["qwen2"]), prompts=str(write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
-                                                                                              PROMPTS])),
+    config = PPOConfig(model=room_for_tools, prompts=str(write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
+                                                                                           PROMPTS])),
                        chat_template_file=TEMPLATE, out=str(tmp_path / "api"), iterations=1, batch_size=4,
-                       mini_batch_size=2, max_new_tokens=6, max_length=128, eval_every=0, save_every=0, num_threads=1)
+                       mini_batch_size=2, max_new_tokens=6, eval_every=0, save_every=0, num_threads=1)
     summary = PPOTrainer(config, reward=doubled, tools=[add]).train()
     assert summary["iterations"] == 1
     saved = AutoTokenizer.from_pretrained(Path(summary["checkpoints"]["actor"]))
@@ -374,7 +386,7 @@ GAME = {"environment": "toy_envs:LetterGame"}
     ({**GAME, "action_names": ["a"]}, "'action_names'.*left out without --environment gym:ID"),
     ({**GAME, "turn_rewards": "per-turn", "estimator": "grpo", "samples_per_prompt": 2}, "gae or reinforce\\+\\+"),
     ({**GAME, "environment_config": "is_slippery"}, "key=value"),
-    ({**GAME, "max_episode_tokens": 256}, "'max_episode_tokens'.*< max_length"),
+    ({**GAME, "max_episode_tokens": 1024}, "'max_episode_tokens'.*< max_length \\(1024\\)"),
     ({**GAME, "overlong_buffer": 4}, "'overlong_buffer'.*a turn's limit"),
 ], ids=["zero-turns", "action-names-off-gym", "per-turn-with-a-group", "config",
         "episode-longer-than-max-length", "overlong-on-episodes"])
@@ -459,12 +471,14 @@ def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
     assert prompts[1].endswith("<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_a_trl_environment_class_given_in_python(zoo, tmp_path):
+def test_a_trl_environment_class_given_in_python(room_for_tools, tmp_path):
     rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS])
-    config = PPOConfig(model=str(zoo["qwen2"]), prompts=str(rows), chat_template_file=TEMPLATE, out=str(tmp_path / "run"),
-                       iterations=1, batch_size=4, mini_batch_size=4, max_new_tokens=4, max_length=128, eval_every=0,
-                       save_every=0, num_threads=1)
+    config = PPOConfig(model=room_for_tools, prompts=str(rows), chat_template_file=TEMPLATE, out=str(tmp_path / "run"),
+                       iterations=1, batch_size=4, mini_batch_size=4, max_new_tokens=4, eval_every=0, save_every=0,
+                       num_threads=1)
+    assert config.max_length == 256  # no --environment in the config: a single turn's default, so far
     summary = PPOTrainer(config, environment=Counter).train()  # its get_reward() is the run's only reward
+    assert config.max_length == 1024  # an environment given in Python: an episode's default
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     # No call is ever read from a tiny model's text: the counter stays 0, short of the target.
     assert summary["iterations"] == 1 and metrics["score"] == metrics["reward/environment"] == 0.0
@@ -494,7 +508,7 @@ def test_each_turn_asks_for_no_more_than_the_room_its_episode_has_left(qwen):
     answer = len(ChatContinuation(tokenizer, source.tools).ids([{"role": "tool", "name": "add", "content": "2"}], stop,
                                                              stopped=True))
     roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
-             EpisodeLimits(128, 400, max_turns=3, max_episode_tokens=3 + answer + 20, chat_template=True), source)
+             EpisodeLimits(1024, 1400, max_turns=3, max_episode_tokens=3 + answer + 20, chat_template=True), source)
     assert generator.limits[:2] == [[50], [20]]  # the second turn: the 20 tokens its episode has left, not 50
 
 
@@ -519,7 +533,7 @@ def test_the_calls_of_a_turn_that_ends_the_episode_are_not_run(qwen):
     stop = tokenizer.eos_token_id
     source = environment_source(tools=[add], tool_parser=always_call("add", {"a": 1, "b": 2}))
     episodes = roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id), [{"prompt": "hi"}],
-                        ["hi"], EpisodeLimits(128, 400, max_turns=1, chat_template=True), source)
+                        ["hi"], EpisodeLimits(1024, 1400, max_turns=1, chat_template=True), source)
     assert episodes.stats["calls"] == 0 and episodes.tool_logs == [[]]  # not run: the model would never read it
     assert episodes.conversations[0] == [{"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}]
@@ -605,9 +619,10 @@ def test_what_an_environment_hands_back_is_checked_naming_it_the_method_and_the_
 
 
 # ---------------------------------------------------------------- evaluation shows episodes
-def test_eval_with_an_environment_keeps_whole_episodes_reports_them_and_shows_progress(zoo, tmp_path, capsys):
+def test_eval_with_an_environment_keeps_whole_episodes_reports_them_and_shows_progress(room_for_tools, tmp_path,
+                                                                                      capsys):
     rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS[:4]])
-    run(["eval", "--model", zoo["qwen2"], "--prompts", rows, "--environment", "toy_envs:Counter",
+    run(["eval", "--model", room_for_tools, "--prompts", rows, "--environment", "toy_envs:Counter",
          "--tool-parser", "toy_envs:calls_increment", "--chat-template-file", TEMPLATE, "--max-turns", 2,
          "--max-new-tokens", 4, "--max-length", 1024, "--out", tmp_path / "eval", *THREADS])
     captured = capsys.readouterr()
@@ -621,3 +636,91 @@ def test_eval_with_an_environment_keeps_whole_episodes_reports_them_and_shows_pr
     assert sample["messages"][1] == {"role": "tool", "name": "increment", "content": "1"}
     assert sample["tool_calls"][0]["outcome"] == "ok" and sample["turns"] == 2 and sample["truncated"]
     assert "[tool] 1" in sample["response"]
+
+
+# ---------------------------------------------------------------- what environments, tools and templates hand back
+NO_CALLS = {"tool_parser": lambda text: []}  # a TRL class's episode: turns without calls
+
+
+@pytest.mark.parametrize("environment, options, method, says", [
+    ("toy_envs:ResetEndsWithTheReply", {}, "reset", "returned messages that end with an assistant message as the "
+                                                    "prompt"),
+    ("toy_envs:ResetReturnsText", {}, "reset", "returned 'a bare string, not \\(observation, info\\)'; gymnasium's "
+                                               "reset returns \\(observation, info\\)"),
+    ("toy_envs:RewardIsNaN", NO_CALLS, "get_reward", "returned the reward nan \\(float\\); a reward is a finite number"),
+    ("toy_envs:ResetLikeGymnasium", NO_CALLS, "reset", "raised TypeError: it returned a tuple \\(observation, "
+                                                       "info\\), gymnasium's shape, but its reset does not take seed= "
+                                                       "and options="),
+], ids=["reset-ends-with-the-reply", "reset-bare-string", "nan-get-reward", "trl-reset-returns-a-tuple"])
+def test_an_environment_handing_back_what_none_may_is_named(qwen, environment, options, method, says):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    with pytest.raises(EnvironmentFailed, match=f"environment {environment.split(':')[1]}: {method}\\(\\) {says}"
+                                                f".*rows.jsonl:2"):
+        roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
+                 [{"prompt": "hi", "_source": "rows.jsonl:2"}], ["hi"], EpisodeLimits(1024, 1400, chat_template=True),
+                 environment_source(environment, **options))
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(observation_text="toy_envs:says_nothing"), "reset\\(\\) raised TypeError: its observation text function "
+                                                     "says_nothing returned None \\(NoneType\\); it must return the "
+                                                     "text the model reads \\(--observation-text\\)"),
+    (dict(environment_config="desc=[SX,FG]"), "reset\\(\\) raised ValueError: the map holds tiles FrozenLake does "
+                                              "not know \\(X\\)"),
+], ids=["observation-text-none", "unknown-tile"])
+def test_a_gym_environments_observation_that_cannot_be_read_is_named(options, says):
+    environment = environment_source("gym:FrozenLake-v1", **options).environments(1)[0]
+    runner = SimpleNamespace()
+    with pytest.raises(EnvironmentFailed, match=f"environment gym:FrozenLake-v1: {says}.*maps.jsonl:7"):
+        from ppo_rlhf.rollout.episodes import EpisodeRunner
+
+        EpisodeRunner.call(runner, environment, "reset", {"_source": "maps.jsonl:7"}, seed=0, options={})
+
+
+@pytest.mark.parametrize("arguments, says", [
+    (dict(environment="gym:FrozenLake-v1", environment_config="desc=[SFFF,FHFH"),
+     "invalid value for 'environment_config'.*a bracket opened in 'desc=\\[SFFF,FHFH' is never closed"),
+    (dict(environment="gym:FrozenLake-v1", environment_config="map_name=5x5"),
+     "environment gym:FrozenLake-v1: making it with \\{'map_name': '5x5'\\} raised KeyError: '5x5'"),
+    (dict(environment="toy_envs:BrokenConstructor"),
+     "environment toy_envs:BrokenConstructor: making it raised RuntimeError: the game server is down"),
+    (dict(tools=add), "tools must be a list of functions, got a function.*give tools=\\[add\\]"),
+], ids=["config-unclosed-bracket", "gymnasium-constructor-key-error", "constructor-raises", "tools-a-function"])
+def test_start_time_inputs_that_cannot_make_an_environment_are_named(arguments, says):
+    with pytest.raises(ConfigError, match=says):
+        environment_source(**arguments)
+
+
+def test_a_chat_template_file_with_a_syntax_error_is_refused_naming_it(zoo, tmp_path):
+    from ppo_rlhf.envs.options import apply_chat_template_file
+
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m['content'] }}")  # the for is never closed
+    with pytest.raises(ConfigError, match=f"invalid value for 'chat_template_file': '{broken}'; the template does not "
+                                          f"render a user's question \\(TemplateSyntaxError"):
+        apply_chat_template_file(AutoTokenizer.from_pretrained(zoo["qwen2"]), str(broken))
+
+
+@pytest.mark.parametrize("parser, says", [
+    ("raising_parser", "the tool-call parser raising_parser raised KeyError: 'name' on a turn"),
+    ("parser_of_strings", "the tool-call parser parser_of_strings returned \\['add'\\]; a parser returns a list of "
+                          "ppo_rlhf.envs.parsers.ToolCall"),
+], ids=["raises", "returns-strings"])
+def test_a_broken_tool_parser_is_named_as_the_parser(room_for_tools, tmp_path, capsys, parser, says):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", room_for_tools, "--prompts", prompts, "--tool", "toy_envs:add",
+                       "--tool-parser", f"toy_envs:{parser}", "--chat-template-file", TEMPLATE,
+                       "--reward-fn", f"{REWARDS_MODULE}:length_score", "--out", tmp_path / "run",
+                       "--batch-size", 4, "--mini-batch-size", 4, "--max-new-tokens", 6, "--max-length", 1024,
+                       "--eval-every", 0, "--save-every", 0, *THREADS], capsys)
+    assert re.search(says, err) and "step()" not in err and "Traceback" not in err
+
+
+def test_a_prompt_whose_cut_would_take_its_tools_away_is_refused_at_start(room_for_tools, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", room_for_tools, "--prompts", prompts, "--tool", "toy_envs:add",
+                       "--chat-template-file", TEMPLATE, "--reward-fn", f"{REWARDS_MODULE}:length_score",
+                       "--max-length", 256, "--max-new-tokens", 16, "--out", tmp_path / "run", *THREADS], capsys)
+    assert re.search(r"the prompt of .*prompts.jsonl:1 is \d+ tokens once the chat template lists its tools, more "
+                     r"than --max-length minus --max-new-tokens \(240\).*raise --max-length to at least", err)

@@ -196,3 +196,42 @@ class PaysEachTurn(LetterGame):
     def step(self, action: str):
         observation, _, done, truncated, info = super().step(action)
         return observation, 1.0, done, truncated, info
+
+
+class ResetEndsWithTheReply(LetterGame):
+    def reset(self, *, seed=None, options=None):
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], {}
+
+
+class ResetReturnsText(LetterGame):
+    def reset(self, *, seed=None, options=None):
+        return "a bare string, not (observation, info)"
+
+
+class RewardIsNaN(Counter):
+    def get_reward(self) -> float:
+        return float("nan")
+
+
+class ResetLikeGymnasium(Counter):
+    """TRL's shape (reset takes no seed= / options=) whose reset returns gymnasium's (observation, info)."""
+
+    def reset(self, **kwargs):
+        return "count", {}
+
+
+class BrokenConstructor(LetterGame):
+    def __init__(self):
+        raise RuntimeError("the game server is down")
+
+
+def raising_parser(text: str):
+    raise KeyError("name")
+
+
+def parser_of_strings(text: str):
+    return ["add"]
+
+
+def says_nothing(observation, env):
+    return None

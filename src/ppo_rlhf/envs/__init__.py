@@ -130,17 +130,11 @@ class EnvironmentSource:
 
 
 def parse_config_values(text: str | None) -> dict:
-    """``key=value,key=value`` (values read as YAML scalars: numbers, true/false) -> dict."""
-    import yaml
+    """``key=value,key=value`` (values read as YAML: numbers, true/false, lists) -> dict; ConfigError
+    naming --environment-config and the part at fault (config.py, ``parse_key_values``)."""
+    from ppo_rlhf.config import parse_key_values
 
-    values = {}
-    for part in filter(None, (text or "").split(",")):
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"invalid value for 'environment_config': {text!r}; expected key=value pairs separated "
-                              f"by commas, e.g. is_slippery=false,map_name=4x4 (the part {part!r} is not one)")
-        values[key.strip()] = yaml.safe_load(value)
-    return values
+    return parse_key_values(text or "", "environment_config", "is_slippery=false,map_name=4x4")
 
 
 def environment_source(environment=None, tools: list | None = None, *, tool_parser="auto",

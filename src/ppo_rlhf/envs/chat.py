@@ -155,6 +155,39 @@ def continuation_problem(tokenizer, tools: list[dict], answer: list[dict], templ
     return None
 
 
+def rendered_prompt(tokenizer, source, messages: list[dict], environment) -> str:
+    """An episode's prompt as the model reads it: its messages with its environment's tools listed."""
+    return tokenizer.apply_chat_template(messages, tools=list(getattr(environment, "tools", None) or []) or None,
+                                         tokenize=False, add_generation_prompt=True,
+                                         **({"chat_template": source.chat_template} if source.chat_template else {}))
+
+
+def too_long_for_its_tools(where: str, tokens: int, max_prompt_length: int) -> str:
+    """The refusal of a prompt whose cut would drop the tools its template lists first."""
+    return (f"{where} is {tokens} tokens once the chat template lists its tools, more than --max-length minus "
+            f"--max-new-tokens ({max_prompt_length}); a prompt is cut from its start, which would take away the "
+            f"tools the model is to call: raise --max-length to at least {tokens} plus --max-new-tokens, or shorten "
+            f"the tools' docstrings")
+
+
+def episode_prompt_lengths(tokenizer, source, rows: list[dict], field: str, max_prompt_length: int) -> list[int]:
+    """Each row's prompt length in tokens as an episode renders it (its environment's tools listed;
+    what reset() adds is not known before it runs); ConfigError at start for a prompt that lists
+    tools and is too long to keep them."""
+    lengths = []
+    for row in rows:
+        prompt = row.get(field)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt or [])
+        environment = source.first(source.kinds[source.kind_name(row)])
+        length = len(tokenizer(rendered_prompt(tokenizer, source, messages, environment),
+                               add_special_tokens=False)["input_ids"])
+        if length > max_prompt_length and getattr(environment, "tools", None):
+            raise ConfigError(too_long_for_its_tools(f"the prompt of {row.get('_source', 'a row')}", length,
+                                                     max_prompt_length))
+        lengths.append(length)
+    return lengths
+
+
 def template_name(model: str | None, chat_template_file: str | None) -> str:
     """The chat template a run uses, named for messages."""
     if chat_template_file:

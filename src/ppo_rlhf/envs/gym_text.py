@@ -86,6 +86,10 @@ def frozen_lake_text(observation, env) -> str:
     """FrozenLake's board without colour codes (its ansi render marks the player only with them),
     and where the player is, in words."""
     desc = [[cell.decode() if isinstance(cell, bytes) else str(cell) for cell in row] for row in env.unwrapped.desc]
+    unknown = sorted({cell for cells in desc for cell in cells} - set("SFHG"))
+    if unknown:  # FrozenLake plays any other letter as frozen ice: the model would read a map it does not play
+        raise ValueError(f"the map holds tiles FrozenLake does not know ({', '.join(unknown)}); its tiles are S "
+                         f"(start), F (frozen), H (hole), G (goal)")
     row, column = divmod(int(observation), len(desc[0]))
     return "\n".join("".join(cells) for cells in desc) + f"\nYou are at row {row + 1}, column {column + 1}."
 
@@ -189,13 +193,19 @@ class GymActionEnvironment(Adapter):
 
         try:
             return gym.make(self.env_id, render_mode=self.render_mode, **arguments)
-        except TypeError as error:
-            raise ConfigError(f"environment gym:{self.env_id}: {error} (from --environment-config or a row's "
-                              f"columns)") from None
+        except Exception as error:  # noqa: BLE001 -- gymnasium's constructor, named with what it was given
+            raise ConfigError(f"environment gym:{self.env_id}: making it with {arguments or 'no arguments'} raised "
+                              f"{type(error).__name__}: {error} (the arguments come from --environment-config and "
+                              f"the row's columns named like the constructor's)") from None
 
     def text(self, observation) -> str:
         if self.observation_text is not None:
-            return str(self.observation_text(observation, self.env))
+            text = self.observation_text(observation, self.env)
+            if not isinstance(text, str):
+                name = getattr(self.observation_text, "__qualname__", repr(self.observation_text))
+                raise TypeError(f"its observation text function {name} returned {text!r:.60} "
+                                f"({type(text).__name__}); it must return the text the model reads (--observation-text)")
+            return text
         return TERMINAL_CODES.sub("", str(self.env.render())).strip("\n")
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:

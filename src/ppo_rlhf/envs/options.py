@@ -7,6 +7,9 @@ from dataclasses import MISSING, dataclass, fields
 from ppo_rlhf.config import ConfigError, above, any_number, check, option
 
 TURN_REWARDS = ("sum", "per-turn")
+# --max-length left empty: a single turn's prompt and answer, or an episode's prompt (its tools
+# listed) and several turns; docs/agents.md's calculator example needs ~180 prompt tokens.
+DEFAULT_MAX_LENGTH, EPISODE_MAX_LENGTH = 256, 1024
 
 
 @dataclass
@@ -48,6 +51,14 @@ class EnvironmentOptions:
     chat_template_file: str | None = option(None, "a Jinja chat template to use instead of the tokenizer's (one that "
                                                   "renders tools, for a model whose own does not); saved with the "
                                                   "trained model")
+
+    def resolve_max_length(self, given: bool = False) -> None:
+        """--max-length left empty: 256, or 1024 where rollouts are episodes (by the flags, or
+        ``given``: objects given in Python); resolved here, so config.yaml records the value used."""
+        if self.max_length is None:
+            self.max_length_resolved = True  # left empty: a later call (objects given in Python) may resolve it again
+        if getattr(self, "max_length_resolved", False):
+            self.max_length = EPISODE_MAX_LENGTH if given or self.has_episodes() else DEFAULT_MAX_LENGTH
 
     def has_episodes(self) -> bool:
         """Whether rollouts are multi-turn episodes (by the flags; the Python API may give objects)."""
@@ -133,4 +144,11 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; no such file (a Jinja chat template)")
-    tokenizer.chat_template = file.read_text()
+    template = file.read_text()
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template, tokenize=False,
+                                      add_generation_prompt=True)
+    except Exception as error:  # noqa: BLE001 -- jinja's syntax errors, a template that raises on a plain question
+        raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; the template does not render a user's "
+                          f"question ({type(error).__name__}: {error})") from None
+    tokenizer.chat_template = template

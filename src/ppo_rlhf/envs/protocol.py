@@ -84,10 +84,14 @@ def check_reward(value, environment, method: str, row: dict, optional: bool = Fa
 
 def check_observation(observation, environment, method: str, row: dict) -> None:
     try:
-        as_messages(observation)
+        messages = as_messages(observation)
     except TypeError as error:
         raise EnvironmentFailed(environment, method, row, returned=f"returned an observation it cannot: {error}") \
             from None
+    if method == "reset" and isinstance(observation, (list, tuple)) and messages and messages[-1]["role"] == "assistant":
+        raise EnvironmentFailed(environment, method, row, returned=(
+            "returned messages that end with an assistant message as the prompt; a prompt ends before the reply "
+            "the model writes: leave that message out"))
 
 
 def checked_result(result, environment, method: str, row: dict):

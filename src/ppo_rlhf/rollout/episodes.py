@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ppo_rlhf.envs.chat import ChatContinuation
+from ppo_rlhf.envs.chat import ChatContinuation, too_long_for_its_tools
 from ppo_rlhf.envs.protocol import EnvironmentFailed, as_messages, checked_result, takes_keyword, users_object
 from ppo_rlhf.envs.tools import ToolParserFailed, ToolUse
 from ppo_rlhf.rollout.generation import Generator
@@ -221,6 +221,7 @@ class EpisodeRunner:
                                                   getattr(environment, "prompt_separator", "")))
         rendered = [self.continuation(environment).render(messages, add_generation_prompt=True)
                     for messages, environment in zip(episode_prompts, environments)]
+        self.refuse_cutting_tools(rows, rendered, environments)
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, rendered, self.limits.max_prompt_length, self.device,
                                                  add_special_tokens=False)
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
@@ -238,6 +239,18 @@ class EpisodeRunner:
                 if self.progress is not None:
                     self.progress(turn + 1, len(active))
         return self.episodes(play, prompt_ids, prompt_mask)
+
+    def refuse_cutting_tools(self, rows: list[dict], rendered: list[str], environments: list) -> None:
+        """DataError for an episode's prompt that lists tools and is too long to keep them whole (a
+        cut from its start would take them away): checked at start on the rows (envs/chat.py), here
+        again with what reset() added."""
+        lengths = [len(ids) for ids in self.tokenizer(rendered, add_special_tokens=False)["input_ids"]]
+        for row, length, environment in zip(rows, lengths, environments):
+            if length > self.limits.max_prompt_length and getattr(environment, "tools", None):
+                from ppo_rlhf.data import DataError
+
+                where = f"the prompt of {row.get('_source', 'a row')}, with what its environment's reset() added,"
+                raise DataError(too_long_for_its_tools(where, length, self.limits.max_prompt_length))
 
     progress = None  # called after each turn with (turns played, episodes still going): eval's progress bar
 

@@ -19,7 +19,7 @@ from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
-from ppo_rlhf.envs.chat import prepare_for_config
+from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
 from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
@@ -43,7 +43,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
     size: int = option(2000, "prompts to evaluate", range=above(0))
-    max_length: int = option(256, "longest prompt + response in tokens", range=above(1))
+    max_length: int | None = option(None, "longest prompt + response in tokens (empty: 256, or 1024 with "
+                                          "--environment or --tool)", range=above(1))
     max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
     temperature: float = option(1.0, "sampling temperature", range=above(0))
@@ -53,6 +54,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
     def validate(self) -> None:
+        self.resolve_max_length()
         self.validate_hardware()
         self.validate_task()
         self.validate_engine()
@@ -115,9 +117,13 @@ def run_eval(config: EvalConfig) -> dict:
     scored = config.reward_count() > 0
     functions = reward_functions(config, None) if scored else []
     check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
+    lengths = None  # an episode's prompts as the model reads them: measured (and checked) before the model loads
     if environments is not None:  # the chat template checked for episodes before the model loads (envs/chat.py)
         environments.check_rows(rows[: config.size])
-        prepare_for_config(load_tokenizer(config.model), environments, config)
+        early = load_tokenizer(config.model)
+        prepare_for_config(early, environments, config)
+        lengths = episode_prompt_lengths(early, environments, rows[: config.size], config.prompt_field,
+                                         config.max_length - config.max_new_tokens)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
     apply_chat_template_file(tokenizer, config.chat_template_file)
@@ -131,7 +137,7 @@ def run_eval(config: EvalConfig) -> dict:
     rows = rows[: config.size]
     max_prompt_length = config.max_length - config.max_new_tokens
     check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,
-                 max_prompt_length, max_new_tokens, config.chat_template_flag())
+                 max_prompt_length, max_new_tokens, config.chat_template_flag(), lengths)
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template,

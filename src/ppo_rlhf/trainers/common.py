@@ -23,15 +23,17 @@ def set_threads(num_threads: int) -> None:
 
 
 def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, max_prompt_length: int,
-                 max_new_tokens: int, template_flag: str = "--chat-template") -> None:
+                 max_new_tokens: int, template_flag: str = "--chat-template", lengths: list[int] | None = None) -> None:
     """Refuse a policy that cannot answer these prompts (a tokenizer without EOS or, with
     --chat-template, without a template; a vocabulary or positions too small), and say how
-    many prompts are longer than ``max_prompt_length`` (they lose their start)."""
+    many prompts are longer than ``max_prompt_length`` (they lose their start).  ``lengths``: the
+    prompts' lengths as the rollouts render them, where not the chat template's alone (an
+    episode's prompt lists its tools: envs/chat.py, ``episode_prompt_lengths``)."""
     from ppo_rlhf.models.loading import check_fits, check_tokenizer
     from ppo_rlhf.rollout.responses import prompt_lengths
 
     check_tokenizer(tokenizer, where, chat_template, template_flag=template_flag)
-    lengths = prompt_lengths(tokenizer, prompts, chat_template)
+    lengths = lengths if lengths is not None else prompt_lengths(tokenizer, prompts, chat_template)
     cut = sum(length > max_prompt_length for length in lengths)
     if cut:
         print(f"{cut} of {len(lengths)} prompts are longer than {max_prompt_length} tokens (--max-length minus "

@@ -191,6 +191,7 @@ def environments_of(config: PPOConfig, environment=None, tools: list | None = No
     given = environment is not None or bool(tools)
     config.check_episode_options_used(given)
     if given:
+        config.resolve_max_length(given=True)
         config.validate_environment(given=True)
     return environment_source(environment if environment is not None else config.environment,
                               list(tools or []) + list(config.tool), tool_parser=config.tool_parser,

@@ -15,7 +15,7 @@ import torch
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.data import drop_empty_prompts, environment_prompt, load_rows, prompt_check, with_environment_placeholders
 from ppo_rlhf.distributed import on_main_process, rank, world_size
-from ppo_rlhf.envs.chat import prepare_for_config
+from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
 from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
@@ -142,10 +142,14 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     check_run_start(config)
     task = make_task(config, config.seed)
     train_rows, eval_rows = prompt_sets(config, task, environments)
+    lengths = None  # an episode's prompts as the model reads them: measured (and checked) before any model loads
     if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
         environments.check_rows(train_rows + eval_rows)
         if config.model is not None:
-            prepare_for_config(load_tokenizer(config.model), environments, config)
+            early = load_tokenizer(config.model)
+            prepare_for_config(early, environments, config)
+            lengths = episode_prompt_lengths(early, environments, train_rows + eval_rows, config.prompt_field,
+                                             config.max_prompt_length)
     if reward is None:
         functions = reward_functions(config, task)
         check_columns(functions, train_rows, config.prompts or f"the {config.task} task's prompts")
@@ -159,7 +163,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     # An episode may fill what --max-length leaves after its prompt, a single turn --max-new-tokens.
     after_prompt = config.max_length - config.max_prompt_length if environments is not None else config.max_new_tokens
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
-                 config.chat_template, config.max_prompt_length, after_prompt, config.chat_template_flag())
+                 config.chat_template, config.max_prompt_length, after_prompt, config.chat_template_flag(), lengths)
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
                     task, train_rows, eval_rows)
