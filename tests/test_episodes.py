@@ -420,7 +420,8 @@ def test_a_tiny_models_score_on_a_two_turn_game_rises(tmp_path, monkeypatch, lea
     from test_default_learning import users_tiny_model
 
     monkeypatch.chdir(tmp_path)
-    users_tiny_model(tmp_path / "DIR", learning_seed, arch="qwen2")
+    # 1024 positions (rotary: the same weights as 512): an episode's default --max-length is 1024.
+    users_tiny_model(tmp_path / "DIR", learning_seed, arch="qwen2", positions=1024)
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
     run(["ppo", "--model", "DIR", "--prompts", "prompts.jsonl", "--environment", "toy_envs:LetterGame",
          "--turn-rewards", "per-turn", "--max-new-tokens", 24, "--iterations", ITERATIONS, "--seed", learning_seed,
@@ -510,6 +511,14 @@ def test_each_turn_asks_for_no_more_than_the_room_its_episode_has_left(qwen):
     roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
              EpisodeLimits(1024, 1400, max_turns=3, max_episode_tokens=3 + answer + 20, chat_template=True), source)
     assert generator.limits[:2] == [[50], [20]]  # the second turn: the 20 tokens its episode has left, not 50
+
+
+def test_a_model_whose_positions_an_episode_could_outrun_is_refused_at_start(zoo, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", zoo["qwen2"], "--prompts", prompts, "--environment", "toy_envs:LetterGame",
+                       "--out", tmp_path / "run", *THREADS], capsys)
+    assert ("the model has 128 positions but sequences here reach 1024 tokens (an episode's prompt and turns, up to "
+            "--max-length 1024 (1024 by default with --environment or --tool) or --max-episode-tokens); lower it") in err
 
 
 def test_a_later_turn_never_runs_past_the_positions_of_a_model_with_learned_positions(zoo):

@@ -137,7 +137,8 @@ def run_eval(config: EvalConfig) -> dict:
     rows = rows[: config.size]
     max_prompt_length = config.max_length - config.max_new_tokens
     check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,
-                 max_prompt_length, max_new_tokens, config.chat_template_flag(), lengths)
+                 max_prompt_length, max_new_tokens, config.chat_template_flag(), lengths,
+                 None if environments is None else (config.max_episode_tokens or config.max_length))
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template,

@@ -160,10 +160,11 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
         roles = load_roles(config, task, reward=reward)  # the given reward instead of the config's
         check_columns([roles.reward], train_rows, config.prompts or f"the {config.task} task's prompts")
     apply_chat_template_file(roles.tokenizer, config.chat_template_file)
-    # An episode may fill what --max-length leaves after its prompt, a single turn --max-new-tokens.
-    after_prompt = config.max_length - config.max_prompt_length if environments is not None else config.max_new_tokens
+    # An episode may fill what --max-length leaves after its prompt (or --max-episode-tokens).
+    episode_tokens = None if environments is None else (config.max_episode_tokens or config.max_length)
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
-                 config.chat_template, config.max_prompt_length, after_prompt, config.chat_template_flag(), lengths)
+                 config.chat_template, config.max_prompt_length, config.max_new_tokens, config.chat_template_flag(),
+                 lengths, episode_tokens)
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
                     task, train_rows, eval_rows)
