@@ -111,7 +111,7 @@ def test_gpt_oss_tool_answers_follow_a_stand_in_turn_that_made_the_call(model):
 def test_llama3_json_calls_are_read_by_the_parser_auto_chooses(model):
     tokenizer = family_tokenizer("llama3")
     source = prepared(tokenizer)
-    assert source.parser is parse_llama3_json and source.parser_name == "llama3-json"
+    assert source.parser is parse_llama3_json and source.parser_name == "auto: llama3-json"
     episodes, generator = play(model, tokenizer, ['{"name": "add", "parameters": {"a": 1, "b": 2}}', "It is 3."],
                                tokenizer.convert_tokens_to_ids("<|eot_id|>"), source)
     assert episodes.conversations[0][:2] == [

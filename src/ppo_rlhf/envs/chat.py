@@ -174,17 +174,17 @@ def episode_prompt_lengths(tokenizer, source, rows: list[dict], field: str, max_
     """Each row's prompt length in tokens as an episode renders it (its environment's tools listed;
     what reset() adds is not known before it runs); ConfigError at start for a prompt that lists
     tools and is too long to keep them."""
-    lengths = []
+    environments, rendered = [], []
     for row in rows:
         prompt = row.get(field)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt or [])
-        environment = source.first(source.kinds[source.kind_name(row)])
-        length = len(tokenizer(rendered_prompt(tokenizer, source, messages, environment),
-                               add_special_tokens=False)["input_ids"])
+        environments.append(source.first(source.kinds[source.kind_name(row)]))
+        rendered.append(rendered_prompt(tokenizer, source, messages, environments[-1]))
+    lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]]
+    for row, length, environment in zip(rows, lengths, environments):
         if length > max_prompt_length and getattr(environment, "tools", None):
             raise ConfigError(too_long_for_its_tools(f"the prompt of {row.get('_source', 'a row')}", length,
                                                      max_prompt_length))
-        lengths.append(length)
     return lengths
 
 
@@ -234,8 +234,9 @@ def prepare_episode_chat(tokenizer, source, where: str) -> None:
                               f"{tool_template_path()}, and one for Qwen3: {qwen3_training_template_path()})")
     source.chat_template = chosen
     if any(kind.answers == "tools" for kind in source.kinds.values()):
-        source.parser, source.parser_name = resolve_parser(source.parser, tokenizer, chosen or template,
-                                                           source.tools, where)
+        source.parser, name = resolve_parser(source.parser, tokenizer, chosen or template, source.tools, where)
+        if source.parser_name == "auto":
+            source.parser_name = f"auto: {name}"
         for kind in source.kinds.values():
             for environment in kind.pool:
                 if hasattr(environment, "parser"):
