@@ -1,10 +1,13 @@
-"""Agent programs from TRL 1.16's documentation and examples, run by tests/test_agent_programs.py.
+"""Agent programs from TRL's documentation and examples, run by tests/test_agent_programs.py.
 
 Each module keeps the program's own code as TRL shows it -- its environment classes, tools, reward
 functions and data -- and changes only the trainer's lines (the import, the trainer and its
 config, the model path), marked ``# TRL:`` with what they were.  TRL is Apache-2.0, (c) the
 HuggingFace team; the texts come from docs/source/grpo_trainer.md ("Agent Training") and
-examples/scripts/openenv/echo.py.
+examples/scripts/openenv/echo.py at huggingface/trl f2cd577 (the newest snapshot stored here; its
+docs and examples are not in TRL 1.16's release files), and the conventions they rely on --
+environment_factory's dict and its ``environment`` column, get_reward, the reward functions'
+keywords, None scores -- were read in TRL 1.16.0's own source (trl/trainer/grpo_trainer.py).
 """
 
 # What each program trains with here: a tiny budget, GRPO as TRL's trainer is.
