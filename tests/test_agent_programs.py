@@ -159,6 +159,13 @@ def test_a_dict_of_environments_is_chosen_per_row_and_lists_only_its_own_tools(q
         source.check_rows([{"prompt": "x", "environment": "fly", "_source": "rows.jsonl:3"}])
 
 
+def test_a_dict_of_environments_is_named_on_the_command_line_as_module_and_name():
+    source = environment_source("toy_envs:ENVIRONMENTS")
+    assert list(source.kinds) == ["count", "walk"] and source.routed
+    assert source.description.startswith("per row by its 'environment' column: environment 'count' (Counter) (TRL's "
+                                         "environment_factory shape: its methods are tools); environment 'walk'")
+
+
 def test_the_shape_is_read_off_reset_not_guessed_from_method_names():
     trl_shaped = environment_source(ToolsNamedLikeGym).kinds[None]
     assert trl_shaped.answers == "tools"

@@ -235,3 +235,7 @@ def parser_of_strings(text: str):
 
 def says_nothing(observation, env):
     return None
+
+
+# TRL's dict form, named on the command line as --environment toy_envs:ENVIRONMENTS.
+ENVIRONMENTS = {"count": Counter, "walk": ToolsNamedLikeGym}

@@ -65,8 +65,7 @@ class EnvironmentSource:
     def description(self) -> str:
         if not self.routed:
             return self.kinds[None].description
-        return "per row by its 'environment' column: " + "; ".join(f"{name}: {kind.description}"
-                                                                   for name, kind in self.kinds.items())
+        return "per row by its 'environment' column: " + "; ".join(kind.description for kind in self.kinds.values())
 
     @property
     def pays(self) -> bool:
