@@ -217,13 +217,15 @@ def given(qwen3_model, call: str) -> dict:
     return dict(model=model, tokenizer=tokenizer, generator=CallsFirst(tokenizer, call))
 
 
-def test_trls_environment_that_owns_its_data_and_reward(qwen3_model, tmp_path):
+def test_trls_environment_that_owns_its_data_and_reward(qwen3_model, tmp_path, capsys):
     from trl_examples import increment_env
 
     rows = write_jsonl(tmp_path / "rows.jsonl", [{}] * 2)  # TRL trains it without data: rows with nothing in them
     call = '<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>'
     summary = increment_env.train(qwen3_model[0], str(rows), str(tmp_path / "run"), **given(qwen3_model, call))
     assert summary["iterations"] == 1
+    plan = capsys.readouterr().out  # the run says what it does that TRL would not
+    assert "reset() seeded per prompt group" in plan and "episodes render with ppo-rlhf's training template" in plan
     for episode in episodes_of(tmp_path / "run"):
         target = int(episode["prompt"][-1]["content"].split("by ")[1].rstrip("."))
         assert episode["messages"][1] == {"role": "tool", "name": "increment", "content": "3"}

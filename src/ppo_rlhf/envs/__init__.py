@@ -42,6 +42,7 @@ class EnvironmentKind:
     description: str
     pays: bool = True  # its episodes earn rewards of their own (tools alone: none, a reward function scores them)
     answers: str = "observations"
+    note: str | None = None  # what the run does that the user's framework would not, for the plan
     pool: list = field(default_factory=list)  # made once, reset for each episode (TRL's rule)
 
 
@@ -59,7 +60,7 @@ class EnvironmentSource:
         self.parser = load_parser(tool_parser)  # "auto" until prepared
         self.parser_name = tool_parser if isinstance(tool_parser, str) else getattr(tool_parser, "__name__", "given")
         self.chat_template: str | None = None  # the template episodes render with, where not the tokenizer's own
-        self.notes: list[str] = []  # what preparing changed, for the run's plan
+        self.notes: list[str] = list(dict.fromkeys(kind.note for kind in kinds.values() if kind.note))  # for the plan
 
     @property
     def description(self) -> str:
@@ -274,7 +275,10 @@ def class_kind(factory: Callable, name: str, tools: list, tool_timeout: float, m
 
     return EnvironmentKind(make_factory_environment,
                            f"environment {name} (TRL's environment_factory shape: its methods are tools)",
-                           pays=callable(getattr(first, "get_reward", None)), answers="tools")
+                           pays=callable(getattr(first, "get_reward", None)), answers="tools",
+                           note="reset() seeded per prompt group (seed= where it takes one, else Python's and numpy's "
+                                "generators around the call), which TRL does not do: the K episodes of a row start "
+                                "alike")
 
 
 def refuse_tools(tools: list, name: str, tool_options: dict) -> None:
