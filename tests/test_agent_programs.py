@@ -16,7 +16,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ppo_rlhf.config import ConfigError
 from ppo_rlhf.data import DataError
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.options import tool_template_path
