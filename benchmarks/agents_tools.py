@@ -130,10 +130,12 @@ def lake_trace(row: dict) -> dict:
     """An SFT row: one map played along its shortest path, each board exactly as the episode runner
     shows it (the gym adapter renders it, with ``lake_view``), each move one word."""
     from ppo_rlhf.envs.gym_text import GymActionEnvironment
+    from ppo_rlhf.rollout.episodes import first_messages
 
     environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False}, observation_text=lake_view)
     observation, _ = environment.reset(seed=0, options=row)
-    messages = [{"role": "user", "content": row["prompt"] + observation}]
+    # The prompt as the episode runner writes it (the adapter's instructions a paragraph of their own).
+    messages = first_messages(row["prompt"], observation, "user", environment.prompt_separator)
     for move in lake_path(row["desc"]):
         messages.append({"role": "assistant", "content": move})
         observation, _, terminated, _, _ = environment.step(move)

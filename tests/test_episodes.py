@@ -4,25 +4,29 @@ their errors; TRL's environment classes; gymnasium environments in text; the tra
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ppo_rlhf.config import ConfigError, build_config
-from ppo_rlhf.envs import environment_source
+from ppo_rlhf.core.normalize import RunningMoments
+from ppo_rlhf.envs import EnvironmentFailed, environment_source
 from ppo_rlhf.envs.options import check_template_renders_tools, tool_template_path
 from ppo_rlhf.envs.parsers import ToolCall, parse_hermes
 from ppo_rlhf.envs.tools import ToolBox, ToolEnvironment
-from ppo_rlhf.rollout.episodes import ChatContinuation, EpisodeLimits, episode_seeds, roll_out
+from ppo_rlhf.envs.chat import ChatContinuation
+from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.passes import response_stats
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from toy_envs import Counter, LetterGame, add, divide, sleepy
-from zoo import PROMPTS, THREADS, run, run_failing, same_actor_as_straight_run, write_jsonl
+from zoo import PROMPTS, REWARDS_MODULE, THREADS, Scripted, run, run_failing, same_actor_as_straight_run, write_jsonl
 
 TEMPLATE = str(tool_template_path())
 # The zoo's models have 128 positions: prompt and episode fit in them.
@@ -36,21 +40,6 @@ def qwen(zoo):
     tokenizer = AutoTokenizer.from_pretrained(zoo["qwen2"])
     tokenizer.chat_template = tool_template_path().read_text()
     return AutoModelForCausalLM.from_pretrained(zoo["qwen2"]), tokenizer
-
-
-class Scripted:
-    """A Generator that writes given token ids, turn after turn (each call: one list per row)."""
-
-    def __init__(self, turns: list[list[list[int]]], stop_ids: list[int], pad: int):
-        self.turns, self.stop_token_ids, self.pad = list(turns), stop_ids, pad
-        self.contexts = []  # the ids each call was asked to continue
-
-    def generate(self, model, prompt_ids, prompt_mask):
-        self.contexts.append([ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)])
-        rows = self.turns.pop(0)
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [self.pad] * (width - len(r)) for r in rows])
-        return ids, torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
 
 
 def always_call(name: str, arguments: dict):
@@ -72,7 +61,7 @@ def test_the_tokens_trained_on_are_the_tokens_sampled_even_where_text_would_re_e
     source = environment_source(tools=[add], tool_parser=lambda text: [ToolCall("add", {"a": 1, "b": 2})]
                                 if len(text) and text == "good" else [])
     episodes = roll_out(model, tokenizer, generator, [{"prompt": "hello"}], ["hello"],
-                        EpisodeLimits(128, 400, max_turns=4, chat_template=True), source)
+                        EpisodeLimits(1024, 1400, max_turns=4, chat_template=True), source)
     sequences = episodes.sequences
     ids, loss_mask = sequences.response_ids[0].tolist(), sequences.loss_mask[0].tolist()
     model_ids = [token for token, own in zip(ids, loss_mask) if own]
@@ -89,7 +78,6 @@ def test_the_tokens_trained_on_are_the_tokens_sampled_even_where_text_would_re_e
 def test_a_turn_cut_by_its_token_limit_is_closed_as_the_template_closes_a_turn(qwen):
     model, tokenizer = qwen
     continuation = ChatContinuation(tokenizer, None)
-    assert continuation.turn_end == "<|im_end|>\n"
     answer = [{"role": "user", "content": "again"}]
     stopped = tokenizer.decode(continuation.ids(answer, tokenizer.eos_token_id, stopped=True))
     cut = tokenizer.decode(continuation.ids(answer, 5, stopped=False))
@@ -123,7 +111,7 @@ def test_an_episode_ends_at_each_limit(qwen, limit, expected_turns, truncated):
     calls = iter([True, True, False, False, False, False, False, False])
     source = environment_source(tools=[add], tool_parser=lambda text: [ToolCall("add", {"a": 1, "b": 1})]
                                 if next(calls) else [])
-    limits = EpisodeLimits(128, 400, chat_template=True, **limit)
+    limits = EpisodeLimits(1024, 1400, chat_template=True, **limit)
     episodes = roll_out(model, tokenizer, Scripted(turns, [stop], tokenizer.pad_token_id), [{"prompt": "hi"}], ["hi"],
                         limits, source)
     assert episodes.turns == [expected_turns] and episodes.truncated == [truncated]
@@ -138,7 +126,7 @@ def test_a_turn_past_the_token_budget_is_cut_and_counted_truncated(qwen):
     stop = tokenizer.eos_token_id
     source = environment_source(tools=[add], tool_parser=lambda text: [])
     episodes = roll_out(model, tokenizer, Scripted([[[5] * 12 + [stop]]], [stop], tokenizer.pad_token_id),
-                        [{"prompt": "hi"}], ["hi"], EpisodeLimits(128, 400, 4, 8, True), source)
+                        [{"prompt": "hi"}], ["hi"], EpisodeLimits(1024, 1400, 4, 8, True), source)
     assert episodes.sequences.response_mask.sum().item() == 8 and episodes.truncated == [True]
     assert episodes.finished == [False]  # cut before its stop id
 
@@ -184,11 +172,14 @@ def test_a_trl_environment_class_runs_unchanged(qwen):
     stop = tokenizer.eos_token_id
     episodes = roll_out(model, tokenizer, Scripted([[[5, stop]] * 2] * 3, [stop], tokenizer.pad_token_id),
                         [{"prompt": "go", "target": 2}, {"prompt": "go", "target": 3}], ["go", "go"],
-                        EpisodeLimits(128, 400, max_turns=3, chat_template=True), source)
+                        EpisodeLimits(1024, 1400, max_turns=3, chat_template=True), source)
     # reset() got each row's own target and its string was appended to the prompt; get_reward() scored the end.
     assert [p[-1]["content"] for p in episodes.prompts] == ["go (count to 2)", "go (count to 3)"]
-    assert episodes.episode_rewards == [0.0, 1.0]  # three increments: right for target 3 only
+    # Three turns, but the last turn's call is not run (it ends the episode; TRL runs none): two
+    # increments, right for target 2 only.
+    assert episodes.episode_rewards == [1.0, 0.0]
     assert [c[1]["content"] for c in episodes.conversations] == ["1", "1"]
+    assert [len(c) for c in episodes.conversations] == [5, 5]  # model, tool, model, tool, model
 
 
 def test_frozen_lake_is_played_by_its_action_names(qwen):
@@ -197,14 +188,14 @@ def test_frozen_lake_is_played_by_its_action_names(qwen):
     assert environment.action_names == ["left", "down", "right", "up"]
     # A row's own map: 2x2, the goal right of the start.
     observation, _ = environment.reset(seed=0, options={"desc": ["SG", "FF"]})
-    assert "left, down, right, up" in observation and "SG" in observation.replace("\x1b[41m", "").replace("\x1b[0m", "")
+    assert "left, down, right, up" in observation and "\nSG\nFF\nYou are at row 1, column 1." in observation
     assert environment.step("I go nowhere")[:4] == (
         "That is not an action. Answer with one of: left, down, right, up.", 0.0, False, False)
     _, reward, terminated, _, _ = environment.step("Right!")
     assert reward == 1.0 and terminated and environment.tool_stats["invalid_actions"] == 1
     # Environments are pooled: the next row, naming no map, plays the run's (4x4) map, not the last row's.
     observation, _ = environment.reset(seed=0, options={})
-    assert observation.count("\n") == 4 and "SFFF" in observation.replace("\x1b[41m", "").replace("\x1b[0m", "")
+    assert observation.endswith("\nSFFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 1.") and "\x1b" not in observation
 
 
 @pytest.mark.parametrize("environment, says", [
@@ -354,15 +345,26 @@ def test_a_run_stopped_by_its_environment_resumes_from_its_last_checkpoint(zoo, 
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_tools_from_python_and_the_shipped_template(zoo, tmp_path):
+@pytest.fixture(scope="module")
+def room_for_tools(tmp_path_factory):
+    """The zoo's ChatML model with 1024 positions: the tool template's prompt is ~470 tokens in its
+    tiny vocabulary, and a prompt cut would take the tools away (refused)."""
+    from test_default_learning import users_tiny_model
+
+    folder = tmp_path_factory.mktemp("room") / "model"
+    users_tiny_model(folder, arch="qwen2", positions=1024)
+    return str(folder)
+
+
+def test_tools_from_python_and_the_shipped_template(room_for_tools, tmp_path):
     def doubled(prompts, responses, conversations, environments):
         assert all(c[0]["role"] == "assistant" for c in conversations) and len(environments) == len(responses)
         return [float(len(r) % 3) for r in responses]
 
-    config = PPOConfig(model=str(zoo["qwen2"]), prompts=str(write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
-                                                                                              PROMPTS])),
+    config = PPOConfig(model=room_for_tools, prompts=str(write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
+                                                                                           PROMPTS])),
                        chat_template_file=TEMPLATE, out=str(tmp_path / "api"), iterations=1, batch_size=4,
-                       mini_batch_size=2, max_new_tokens=6, max_length=128, eval_every=0, save_every=0, num_threads=1)
+                       mini_batch_size=2, max_new_tokens=6, eval_every=0, save_every=0, num_threads=1)
     summary = PPOTrainer(config, reward=doubled, tools=[add]).train()
     assert summary["iterations"] == 1
     saved = AutoTokenizer.from_pretrained(Path(summary["checkpoints"]["actor"]))
@@ -381,18 +383,32 @@ GAME = {"environment": "toy_envs:LetterGame"}
 
 @pytest.mark.parametrize("values, says", [
     ({**GAME, "max_turns": 0}, "'max_turns'.*> 0"),
-    ({"max_turns": 3}, "'max_turns'.*left out without --environment or --tool"),
     ({**GAME, "action_names": ["a"]}, "'action_names'.*left out without --environment gym:ID"),
     ({**GAME, "turn_rewards": "per-turn", "estimator": "grpo", "samples_per_prompt": 2}, "gae or reinforce\\+\\+"),
     ({**GAME, "environment_config": "is_slippery"}, "key=value"),
-    ({**GAME, "max_episode_tokens": 256}, "'max_episode_tokens'.*< max_length"),
+    ({**GAME, "max_episode_tokens": 1024}, "'max_episode_tokens'.*< max_length \\(1024\\)"),
     ({**GAME, "overlong_buffer": 4}, "'overlong_buffer'.*a turn's limit"),
-    ({"environment_config": "is_slippery=false"}, "'environment_config'.*left out without"),
-], ids=["zero-turns", "turns-without-environment", "action-names-off-gym", "per-turn-with-a-group", "config",
-        "episode-longer-than-max-length", "overlong-on-episodes", "config-without-environment"])
+], ids=["zero-turns", "action-names-off-gym", "per-turn-with-a-group", "config",
+        "episode-longer-than-max-length", "overlong-on-episodes"])
 def test_episode_options_are_checked_at_start(values, says):
     with pytest.raises(ConfigError, match=says):
         build_config(PPOConfig, values)
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"max_turns": 3}, "'max_turns'.*left out without --environment or --tool"),
+    ({"environment_config": "is_slippery=false"}, "'environment_config'.*left out without"),
+], ids=["turns-without-environment", "config-without-environment"])
+def test_episode_options_without_episodes_are_refused_at_start(values, says):
+    with pytest.raises(ConfigError, match=says):
+        PPOTrainer(build_config(PPOConfig, values))  # refused before anything loads (no model is named)
+
+
+def test_a_config_may_hold_episode_options_for_an_environment_given_in_python(zoo):
+    config = build_config(PPOConfig, {"max_turns": 3, "turn_rewards": "per-turn"})  # no --environment: not refused
+    with pytest.raises(ConfigError) as refused:  # past the episode checks, to what the run lacks (its prompts)
+        PPOTrainer(config, environment=Counter)
+    assert "max_turns" not in str(refused.value) and "turn_rewards" not in str(refused.value)
 
 
 @pytest.mark.learning
@@ -404,7 +420,8 @@ def test_a_tiny_models_score_on_a_two_turn_game_rises(tmp_path, monkeypatch, lea
     from test_default_learning import users_tiny_model
 
     monkeypatch.chdir(tmp_path)
-    users_tiny_model(tmp_path / "DIR", learning_seed, arch="qwen2")
+    # 1024 positions (rotary: the same weights as 512): an episode's default --max-length is 1024.
+    users_tiny_model(tmp_path / "DIR", learning_seed, arch="qwen2", positions=1024)
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
     run(["ppo", "--model", "DIR", "--prompts", "prompts.jsonl", "--environment", "toy_envs:LetterGame",
          "--turn-rewards", "per-turn", "--max-new-tokens", 24, "--iterations", ITERATIONS, "--seed", learning_seed,
@@ -455,12 +472,14 @@ def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
     assert prompts[1].endswith("<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_a_trl_environment_class_given_in_python(zoo, tmp_path):
+def test_a_trl_environment_class_given_in_python(room_for_tools, tmp_path):
     rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS])
-    config = PPOConfig(model=str(zoo["qwen2"]), prompts=str(rows), chat_template_file=TEMPLATE, out=str(tmp_path / "run"),
-                       iterations=1, batch_size=4, mini_batch_size=4, max_new_tokens=4, max_length=128, eval_every=0,
-                       save_every=0, num_threads=1)
+    config = PPOConfig(model=room_for_tools, prompts=str(rows), chat_template_file=TEMPLATE, out=str(tmp_path / "run"),
+                       iterations=1, batch_size=4, mini_batch_size=4, max_new_tokens=4, eval_every=0, save_every=0,
+                       num_threads=1)
+    assert config.max_length == 256  # no --environment in the config: a single turn's default, so far
     summary = PPOTrainer(config, environment=Counter).train()  # its get_reward() is the run's only reward
+    assert config.max_length == 1024  # an environment given in Python: an episode's default
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     # No call is ever read from a tiny model's text: the counter stays 0, short of the target.
     assert summary["iterations"] == 1 and metrics["score"] == metrics["reward/environment"] == 0.0
@@ -478,3 +497,239 @@ def test_frozen_lake_in_a_ppo_run(tmp_path):
          "--max-new-tokens", 4, "--max-length", 1000, "--eval-every", 0, "--save-every", 0, *THREADS])
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert 1 <= metrics["episode/turns"] <= 3 and "env/invalid_actions" in metrics
+
+
+# ---------------------------------------------------------------- limits as documented
+def test_each_turn_asks_for_no_more_than_the_room_its_episode_has_left(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    generator = Scripted([[[7, 8, stop]]] * 3, [stop], tokenizer.pad_token_id)
+    generator.max_new_tokens = 50
+    source = environment_source(tools=[add], tool_parser=always_call("add", {"a": 1, "b": 1}))
+    answer = len(ChatContinuation(tokenizer, source.tools).ids([{"role": "tool", "name": "add", "content": "2"}], stop,
+                                                             stopped=True))
+    roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
+             EpisodeLimits(1024, 1400, max_turns=3, max_episode_tokens=3 + answer + 20, chat_template=True), source)
+    assert generator.limits[:2] == [[50], [20]]  # the second turn: the 20 tokens its episode has left, not 50
+
+
+def test_a_model_whose_positions_an_episode_could_outrun_is_refused_at_start(zoo, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", zoo["qwen2"], "--prompts", prompts, "--environment", "toy_envs:LetterGame",
+                       "--out", tmp_path / "run", *THREADS], capsys)
+    assert ("the model has 128 positions but sequences here reach 1024 tokens (an episode's prompt and turns, up to "
+            "--max-length 1024 (1024 by default with --environment or --tool) or --max-episode-tokens); lower it") in err
+
+
+def test_a_later_turn_never_runs_past_the_positions_of_a_model_with_learned_positions(zoo):
+    """GPT-2's n_positions equals --max-length here: a turn asking --max-new-tokens whatever room
+    is left ran past it (an IndexError in the position embedding)."""
+    from ppo_rlhf.rollout.sequences import stop_token_ids
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(zoo["gpt2"]), AutoTokenizer.from_pretrained(zoo["gpt2"])
+    assert model.config.n_positions == 128
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|endoftext|>{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    generator = TorchGenerator(stop_token_ids(tokenizer, model), tokenizer.pad_token_id, 60, do_sample=True, seed=0)
+    episodes = roll_out(model, tokenizer, generator, [{"prompt": "hello"}] * 2, ["hello"] * 2,
+                        EpisodeLimits(20, 128, max_turns=4, chat_template=True), environment_source(LetterGame))
+    lengths = episodes.sequences.prompt_mask.sum(dim=1) + episodes.sequences.response_mask.sum(dim=1)
+    assert lengths.max() <= 128 and max(episodes.turns) == 2
+
+
+def test_the_calls_of_a_turn_that_ends_the_episode_are_not_run(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    source = environment_source(tools=[add], tool_parser=always_call("add", {"a": 1, "b": 2}))
+    episodes = roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id), [{"prompt": "hi"}],
+                        ["hi"], EpisodeLimits(1024, 1400, max_turns=1, chat_template=True), source)
+    assert episodes.stats["calls"] == 0 and episodes.tool_logs == [[]]  # not run: the model would never read it
+    assert episodes.conversations[0] == [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}]
+    assert episodes.truncated == [True]  # ended by --max-turns while it still called a tool
+
+
+def test_an_empty_turn_keeps_its_per_turn_reward(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    # An engine may return nothing for a turn.
+    generator = Scripted([[[7, 8, stop]], [[]], [[9, stop]]], [stop], tokenizer.pad_token_id)
+    episodes = roll_out(model, tokenizer, generator, [{"prompt": "hi"}], ["hi"],
+                        EpisodeLimits(128, 400, max_turns=3, chat_template=True),
+                        environment_source("toy_envs:PaysEachTurn"))
+    first, second, third = episodes.turn_ends[0]
+    # The empty turn's reward lands on the turn before it.
+    assert first == second == 2 and episodes.step_rewards[0] == [1.0, 1.0, 1.0]
+    config = build_config(PPOConfig, {"environment": "toy_envs:PaysEachTurn", "turn_rewards": "per-turn"})
+    trainer = SimpleNamespace(config=config, device="cpu")
+    score, placed = PPOTrainer.place_turn_rewards(trainer, torch.tensor([3.0]), episodes)
+    assert placed[0, 2] == 2.0 and placed[0, third] == 1.0 and score.item() == 0.0
+
+
+def test_per_turn_rewards_go_through_the_scores_normalisation_and_clip():
+    config = build_config(PPOConfig, {"environment": "toy_envs:LetterGame", "turn_rewards": "per-turn",
+                                      "score_norm": True, "score_clip": 1.5})
+    trainer = SimpleNamespace(config=config, score_moments=RunningMoments())
+    scores, turns = torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 4.0, 0.0], [2.0, 0.0, 0.0]])
+    normalised, turn_rewards = PPOTrainer.normalise_scores(trainer, scores, turns)
+    returns = torch.tensor([5.0, 2.0])  # the moments are of each episode's whole return
+    assert trainer.score_moments.mean.item() == pytest.approx(returns.mean().item(), rel=1e-3)
+    std = trainer.score_moments.std.item()
+    torch.testing.assert_close(turn_rewards, (turns / std).clamp(-1.5, 1.5))
+    mean = trainer.score_moments.mean.item()
+    torch.testing.assert_close(normalised, ((scores - mean) / std).clamp(-1.5, 1.5))
+
+
+@pytest.mark.parametrize("environment, option", [
+    ("gym:FrozenLake-v1", {"tool_parser": "hermes"}),
+    ("toy_envs:LetterGame", {"tool_timeout": 5.0}),
+], ids=["gym-tool-parser", "gymnasium-class-tool-timeout"])
+def test_tool_options_are_refused_where_no_tool_is_called(environment, option):
+    name = next(iter(option))
+    flag = name.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"invalid value for '{name}'.*calls no tool.*leave --{flag} out"):
+        environment_source(environment, **option)
+
+
+def test_blackjack_plays_its_observation_said_in_words():
+    environment = environment_source("gym:Blackjack-v1").environments(1)[0]
+    observation, _ = environment.reset(seed=0, options={})
+    assert "stick, hit" in observation and "Your cards add up to 11; the dealer shows a 10." in observation
+    observation, reward, terminated, _, _ = environment.step("hit")
+    assert observation == "Your cards add up to 12; the dealer shows a 10." and not terminated
+
+
+def test_an_environment_that_draws_no_text_is_refused_naming_observation_text():
+    with pytest.raises(ConfigError, match="gym:CartPole-v1 draws no text.*--observation-text module:function"):
+        environment_source("gym:CartPole-v1", action_names=["left", "right"])
+
+
+def test_the_adapters_instructions_are_a_paragraph_of_their_own(qwen):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    source = environment_source("gym:FrozenLake-v1", environment_config="is_slippery=false")
+    episodes = roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
+                        [{"prompt": "Reach G."}], ["Reach G."], EpisodeLimits(128, 400, chat_template=True), source)
+    assert episodes.prompts[0][-1]["content"].startswith("Reach G.\n\nYou are playing FrozenLake.")
+
+
+@pytest.mark.parametrize("environment, says", [
+    ("toy_envs:OldGymStep", "step\\(\\) returned 4 values \\(observation, reward, done, info\\), the old gym "
+                            "API.*split done into terminated"),
+    ("toy_envs:TextReward", "step\\(\\) returned the reward '1.0' \\(str\\); a reward is a finite number"),
+], ids=["old-gym-4-tuple", "text-reward"])
+def test_what_an_environment_hands_back_is_checked_naming_it_the_method_and_the_row(qwen, environment, says):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    with pytest.raises(EnvironmentFailed, match=f"environment {environment.split(':')[1]}: {says}.*rows.jsonl:4"):
+        roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
+                 [{"prompt": "hi", "_source": "rows.jsonl:4"}], ["hi"], EpisodeLimits(128, 400, chat_template=True),
+                 environment_source(environment))
+
+
+# ---------------------------------------------------------------- evaluation shows episodes
+def test_eval_with_an_environment_keeps_whole_episodes_reports_them_and_shows_progress(room_for_tools, tmp_path,
+                                                                                      capsys):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS[:4]])
+    run(["eval", "--model", room_for_tools, "--prompts", rows, "--environment", "toy_envs:Counter",
+         "--tool-parser", "toy_envs:calls_increment", "--chat-template-file", TEMPLATE, "--max-turns", 2,
+         "--max-new-tokens", 4, "--max-length", 1024, "--out", tmp_path / "eval", *THREADS])
+    captured = capsys.readouterr()
+    assert "eval: 100%" in captured.err and "4/4" in captured.err  # the bar of the episodes played
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["episode/turns"] == 2.0 and summary["tools/calls"] == 1.0 and summary["tools/errors"] == 0.0
+    assert summary["episode/success"] == 1.0 and summary["score"] == 1.0  # one increment reaches the target 1
+    sample = summary["samples"][0]
+    assert [m["role"] for m in sample["messages"]] == ["assistant", "tool", "assistant"]
+    assert sample["messages"][0]["tool_calls"][0]["function"] == {"name": "increment", "arguments": {"by": 1}}
+    assert sample["messages"][1] == {"role": "tool", "name": "increment", "content": "1"}
+    assert sample["tool_calls"][0]["outcome"] == "ok" and sample["turns"] == 2 and sample["truncated"]
+    assert "[tool] 1" in sample["response"]
+
+
+# ---------------------------------------------------------------- what environments, tools and templates hand back
+NO_CALLS = {"tool_parser": lambda text: []}  # a TRL class's episode: turns without calls
+
+
+@pytest.mark.parametrize("environment, options, method, says", [
+    ("toy_envs:ResetEndsWithTheReply", {}, "reset", "returned messages that end with an assistant message as the "
+                                                    "prompt"),
+    ("toy_envs:ResetReturnsText", {}, "reset", "returned 'a bare string, not \\(observation, info\\)'; gymnasium's "
+                                               "reset returns \\(observation, info\\)"),
+    ("toy_envs:RewardIsNaN", NO_CALLS, "get_reward", "returned the reward nan \\(float\\); a reward is a finite number"),
+    ("toy_envs:ResetLikeGymnasium", NO_CALLS, "reset", "raised TypeError: it returned a tuple \\(observation, "
+                                                       "info\\), gymnasium's shape, but its reset does not take seed= "
+                                                       "and options="),
+], ids=["reset-ends-with-the-reply", "reset-bare-string", "nan-get-reward", "trl-reset-returns-a-tuple"])
+def test_an_environment_handing_back_what_none_may_is_named(qwen, environment, options, method, says):
+    model, tokenizer = qwen
+    stop = tokenizer.eos_token_id
+    with pytest.raises(EnvironmentFailed, match=f"environment {environment.split(':')[1]}: {method}\\(\\) {says}"
+                                                f".*rows.jsonl:2"):
+        roll_out(model, tokenizer, Scripted([[[7, stop]]], [stop], tokenizer.pad_token_id),
+                 [{"prompt": "hi", "_source": "rows.jsonl:2"}], ["hi"], EpisodeLimits(1024, 1400, chat_template=True),
+                 environment_source(environment, **options))
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(observation_text="toy_envs:says_nothing"), "reset\\(\\) raised TypeError: its observation text function "
+                                                     "says_nothing returned None \\(NoneType\\); it must return the "
+                                                     "text the model reads \\(--observation-text\\)"),
+    (dict(environment_config="desc=[SX,FG]"), "reset\\(\\) raised ValueError: the map holds tiles FrozenLake does "
+                                              "not know \\(X\\)"),
+], ids=["observation-text-none", "unknown-tile"])
+def test_a_gym_environments_observation_that_cannot_be_read_is_named(options, says):
+    environment = environment_source("gym:FrozenLake-v1", **options).environments(1)[0]
+    runner = SimpleNamespace()
+    with pytest.raises(EnvironmentFailed, match=f"environment gym:FrozenLake-v1: {says}.*maps.jsonl:7"):
+        from ppo_rlhf.rollout.episodes import EpisodeRunner
+
+        EpisodeRunner.call(runner, environment, "reset", {"_source": "maps.jsonl:7"}, seed=0, options={})
+
+
+@pytest.mark.parametrize("arguments, says", [
+    (dict(environment="gym:FrozenLake-v1", environment_config="desc=[SFFF,FHFH"),
+     "invalid value for 'environment_config'.*a bracket opened in 'desc=\\[SFFF,FHFH' is never closed"),
+    (dict(environment="gym:FrozenLake-v1", environment_config="map_name=5x5"),
+     "environment gym:FrozenLake-v1: making it with \\{'map_name': '5x5'\\} raised KeyError: '5x5'"),
+    (dict(environment="toy_envs:BrokenConstructor"),
+     "environment toy_envs:BrokenConstructor: making it raised RuntimeError: the game server is down"),
+    (dict(tools=add), "tools must be a list of functions, got a function.*give tools=\\[add\\]"),
+], ids=["config-unclosed-bracket", "gymnasium-constructor-key-error", "constructor-raises", "tools-a-function"])
+def test_start_time_inputs_that_cannot_make_an_environment_are_named(arguments, says):
+    with pytest.raises(ConfigError, match=says):
+        environment_source(**arguments)
+
+
+def test_a_chat_template_file_with_a_syntax_error_is_refused_naming_it(zoo, tmp_path):
+    from ppo_rlhf.envs.options import apply_chat_template_file
+
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m['content'] }}")  # the for is never closed
+    with pytest.raises(ConfigError, match=f"invalid value for 'chat_template_file': '{broken}'; the template does not "
+                                          f"render a user's question \\(TemplateSyntaxError"):
+        apply_chat_template_file(AutoTokenizer.from_pretrained(zoo["qwen2"]), str(broken))
+
+
+@pytest.mark.parametrize("parser, says", [
+    ("raising_parser", "the tool-call parser raising_parser raised KeyError: 'name' on a turn"),
+    ("parser_of_strings", "the tool-call parser parser_of_strings returned \\['add'\\]; a parser returns a list of "
+                          "ppo_rlhf.envs.parsers.ToolCall"),
+], ids=["raises", "returns-strings"])
+def test_a_broken_tool_parser_is_named_as_the_parser(room_for_tools, tmp_path, capsys, parser, says):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", room_for_tools, "--prompts", prompts, "--tool", "toy_envs:add",
+                       "--tool-parser", f"toy_envs:{parser}", "--chat-template-file", TEMPLATE,
+                       "--reward-fn", f"{REWARDS_MODULE}:length_score", "--out", tmp_path / "run",
+                       "--batch-size", 4, "--mini-batch-size", 4, "--max-new-tokens", 6, "--max-length", 1024,
+                       "--eval-every", 0, "--save-every", 0, *THREADS], capsys)
+    assert re.search(says, err) and "step()" not in err and "Traceback" not in err
+
+
+def test_a_prompt_whose_cut_would_take_its_tools_away_is_refused_at_start(room_for_tools, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    err = run_failing(["ppo", "--model", room_for_tools, "--prompts", prompts, "--tool", "toy_envs:add",
+                       "--chat-template-file", TEMPLATE, "--reward-fn", f"{REWARDS_MODULE}:length_score",
+                       "--max-length", 256, "--max-new-tokens", 16, "--out", tmp_path / "run", *THREADS], capsys)
+    assert re.search(r"the prompt of .*prompts.jsonl:1 is \d+ tokens once the chat template lists its tools, more "
+                     r"than --max-length minus --max-new-tokens \(240\).*raise --max-length to at least", err)

@@ -105,7 +105,7 @@ def postprocess(scores, finished, **options):
     trainer = SimpleNamespace(config=build_config(PPOConfig, {"task": "doubling", **options}),
                               score_moments=RunningMoments())
     shaped = PPOTrainer.shape_scores(trainer, torch.tensor(scores), torch.tensor(finished), torch.ones(len(scores)))
-    return PPOTrainer.normalise_scores(trainer, shaped)
+    return PPOTrainer.normalise_scores(trainer, shaped)[0]
 
 
 def test_missing_eos_penalty_is_taken_off_the_score_of_unfinished_responses():

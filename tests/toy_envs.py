@@ -4,6 +4,7 @@ and the broken ones a user might write."""
 
 from __future__ import annotations
 
+import random
 import time
 
 
@@ -122,3 +123,119 @@ class FailsOnTheThirdBatch(LetterGame):
         if os.environ.get("PPO_RLHF_TEST_ENV_FAILS") and FailsOnTheThirdBatch.resets == 9:
             raise ConnectionError("the game server went away")
         return super().reset(seed=seed, options=options)
+
+
+class DrawsItsTarget:
+    """TRL's shape, drawing its task at random in reset() as TRL's docs' IncrementEnv does (no seed
+    parameter): Python's and numpy's generators decide the target."""
+
+    def reset(self, **kwargs) -> str:
+        import numpy
+
+        self.target = (random.randint(1, 10**6), int(numpy.random.randint(0, 10**6)))
+        return f" (reach {self.target})"
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+class TakesASeed(DrawsItsTarget):
+    """TRL's shape whose reset names ``seed``: it gets the episode's seed."""
+
+    def reset(self, seed=None, **kwargs) -> str:
+        self.seed = seed
+        return super().reset()
+
+
+class ToolsNamedLikeGym:
+    """TRL's shape (reset takes no seed= / options=) whose tools are named step, render and close."""
+
+    def reset(self, **kwargs) -> None:
+        self.moves, self.columns = [], kwargs
+
+    def step(self, direction: str) -> str:
+        """Take a step.
+
+        Args:
+            direction: where to
+        """
+        self.moves.append(direction)
+        return f"stepped {direction}"
+
+    def render(self) -> str:
+        """Draw the board."""
+        return "board"
+
+    def close(self) -> str:
+        """Close the door."""
+        return "closed"
+
+    def _helper(self) -> None:
+        pass
+
+    def get_reward(self) -> float:
+        return float(len(self.moves))
+
+
+class OldGymStep(LetterGame):
+    def step(self, action: str):
+        return None, 1.0, True, {}  # gym's 4-tuple (observation, reward, done, info)
+
+
+class TextReward(LetterGame):
+    def step(self, action: str):
+        return None, "1.0", True, False, {}
+
+
+class PaysEachTurn(LetterGame):
+    """LetterGame paying 1 for every turn, however empty (three turns)."""
+
+    def __init__(self):
+        super().__init__(turns=3)
+
+    def step(self, action: str):
+        observation, _, done, truncated, info = super().step(action)
+        return observation, 1.0, done, truncated, info
+
+
+class ResetEndsWithTheReply(LetterGame):
+    def reset(self, *, seed=None, options=None):
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], {}
+
+
+class ResetReturnsText(LetterGame):
+    def reset(self, *, seed=None, options=None):
+        return "a bare string, not (observation, info)"
+
+
+class RewardIsNaN(Counter):
+    def get_reward(self) -> float:
+        return float("nan")
+
+
+class ResetLikeGymnasium(Counter):
+    """TRL's shape (reset takes no seed= / options=) whose reset returns gymnasium's (observation, info)."""
+
+    def reset(self, **kwargs):
+        return "count", {}
+
+
+class BrokenConstructor(LetterGame):
+    def __init__(self):
+        raise RuntimeError("the game server is down")
+
+
+def raising_parser(text: str):
+    raise KeyError("name")
+
+
+def parser_of_strings(text: str):
+    return ["add"]
+
+
+def says_nothing(observation, env):
+    return None
+
+
+# TRL's dict form, named on the command line as --environment toy_envs:ENVIRONMENTS.
+ENVIRONMENTS = {"count": Counter, "walk": ToolsNamedLikeGym}

@@ -15,6 +15,7 @@ logits by logit_scale) and gemma2 (caps them with final_logit_softcapping).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from pathlib import Path
@@ -155,6 +156,23 @@ class VaryingLengths:
         return ids[:, :keep], mask[:, :keep]
 
 
+class Scripted:
+    """A Generator that writes given token ids, turn after turn (each call: one list per row), and
+    keeps what it was asked: the ids each call continued, each call's per-row token limits."""
+
+    def __init__(self, turns: list[list[list[int]]], stop_ids: list[int], pad: int):
+        self.turns, self.stop_token_ids, self.pad = list(turns), stop_ids, pad
+        self.contexts, self.limits = [], []
+
+    def generate(self, model, prompt_ids, prompt_mask, max_new_tokens=None):
+        self.contexts.append([ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)])
+        self.limits.append(max_new_tokens)
+        rows = self.turns.pop(0)
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [self.pad] * (width - len(r)) for r in rows])
+        return ids, torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -215,3 +233,169 @@ def small_grpo_config(zoo, **overrides):
         "model": str(zoo["gpt2"]), "reward_fn": f"{REWARDS_MODULE}:length_score", "estimator": "grpo",
         "samples_per_prompt": 2, "batch_size": 8, "mini_batch_size": 8, "ppo_epochs": 1, "max_new_tokens": 6,
         "max_length": 32, "lr": 1e-3, **overrides})
+
+
+# ---------------------------------------------------------------- the chat templates of the models people train
+# Each carries the logic of a real family's template that episodes depend on, written here (none is
+# downloaded): where the turns begin and end, how tools, tool calls and tool answers are written.
+QWEN3_TEMPLATE = """
+{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n\\nYou may call one or more functions.\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return <tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if ns.multi_step_tool and message.role == 'user' and not message.content.startswith('<tool_response>') %}
+{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}
+{%- for message in messages %}{%- set content = message.content if message.content is string else '' %}
+{%- if message.role == 'user' %}{{- '<|im_start|>user\\n' + content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}{%- set reasoning_content = message.reasoning_content or '' %}
+{%- if '</think>' in content %}{%- set reasoning_content = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}
+{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+{{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content + '\\n</think>\\n\\n' + content }}
+{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}
+{%- for call in message.tool_calls or [] %}{%- set call = call.function or call %}
+{{- ('\\n' if content or not loop.first else '') + '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' + (call.arguments | tojson) + '}\\n</tool_call>' }}
+{%- endfor %}{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- endif %}{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+LLAMA3_TEMPLATE = """{{- bos_token }}
+{%- if messages[0].role == 'system' %}{%- set system_message = messages[0].content %}{%- set messages = messages[1:] %}
+{%- else %}{%- set system_message = '' %}{%- endif %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}{%- if tools %}{{- 'Environment: ipython\\n' }}{%- endif %}
+{{- 'Cutting Knowledge Date: December 2023\\n\\n' + system_message + '<|eot_id|>' }}
+{%- if tools %}{%- set first_user = messages[0].content %}{%- set messages = messages[1:] %}
+{{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, please respond with a JSON for a function call. Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\\n\\n' }}
+{%- for tool in tools %}{{- (tool | tojson) + '\\n\\n' }}{%- endfor %}{{- first_user + '<|eot_id|>' }}{%- endif %}
+{%- for message in messages %}
+{%- if message.tool_calls %}
+{%- if message.tool_calls | length != 1 %}{{- raise_exception('This model only supports single tool-calls at once!') }}{%- endif %}
+{%- set call = message.tool_calls[0].function %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "' + call.name + '", "parameters": ' + (call.arguments | tojson) + '}<|eot_id|>' }}
+{%- elif message.role == 'tool' %}{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+{%- else %}{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
+
+GPT_OSS_TEMPLATE = """{{- '<|start|>system<|message|>You are a helpful assistant.<|end|>' }}
+{%- if tools %}{{- '<|start|>developer<|message|># Tools\\n\\nnamespace functions {\\n' }}
+{%- for tool in tools %}{{- 'type ' + tool.function.name + ' = (_: ' + (tool.function.parameters | tojson) + ') => any;\\n' }}{%- endfor %}
+{{- '} // namespace functions<|end|>' }}{%- endif %}
+{%- set last_tool_call = namespace(name=none) %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}
+{%- set call = message.tool_calls[0].function %}
+{%- if message.content %}{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.content + '<|end|>' }}{%- endif %}
+{{- '<|start|>assistant to=functions.' + call.name + '<|channel|>commentary json<|message|>' + (call.arguments | tojson) + '<|call|>' }}
+{%- set last_tool_call.name = call.name %}
+{%- elif message.role == 'assistant' %}
+{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + ('<|return|>' if loop.last and not add_generation_prompt else '<|end|>') }}
+{%- set last_tool_call.name = none %}
+{%- elif message.role == 'tool' %}
+{%- if last_tool_call.name is none %}{{- raise_exception('Message has tool role, but there was no previous assistant message with a tool call!') }}{%- endif %}
+{{- '<|start|>functions.' + last_tool_call.name + ' to=assistant<|channel|>commentary<|message|>' + (message.content | tojson) + '<|end|>' }}
+{%- else %}{{- '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"""
+
+TEMPLATE_TEXT = TEXT + ['{"name": "add", "arguments": {"a": 1, "b": 2}}', "<tool_call> </tool_call> <think> </think>",
+                        "the tool response is 3", '{"name": "add", "parameters": {"a": 1}}']
+
+
+def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """A tokenizer trained here carrying one family's template and special tokens:
+
+    qwen3          ChatML, Qwen3's template (a think block in the last assistant turn only)
+    llama3         Llama 3.x's headers and JSON tool calls, tools in the first user message
+    gpt_oss        GPT-OSS's harmony messages, tool calls ended by <|call|>
+    special_tags   ChatML whose <tool_call> / </tool_call> are special tokens, ppo-rlhf's tool template
+    sentencepiece  ChatML on a SentencePiece-style (Metaspace) vocabulary, which puts a prefix
+                   space in front of a text tokenized on its own
+    """
+    from ppo_rlhf.envs.options import tool_template_path
+
+    if family == "sentencepiece":
+        tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tokenizer.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="first"),
+                                               decoders.ByteFallback()])
+        special = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+        tokenizer.train_from_iterator(TEMPLATE_TEXT, trainers.BpeTrainer(
+            vocab_size=400, special_tokens=special, initial_alphabet=list("abcdefghijklmnopqrstuvwxyz▁\n<>|_/0123456789{}\":,.? ")))
+        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="<|im_end|>",
+                                       pad_token="</s>", unk_token="<unk>")
+        fast.chat_template = tool_template_path().read_text()
+        return fast
+    special, ids = {
+        "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")),
+        "special_tags": (["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"],
+                         dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")),
+        "llama3": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                    "<|eom_id|>", "<|python_tag|>"],
+                   dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|end_of_text|>")),
+        "gpt_oss": (["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>",
+                     "<|constrain|>"], dict(eos_token="<|return|>", pad_token="<|endoftext|>")),
+    }[family]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TEMPLATE_TEXT, trainers.BpeTrainer(vocab_size=360, special_tokens=special,
+                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, **ids)
+    if family == "special_tags":
+        fast.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    fast.chat_template = {"qwen3": QWEN3_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "gpt_oss": GPT_OSS_TEMPLATE,
+                          "special_tags": tool_template_path().read_text()}[family]
+    return fast
+
+
+def family_model(family: str, folder: Path, positions: int = 1024) -> Path:
+    """A tiny random model (Llama's architecture for llama3, Qwen2's otherwise) with
+    :func:`family_tokenizer`'s tokenizer, saved in ``folder``; ``positions``: room for a prompt
+    that lists tools."""
+    tokenizer = family_tokenizer(family)
+    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+               bos_token_id=tokenizer.bos_token_id)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=positions, initializer_range=0.2, **ids)
+    torch.manual_seed(0)
+    config = LlamaConfig(**sizes) if family == "llama3" else Qwen2Config(tie_word_embeddings=True, **sizes)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class CallsFirst:
+    """A rollout engine (the built-in loop) whose first turn of every episode writes ``text`` (a tool
+    call, as the template teaches it) and its stop token; later turns are sampled, ``sampled``
+    tokens at most.  A tiny random model writes no call of its own, and an agent program's rewards
+    read what its calls did."""
+
+    def __init__(self, tokenizer, text: str, sampled: int = 8, seed: int = 0):
+        from ppo_rlhf.rollout.generation import TorchGenerator
+
+        self.stop_token_ids, self.pad, self.sampled = [tokenizer.eos_token_id], tokenizer.pad_token_id, sampled
+        self.call = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        self.max_new_tokens = max(len(self.call), sampled)
+        self.loop = TorchGenerator(self.stop_token_ids, self.pad, sampled, do_sample=True, seed=seed)
+        self.turn = 0
+
+    @contextlib.contextmanager
+    def holding_weights(self, model):
+        """Entered once per batch of episodes (rollout/episodes.py): the next call is their first turn."""
+        self.turn = 0
+        yield
+
+    def generate(self, model, prompt_ids, prompt_mask, max_new_tokens=None):
+        self.turn += 1
+        if self.turn > 1:
+            limits = [min(limit, self.sampled) for limit in max_new_tokens] if max_new_tokens else None
+            return self.loop.generate(model, prompt_ids, prompt_mask, limits)
+        rows = prompt_ids.shape[0]
+        return torch.tensor([self.call] * rows), torch.ones(rows, len(self.call), dtype=torch.long)

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.data import DataError
     from ppo_rlhf.distributed import end_processes, is_main_process
     from ppo_rlhf.envs.protocol import EnvironmentFailed
+    from ppo_rlhf.envs.tools import ToolParserFailed
     from ppo_rlhf.interrupts import RunInterrupted, interrupted_message, stop_on_signals
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.generation import EngineWeightsError
@@ -101,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed) as error:
+    except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed, ToolParserFailed) as error:
         # Bad input (a missing file, a row without a field, a folder holding the wrong kind of
-        # model, a reward function's bad output, an environment that raised): the message names
-        # the culprit; no traceback.
+        # model, a reward function's bad output, an environment or a tool parser that raised): the
+        # message names the culprit; no traceback.
         print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
         return 2
     except (DivergenceError, EngineWeightsError) as error:

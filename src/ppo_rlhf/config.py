@@ -367,6 +367,47 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
 
 
+def parse_key_values(text: str, option: str, example: str) -> dict:
+    """``key=value,key=value`` (``--task-config``, ``--environment-config``) -> a dict, each value
+    read as YAML (3, 0.5, true, [1, 2], text).  A comma inside brackets belongs to its value.  Read
+    whole or refused (ConfigError naming ``option`` and the part): a bracket left open or closed
+    twice, a key given twice, a value that is not YAML -- never the settings before the broken
+    part with the rest dropped (docs/design.md, "Tasks")."""
+
+    def refused(why: str) -> ConfigError:
+        return ConfigError(f"invalid value for '{option}': {text!r}; {why}; allowed: key=value pairs separated by "
+                           f"commas, e.g. {example} (a value is read as YAML)")
+
+    depth, start, parts = 0, 0, []
+    for i, char in enumerate(text):
+        if char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+            if depth < 0:
+                raise refused(f"the bracket '{char}' at character {i + 1} closes none that was opened")
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise refused(f"a bracket opened in {text[start:]!r} is never closed")
+    parts.append(text[start:])
+    settings = {}
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not key:
+            raise refused(f"{part!r} is not key=value")
+        if key in settings:
+            raise refused(f"'{key}' is given twice")
+        try:
+            settings[key] = parse_yaml(value)
+        except (yaml.YAMLError, ConfigError) as error:
+            raise refused(f"the value of {part!r} is not YAML ({str(error).splitlines()[0]})") from None
+    return settings
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():

@@ -87,6 +87,28 @@ def prompt_check(chat_template: bool) -> FieldCheck:
     return text_or_messages if chat_template else text
 
 
+# TRL's prompt for a row an environment owns (reset() returns the task, appended to it).
+ENVIRONMENT_PLACEHOLDER = [{"role": "user", "content": ""}]
+
+
+def environment_prompt(value: Any) -> str | None:
+    """A prompt an environment plays (episodes are chat): text or chat messages, the last of which may
+    be empty -- the environment's reset() says the task (TRL's environments that own their data)."""
+    if isinstance(value, str):
+        return None
+    complaint = chat_messages(value, last_may_be_empty=True)
+    if complaint is None and value[-1]["role"] == "assistant":
+        return text_or_messages(value)
+    return complaint
+
+
+def with_environment_placeholders(rows: list[dict], field: str) -> list[dict]:
+    """Rows played with an environment: one without a prompt gets TRL's placeholder, an empty user
+    message (a row that only routes among several environments: TRL's dict form)."""
+    return [row if field in row or "messages" in row or "instruction" in row
+            else {**row, field: [dict(message) for message in ENVIRONMENT_PLACEHOLDER]} for row in rows]
+
+
 def class_index(num_labels: int) -> FieldCheck:
     """An integer class index in 0..num_labels-1 (1.0 is taken as 1; True, 1.5 and "1" are not)."""
 

@@ -11,6 +11,7 @@ not, and the parsed answer), or the reward's, which must then be 0 or 1.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from typing import Callable
@@ -21,7 +22,7 @@ from ppo_rlhf.core import pass_at_k
 from ppo_rlhf.distributed import gather_objects, rank, split_for_rank
 from ppo_rlhf.rewards import response_answer, voted_answer
 from ppo_rlhf.rollout.reward import RewardError
-from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out, score_episodes
+from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out, samples_of, score_episodes
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 
@@ -73,7 +74,7 @@ class Evaluator:
                  prompt_field: str = "prompt", max_prompt_length: int = 128, max_new_tokens: int = 128,
                  batch_size: int = 1024, chat_template: bool = False, environments=None,
                  limits: EpisodeLimits | None = None, environment_weight: float = 1.0, seed: int = 0,
-                 outcomes: Outcomes | None = None):
+                 outcomes: Outcomes | None = None, show_progress: bool = False):
         self.tokenizer = tokenizer
         self.rows = prompt_rows
         self.prompts = [row.get(prompt_field) for row in prompt_rows]
@@ -87,12 +88,16 @@ class Evaluator:
         self.environments, self.environment_weight, self.seed = environments, environment_weight, seed
         self.limits = limits or EpisodeLimits(max_prompt_length, max_prompt_length + max_new_tokens,
                                               chat_template=chat_template)
+        self.show_progress = show_progress  # a bar of the episodes played (ppo-rlhf eval)
+        self.last_episodes: list[dict] = []  # the last call's episodes, whole (its prompts' order)
 
     @torch.no_grad()
     def __call__(self, model, do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
                  prefix: str = "eval/", generator: Generator | None = None, samples: int = 1
                  ) -> tuple[dict[str, float], list[tuple[str, str]]]:
-        """(metrics, [(prompt, response), ...]) over all held-out prompts.
+        """(metrics, [(prompt, response), ...]) over all held-out prompts; an episode's response is
+        its whole conversation after the prompt, and ``last_episodes`` holds each one whole (its
+        messages, tool calls and results, turns, score).
 
         Several processes: each answers its own contiguous part of the prompts (sampling with its
         own seed), and the metric is computed on all the answers, gathered in every process.
@@ -104,7 +109,7 @@ class Evaluator:
         generator = generator or TorchGenerator(stop_token_ids(self.tokenizer, model), self.tokenizer.pad_token_id,
                                                 self.max_new_tokens, do_sample=do_sample, temperature=temperature,
                                                 seed=seed + rank())
-        texts, finished, lengths, scores = [], [], [], []
+        texts, finished, lengths, scores, shown, episodes = [], [], [], [], [], []
         # Several rewards: each one's scores too, by name (the same names in every process).
         names = list(getattr(self.reward, "names", [])) + (["environment"] if self.environments is not None and
                                                             self.environments.pays and self.reward is not None else [])
@@ -113,6 +118,7 @@ class Evaluator:
             self.reward.new_iteration()  # a judge's cache and counts: this evaluation's own
         mine = split_for_rank(list(range(len(self.prompts))))
         per_batch = max(self.batch_size // samples, 1)  # prompts a generate call answers, K times each
+        bar = self.progress_bar(len(mine) * samples)
         for begin in range(0, len(mine), per_batch):
             index = mine[begin:begin + per_batch]
             # Each prompt's K samples in adjacent rows; an environment's K episodes start alike.
@@ -120,16 +126,32 @@ class Evaluator:
             rows = [self.rows[i] for i in index for _ in range(samples)]
             seeds = (None if self.environments is None
                      else episode_seeds(self.seed, -1, 0, index[0], len(index), samples))
-            out = roll_out(model, self.tokenizer, generator, rows, prompts, self.limits, self.environments, seeds)
+            done = bar.n if bar is not None else 0
+            on_turn = None if bar is None else (
+                lambda turns, going, total=len(rows), done=done: bar.update(done + total - going - bar.n))
+            out = roll_out(model, self.tokenizer, generator, rows, prompts, self.limits, self.environments, seeds,
+                           progress=on_turn)
+            if bar is not None:
+                bar.update(done + len(rows) - bar.n)
             texts += out.texts
             finished += out.finished
             lengths += out.sequences.loss_mask.sum(dim=1).tolist()
+            total = None
             if self.reward is not None or out.environments:
                 total, parts = score_episodes(self.reward, rows, out, self.environment_weight)
                 scores += total.tolist()
                 for name in components:
                     components[name] += parts[name].tolist()
-        texts, finished, lengths, scores = (gather_objects(part) for part in (texts, finished, lengths, scores))
+            if out.environments:
+                shown += [sample["response"] for sample in samples_of(
+                    out, total if total is not None else torch.zeros(len(rows)), len(rows))]
+                episodes += episode_records(out, total)
+            else:
+                shown += out.texts
+        if bar is not None:
+            bar.close()
+        texts, finished, lengths, scores, shown, episodes = (
+            gather_objects(part) for part in (texts, finished, lengths, scores, shown, episodes))
         components = {name: gather_objects(values) for name, values in components.items()}
         metrics = {}
         all_prompts = [p for p in self.prompts for _ in range(samples)]
@@ -139,7 +161,9 @@ class Evaluator:
         if scores:
             metrics["score"] = sum(scores) / len(scores)
         for name, values in components.items():
-            metrics[f"reward/{name}"] = sum(values) / len(values)
+            scored = [value for value in values if not math.isnan(value)]  # the rows this reward applies to
+            metrics[f"reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
+        metrics.update(episode_metrics(episodes))
         if self.reward is not None:  # a judge's counts (judge/unparsed), summed over the processes
             for counts in gather_objects([self.reward.iteration_counts()]):
                 for name, count in counts.items():
@@ -148,7 +172,17 @@ class Evaluator:
             metrics.update(self.pass_at_k(all_prompts, texts, finished, all_rows, scores, samples))
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
         metrics["seconds"] = time.perf_counter() - start
-        return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, texts[::samples]))
+        self.last_episodes = [{"prompt": prompt, **episode} for prompt, episode in zip(all_prompts, episodes)]
+        return {prefix + k: v for k, v in metrics.items()}, list(zip(self.prompts, shown[::samples]))
+
+    def progress_bar(self, episodes: int):
+        """A bar of the episodes played (``ppo-rlhf eval`` with an environment: minutes of play), on
+        the main process; None otherwise."""
+        if not self.show_progress or self.environments is None or rank() != 0:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=episodes, desc="eval", unit="episode", mininterval=1.0)
 
     def pass_at_k(self, prompts: list, texts: list[str], finished: list[bool], rows: list[dict], scores: list[float],
                   samples: int) -> dict[str, float]:
@@ -164,3 +198,33 @@ class Evaluator:
         grouped = [list(right[i:i + samples]) for i in range(0, len(right), samples)]
         votes = [list(answers[i:i + samples]) for i in range(0, len(answers), samples)]
         return sampled_metrics(grouped, votes)
+
+
+
+def episode_records(episodes, scores: torch.Tensor | None) -> list[dict]:
+    """Each episode of a batch, whole, for people to read: its messages (the tool calls each turn
+    made, the tools' results), turns, whether a limit cut it, its score and its tool counts."""
+    records = []
+    for i, conversation in enumerate(episodes.conversations):
+        stats = episodes.environments[i].tool_stats if hasattr(episodes.environments[i], "tool_stats") else {}
+        records.append({"messages": conversation, "turns": episodes.turns[i], "truncated": episodes.truncated[i],
+                        "score": None if scores is None else float(scores[i]), "tool_calls": episodes.tool_logs[i],
+                        "counts": dict(stats or {})})
+    return records
+
+
+def episode_metrics(episodes: list[dict]) -> dict[str, float]:
+    """Per episode: its turns, the share a limit cut, tool calls, errors and timeouts (and what else
+    the environments count, env/<name>), and ``episode/success``: the share scored above 0 (a
+    goal reached, a right answer, for rewards that pay 1 for it).  Nothing without episodes."""
+    if not episodes:
+        return {}
+    count = len(episodes)
+    metrics = {"episode/turns": sum(e["turns"] for e in episodes) / count,
+               "episode/truncated": sum(e["truncated"] for e in episodes) / count,
+               "episode/success": sum((e["score"] or 0.0) > 0 for e in episodes) / count}
+    names = sorted({name for e in episodes for name in e["counts"]} | {"calls", "errors", "timeouts"})
+    for name in names:
+        key = f"tools/{name}" if name in ("calls", "errors", "timeouts") else f"env/{name}"
+        metrics[key] = sum(e["counts"].get(name, 0) for e in episodes) / count
+    return metrics

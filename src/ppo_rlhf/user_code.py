@@ -58,9 +58,10 @@ def _file_module_name(path: Path) -> str:
     return f"ppo_rlhf_reward_file_{name}"
 
 
-def load_function(dotted_path: str, what: str = "reward function"):
+def load_function(dotted_path: str, what: str = "reward function", also: tuple[type, ...] = ()):
     """``package.module:function``, ``package.module.function`` or ``path/file.py:function`` -> the
-    function (or class: anything callable); ``what`` names it in the errors."""
+    function (or class: anything callable; or an object of a type in ``also``: a dict of
+    environments); ``what`` names it in the errors."""
     module_name, sep, attribute = dotted_path.rpartition(":")
     if not sep:
         module_name, _, attribute = dotted_path.rpartition(".")
@@ -72,6 +73,6 @@ def load_function(dotted_path: str, what: str = "reward function"):
         raise ConfigError(f"cannot import module {module_name!r} for {what} {dotted_path!r}: "
                           f"{type(error).__name__}: {error}") from None
     function = getattr(module, attribute, None)
-    if not callable(function):
+    if not callable(function) and not isinstance(function, also):
         raise ConfigError(f"{module_name!r} has no function {attribute!r} ({what} {dotted_path!r})")
     return function

@@ -7,6 +7,9 @@ from dataclasses import MISSING, dataclass, fields
 from ppo_rlhf.config import ConfigError, above, any_number, check, option
 
 TURN_REWARDS = ("sum", "per-turn")
+# --max-length left empty: a single turn's prompt and answer, or an episode's prompt (its tools
+# listed) and several turns; docs/agents.md's calculator example needs ~180 prompt tokens.
+DEFAULT_MAX_LENGTH, EPISODE_MAX_LENGTH = 256, 1024
 
 
 @dataclass
@@ -26,9 +29,12 @@ class EnvironmentOptions:
                                                   "leaves after the prompt", range=above(0))
     tool_timeout: float = option(10.0, "seconds a tool call may take; past it the model is told the tool timed out",
                                  range=above(0))
-    tool_parser: str = option("hermes", "how tool calls are read from the model's text: hermes "
-                                        "(<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, Qwen's and "
-                                        "Hermes' templates) or module:function (text -> list of ToolCall)")
+    tool_parser: str = option("auto", "how tool calls are read from the model's text: auto (the tokenizer's "
+                                      "response_template where it has one, else by the chat template's family: "
+                                      "hermes, llama3-json or gpt-oss), hermes (<tool_call>{\"name\": ..., "
+                                      "\"arguments\": {...}}</tool_call>: Qwen, Hermes, SmolLM3), llama3-json "
+                                      "({\"name\": ..., \"parameters\": {...}}: Llama 3.x), gpt-oss "
+                                      "(to=functions.NAME ... <|call|>), or module:function (text -> list of ToolCall)")
     environment_config: str = option("", "arguments the environment is made with, 'key=value,...' (values read as "
                                           "YAML), e.g. is_slippery=false for gym:FrozenLake-v1")
     action_names: list[str] = option([], "gym:ID: the name of each action, in the action order (default: the "
@@ -46,19 +52,35 @@ class EnvironmentOptions:
                                                   "renders tools, for a model whose own does not); saved with the "
                                                   "trained model")
 
+    def resolve_max_length(self, given: bool = False) -> None:
+        """--max-length left empty: 256, or 1024 where rollouts are episodes (by the flags, or
+        ``given``: objects given in Python); resolved here, so config.yaml records the value used."""
+        if self.max_length is None:
+            self.max_length_resolved = True  # left empty: a later call (objects given in Python) may resolve it again
+        if getattr(self, "max_length_resolved", False):
+            self.max_length = EPISODE_MAX_LENGTH if given or self.has_episodes() else DEFAULT_MAX_LENGTH
+
     def has_episodes(self) -> bool:
         """Whether rollouts are multi-turn episodes (by the flags; the Python API may give objects)."""
         return self.environment is not None or bool(self.tool)
 
+    def check_episode_options_used(self, given: bool = False) -> None:
+        """At start, once it is known whether rollouts are episodes: an episode option set without
+        them is refused (``given``: an environment or tools were given as Python objects,
+        PPOTrainer(environment=..., tools=...), which turn episodes on as the flags do; a config
+        may hold episode options for them, so this is not a rule of the config alone)."""
+        if given or self.has_episodes():
+            return
+        for field in fields(EnvironmentOptions):
+            if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
+                default = field.default if field.default_factory is MISSING else field.default_factory()
+                check(getattr(self, field.name) == default, field.name,
+                      "left out without --environment or --tool", getattr(self, field.name))
+
     def validate_environment(self, given: bool = False) -> None:
-        """The rules between the episode options; ``given``: an environment or tools were given as
-        Python objects (PPOTrainer(environment=..., tools=...)), which turn episodes on too."""
+        """The rules between the episode options, where rollouts are episodes (by the flags, or
+        ``given``: objects given in Python)."""
         if not (given or self.has_episodes()):
-            for field in fields(EnvironmentOptions):
-                if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
-                    default = field.default if field.default_factory is MISSING else field.default_factory()
-                    check(getattr(self, field.name) == default, field.name,
-                          "left out without --environment or --tool", getattr(self, field.name))
             return
         self.chat_template = True  # turns are chat messages: the template frames them (docs/agents.md)
         gym = (self.environment or "").startswith("gym:")
@@ -82,23 +104,26 @@ class EnvironmentOptions:
 
 def check_template_renders_tools(tokenizer, schemas: list[dict], where: str) -> None:
     """ConfigError at start when tools are given but the chat template leaves them out of the
-    prompt, or cannot render a tool's answer: the model would never learn they exist."""
+    prompt, or cannot render a tool's answer: the model would never learn they exist.  ``where``
+    names the template (envs/chat.py, ``template_name``)."""
     if not schemas:
         return
     name = schemas[0]["function"]["name"]
     question = [{"role": "user", "content": "?"}]
-    answered = question + [{"role": "assistant", "content": "!"}, {"role": "tool", "name": name, "content": "\x01"}]
+    call = {"type": "function", "function": {"name": name, "arguments": {}}}
+    answered = question + [{"role": "assistant", "content": "!", "tool_calls": [call]},
+                           {"role": "tool", "name": name, "content": "sentinel-4f9a"}]
     try:
         listed = name in tokenizer.apply_chat_template(question, tools=schemas, tokenize=False,
                                                        add_generation_prompt=True)
-        answers = "\x01" in tokenizer.apply_chat_template(answered, tools=schemas, tokenize=False,
+        answers = "sentinel-4f9a" in tokenizer.apply_chat_template(answered, tools=schemas, tokenize=False,
                                                           add_generation_prompt=True)
         problem = None if listed and answers else ("does not list the tools in the prompt" if not listed else
                                                    "does not render a tool's answer (role 'tool')")
     except Exception as error:  # noqa: BLE001 -- a template that raises on tools or a tool message
         problem = f"raises on tools ({type(error).__name__}: {error})"
     if problem:
-        raise ConfigError(f"{where}'s chat template {problem}, so the model cannot see its tools; give a template "
+        raise ConfigError(f"{where} {problem}, so the model cannot see its tools; give a template "
                           f"that renders them with --chat-template-file (ppo-rlhf ships one for ChatML models such "
                           f"as SmolLM2 and Qwen: {tool_template_path()})")
 
@@ -119,4 +144,11 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; no such file (a Jinja chat template)")
-    tokenizer.chat_template = file.read_text()
+    template = file.read_text()
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template, tokenize=False,
+                                      add_generation_prompt=True)
+    except Exception as error:  # noqa: BLE001 -- jinja's syntax errors, a template that raises on a plain question
+        raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; the template does not render a user's "
+                          f"question ({type(error).__name__}: {error})") from None
+    tokenizer.chat_template = template

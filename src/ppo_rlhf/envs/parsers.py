@@ -1,17 +1,24 @@
 """Tool calls read from the model's own text, in the format its chat template taught it.
 
 A parser is a function ``parse(text) -> list[ToolCall]``: every call the turn makes, in order, or
-an empty list when the turn makes none (the model answered).  A call the model wrote but got
-wrong -- broken JSON, no name, arguments that are not an object -- comes back as a ToolCall with
-its ``error`` set: the model is told what was wrong, as a tool's answer, and the episode goes on
-(envs/tools.py).  ``--tool-parser hermes`` (the default) reads Hermes / Qwen's
+an empty list when the turn makes none (the model answered).  ``text`` is the turn as the model
+wrote it, decoded with its special tokens (a template whose tags are special tokens keeps them),
+less the stop token that ended it.  A call the model wrote but got wrong -- broken JSON, no name,
+arguments that are not an object -- comes back as a ToolCall with its ``error`` set: the model is
+told what was wrong, as a tool's answer, and the episode goes on (envs/tools.py).
 
-    <tool_call>
-    {"name": "calculator", "arguments": {"expression": "12 * 34"}}
-    </tool_call>
+``--tool-parser auto`` (the default) reads calls the way the model's chat template writes them:
+with transformers' ``parse_response`` where the tokenizer carries a ``response_template`` (as TRL
+does), else with the parser of the template's family, told apart by what the template writes:
 
-which Qwen 2.5 / 3, Hermes and SmolLM3's templates write; ``--tool-parser module:function`` takes
-a parser of one's own with the same signature.
+    hermes       <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>
+                 (Qwen 2.5 / 3, Hermes, SmolLM3, ppo-rlhf's ChatML template)
+    llama3-json  {"name": "add", "parameters": {"a": 1}}, the whole turn, after an optional
+                 <|python_tag|> (Llama 3.1 / 3.2 / 3.3)
+    gpt-oss      <|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 1}<|call|>
+
+A template of none of these is refused at start, naming it; ``--tool-parser NAME`` picks one of
+them, ``--tool-parser module:function`` takes a parser of one's own.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Callable
+
+from ppo_rlhf.config import ConfigError
 
 
 @dataclass
@@ -30,7 +39,8 @@ class ToolCall:
     text: str = ""  # the call as the model wrote it
 
     def as_message_call(self) -> dict:
-        """The call as a chat message's ``tool_calls`` entry (the OpenAI / transformers shape)."""
+        """The call as a chat message's ``tool_calls`` entry (the OpenAI / transformers shape TRL gives
+        reward functions: ``{"type": "function", "function": {"name", "arguments"}}``)."""
         return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
@@ -49,8 +59,59 @@ def parse_hermes(text: str) -> list[ToolCall]:
     return calls
 
 
+def parse_llama3_json(text: str) -> list[ToolCall]:
+    """Llama 3.x's JSON calls: the turn (after an optional ``<|python_tag|>``) is one JSON object
+    ``{"name": ..., "parameters": {...}}``, or several separated by ``;`` or new lines.  A turn
+    that does not start with ``{`` is an answer; one that does but is not such JSON is a call the
+    model got wrong."""
+    body = text.strip()
+    tagged = body.startswith("<|python_tag|>")
+    body = body.removeprefix("<|python_tag|>").strip()
+    if not body.startswith("{"):
+        return [read_call(body, text)] if tagged and body else []
+    calls, decoder, position = [], json.JSONDecoder(), 0
+    while position < len(body):
+        try:
+            _, end = decoder.raw_decode(body, position)
+        except json.JSONDecodeError:
+            calls.append(read_call(body[position:], body[position:]))
+            break
+        calls.append(read_call(body[position:end], body[position:end]))
+        position = end
+        while position < len(body) and body[position] in " \t\r\n;":
+            position += 1
+        if position < len(body) and body[position] != "{":
+            break  # text after the calls: the model's words, not another call
+    return calls
+
+
+GPT_OSS_CALL = re.compile(r"to=functions\.([^\s<]+)[^<]*(?:<\|channel\|>[^<]*)?(?:<\|constrain\|>[^<]*)?"
+                          r"<\|message\|>(.*?)(?=<\|call\|>|<\|end\|>|<\|start\|>|$)", re.DOTALL)
+
+
+def parse_gpt_oss(text: str) -> list[ToolCall]:
+    """GPT-OSS's harmony calls: a message addressed ``to=functions.NAME`` whose body is the
+    arguments' JSON, ended by ``<|call|>`` (the turn's stop token, left out of ``text``)."""
+    calls = []
+    for match in GPT_OSS_CALL.finditer(text):
+        name, body = match.group(1), match.group(2).strip()
+        try:
+            arguments = json.loads(body) if body else {}
+        except json.JSONDecodeError as error:
+            calls.append(ToolCall(name, error=f"the arguments of a call to {name} are not valid JSON ({error.msg} at "
+                                              f"character {error.pos}): {body[:200]!r}", text=match.group(0)))
+            continue
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(name, error=f"the arguments of a call to {name} must be a JSON object, got "
+                                              f"{body[:200]!r}", text=match.group(0)))
+            continue
+        calls.append(ToolCall(name, arguments, text=match.group(0)))
+    return calls
+
+
 def read_call(body: str, text: str) -> ToolCall:
-    """One call's JSON ``{"name": ..., "arguments": {...}}`` (arguments may also come as a JSON string)."""
+    """One call's JSON ``{"name": ..., "arguments": {...}}`` (Llama's ``parameters`` too; arguments
+    may also come as a JSON string)."""
     try:
         value = json.loads(body)
     except json.JSONDecodeError as error:
@@ -71,17 +132,83 @@ def read_call(body: str, text: str) -> ToolCall:
     return ToolCall(value["name"], arguments, text=text)
 
 
-PARSERS: dict[str, ToolCallParser] = {"hermes": parse_hermes}
+class ResponseTemplateParser:
+    """transformers' ``tokenizer.parse_response`` with the tokenizer's own ``response_template``
+    (TRL's parser, where the tokenizer carries one): the template says where the calls are."""
+
+    name = "the tokenizer's response_template (transformers' parse_response)"
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None):
+        self.tokenizer, self.tools = tokenizer, tools
+
+    def read(self, text: str, prefix: str = "") -> tuple[str, list[ToolCall]]:
+        """(the turn's content without its calls, the calls)."""
+        try:
+            parsed = self.tokenizer.parse_response(text, prefix=prefix, tools=self.tools)
+        except Exception as error:  # noqa: BLE001 -- a turn the template cannot parse: the model is told
+            return text, [ToolCall(None, error=f"the tool call could not be read ({type(error).__name__}: {error})",
+                                   text=text)]
+        calls = []
+        for call in parsed.get("tool_calls") or []:
+            function = call.get("function", call) if isinstance(call, dict) else {}
+            arguments = function.get("arguments", {})
+            if isinstance(arguments, str):
+                calls.append(read_call(json.dumps({"name": function.get("name"), "arguments": arguments}), ""))
+            elif not isinstance(function.get("name"), str) or not isinstance(arguments, dict):
+                calls.append(ToolCall(None, error=f"a tool call needs a name and arguments, got {call!r:.200}"))
+            else:
+                calls.append(ToolCall(function["name"], arguments))
+        return str(parsed.get("content") or ""), calls
+
+    def __call__(self, text: str, prefix: str = "") -> list[ToolCall]:
+        return self.read(text, prefix)[1]
 
 
-def load_parser(name: str) -> ToolCallParser:
-    """A parser by name (``hermes``) or ``module:function``; ConfigError for neither."""
-    from ppo_rlhf.config import ConfigError
+PARSERS: dict[str, ToolCallParser] = {"hermes": parse_hermes, "llama3-json": parse_llama3_json,
+                                      "gpt-oss": parse_gpt_oss}
+TOOL_PARSERS = ("auto", *PARSERS)
+
+# What a chat template writes that tells its family's tool calls (checked in this order).
+TEMPLATE_FAMILIES = (("gpt-oss", ("<|call|>", "<|channel|>")), ("hermes", ("<tool_call>",)),
+                     ("llama3-json", ("<|python_tag|>",)), ("llama3-json", ('"parameters"', "<|eot_id|>")))
+
+
+def load_parser(name) -> ToolCallParser | str:
+    """A parser by name (``auto`` stays a name until the tokenizer is known), ``module:function``, or
+    a function given in Python; ConfigError for none of these."""
     from ppo_rlhf.user_code import load_function
 
-    if name in PARSERS:
-        return PARSERS[name]
+    if not isinstance(name, str):
+        return name
+    if name == "auto" or name in PARSERS:
+        return name if name == "auto" else PARSERS[name]
     if ":" not in name:
-        raise ConfigError(f"invalid value for 'tool_parser': {name!r}; allowed: {', '.join(PARSERS)}, or "
+        raise ConfigError(f"invalid value for 'tool_parser': {name!r}; allowed: {', '.join(TOOL_PARSERS)}, or "
                           f"module:function for a parser of your own (text -> list of ToolCall)")
     return load_function(name, "tool parser")
+
+
+def template_family(template: str | None) -> str | None:
+    """The tool-call family a chat template writes, by its text; None when none is recognised."""
+    for family, markers in TEMPLATE_FAMILIES:
+        if template and all(marker in template for marker in markers):
+            return family
+    return None
+
+
+def resolve_parser(parser, tokenizer, template: str | None, tools: list[dict], where: str
+                   ) -> tuple[ToolCallParser, str]:
+    """(the parser, its name for the run's plan) for ``--tool-parser auto`` or a parser already
+    chosen; ConfigError naming the template when auto finds none that fits."""
+    if parser != "auto":
+        return parser, getattr(parser, "__name__", type(parser).__name__)
+    if getattr(tokenizer, "response_template", None) is not None:
+        resolved = ResponseTemplateParser(tokenizer, tools or None)
+        return resolved, resolved.name
+    family = template_family(template)
+    if family is None:
+        raise ConfigError(f"{where}: --tool-parser auto cannot tell how this chat template writes tool calls (it "
+                          f"writes none of <tool_call>, Llama 3's JSON calls or GPT-OSS's to=functions.); give "
+                          f"--tool-parser {' / '.join(PARSERS)} or module:function, or a template that writes tool "
+                          f"calls with --chat-template-file")
+    return PARSERS[family], family

@@ -45,14 +45,94 @@ class TextEnvironment(Protocol):
 
 
 class EnvironmentFailed(RuntimeError):
-    """An environment's own method raised: the run stops, naming the environment, the method and
-    the row (a bug in the environment, not something the model did; tool errors are the model's
-    and go back to it as the tool's answer, envs/tools.py)."""
+    """An environment's own method raised, or handed back what no environment may: the run stops,
+    naming the environment, the method and the row (a bug in the environment, not something the
+    model did; tool errors are the model's and go back to it as the tool's answer, envs/tools.py)."""
 
-    def __init__(self, environment, method: str, row: dict, error: BaseException):
+    def __init__(self, environment, method: str, row: dict, error: BaseException | None = None,
+                 returned: str | None = None):
         where = row.get("_source", "a prompt row") if isinstance(row, dict) else "a prompt row"
-        super().__init__(f"environment {describe(environment)}: {method}() raised {type(error).__name__}: {error} "
-                         f"(on {where}); the run stops here and resumes from its last checkpoint with --resume")
+        if returned is not None:  # what it handed back is wrong: a bug to fix, not a failure to resume past
+            super().__init__(f"environment {describe(environment)}: {method}() {returned} (on {where})")
+        else:
+            super().__init__(f"environment {describe(environment)}: {method}() raised {type(error).__name__}: "
+                             f"{error} (on {where}); the run stops here and resumes from its last checkpoint with "
+                             f"--resume")
+
+
+def is_number(value) -> bool:
+    """A real number a reward may be: int, float, bool or a numpy scalar of them; never text."""
+    import numbers
+
+    return isinstance(value, numbers.Real)
+
+
+def check_reward(value, environment, method: str, row: dict, optional: bool = False):
+    """A reward an environment handed back as a finite float (None where ``optional``: an episode's
+    reward() for an episode it does not score, TRL's None); EnvironmentFailed naming it otherwise,
+    as reward functions' scores are refused (rollout/reward.py)."""
+    import math
+
+    if value is None and optional:
+        return None
+    if not is_number(value) or not math.isfinite(float(value)):
+        raise EnvironmentFailed(environment, method, row, returned=(
+            f"returned the reward {value!r:.80} ({type(value).__name__}); a reward is a finite number"
+            + (" (or None: no reward for this episode)" if optional else "")))
+    return float(value)
+
+
+def check_observation(observation, environment, method: str, row: dict) -> None:
+    try:
+        messages = as_messages(observation)
+    except TypeError as error:
+        raise EnvironmentFailed(environment, method, row, returned=f"returned an observation it cannot: {error}") \
+            from None
+    if method == "reset" and isinstance(observation, (list, tuple)) and messages and messages[-1]["role"] == "assistant":
+        raise EnvironmentFailed(environment, method, row, returned=(
+            "returned messages that end with an assistant message as the prompt; a prompt ends before the reply "
+            "the model writes: leave that message out"))
+
+
+def checked_result(result, environment, method: str, row: dict):
+    """What ``environment.method`` handed back, checked against the protocol (module docstring):
+    reset's (observation, info), step's five values (the old gym API's four named, with the fix),
+    rewards that are finite numbers, observations that are text or messages."""
+    if method == "reset":
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+            raise EnvironmentFailed(environment, method, row, returned=(
+                f"returned {result!r:.80}; gymnasium's reset returns (observation, info), info a dict"))
+        check_observation(result[0], environment, method, row)
+    elif method == "step":
+        if isinstance(result, tuple) and len(result) == 4:
+            raise EnvironmentFailed(environment, method, row, returned=(
+                "returned 4 values (observation, reward, done, info), the old gym API; gymnasium's step returns 5, "
+                "(observation, reward, terminated, truncated, info): split done into terminated (the episode "
+                "ended on the environment's terms) and truncated (a limit of its own)"))
+        if not (isinstance(result, tuple) and len(result) == 5):
+            raise EnvironmentFailed(environment, method, row, returned=(
+                f"returned {result!r:.80}; gymnasium's step returns (observation, reward, terminated, truncated, "
+                f"info)"))
+        observation, reward, terminated, truncated, info = result
+        check_observation(observation, environment, method, row)
+        return observation, check_reward(reward, environment, method, row), bool(terminated), bool(truncated), info
+    elif method == "reward":
+        return check_reward(result, environment, getattr(environment, "reward_method", method), row, optional=True)
+    return result
+
+
+class Adapter:
+    """ppo-rlhf's own object around what the user gave (TRL's class, a gymnasium id, tools): the
+    episode runner plays it; reward functions get ``instance``, the user's own object, as TRL gives
+    ``environments=`` (None where there is none: tools alone)."""
+
+    instance = None
+    prompt_separator = ""  # between the row's prompt and what reset() adds to it (TRL's classes: none)
+
+
+def users_object(environment):
+    """What reward functions get for an episode's environment: the user's object, not an adapter."""
+    return environment.instance if isinstance(environment, Adapter) else environment
 
 
 def describe(environment) -> str:

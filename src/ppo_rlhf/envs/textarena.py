@@ -10,6 +10,7 @@ since its last turn (its own move echoed back left out) and the game's reward wh
 from __future__ import annotations
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.envs.protocol import Adapter
 
 
 def require_textarena() -> None:
@@ -20,8 +21,11 @@ def require_textarena() -> None:
                           f"\".[envs]\" (or pip install textarena)") from None
 
 
-class TextArenaEnvironment:
+class TextArenaEnvironment(Adapter):
+    """A TextArena game behind the text protocol; ``instance``: the game (reward functions' ``environments``)."""
+
     observation_role = "user"
+    prompt_separator = "\n\n"
 
     def __init__(self, game: str, make_kwargs: dict):
         import textarena
@@ -30,6 +34,7 @@ class TextArenaEnvironment:
             self.env = textarena.make(game, **make_kwargs)
         except Exception as error:  # noqa: BLE001 -- an unknown game id, wrong arguments
             raise ConfigError(f"environment textarena:{game}: {type(error).__name__}: {error}") from None
+        self.instance = self.env
         self.name = f"textarena:{game}"
         self.seen = 0  # characters of the game's observation the model has read
 

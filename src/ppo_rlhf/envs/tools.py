@@ -25,6 +25,7 @@ from typing import Callable
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.envs.parsers import ToolCall, ToolCallParser, parse_hermes
+from ppo_rlhf.envs.protocol import Adapter
 
 
 def tool_schema(function: Callable) -> dict:
@@ -41,20 +42,28 @@ def tool_schema(function: Callable) -> dict:
 
 
 def tool_result_text(result) -> str:
-    """A tool's return value as the content of its message: text as it is, anything else as JSON
-    where it can be (str() where it cannot)."""
+    """A tool's return value as the text of its message, as TRL writes it: text as it is, a list
+    (TRL hands it to the template as it is) as JSON where it can be, anything else ``str()``."""
     if isinstance(result, str):
         return result
-    try:
-        return json.dumps(result)
-    except (TypeError, ValueError):
-        return str(result)
+    if isinstance(result, list):
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            pass
+    return str(result)
 
 
 @dataclass
 class ToolAnswer:
-    message: dict  # {"role": "tool", "name": ..., "content": ...}
+    message: dict  # {"role": "tool", "name": ..., "content": text}, what the chat template renders
     outcome: str  # ok | error | timeout
+    value: object = None  # the content TRL gives reward functions: a list result as it is, else the text
+
+    @property
+    def given(self) -> dict:
+        """The message as reward functions get it (TRL's ``completions``)."""
+        return self.message if self.value is None else {**self.message, "content": self.value}
 
 
 class ToolBox:
@@ -110,7 +119,9 @@ class ToolBox:
         if "error" in outcome:
             error = outcome["error"]
             return self.error(name, f"{name} raised {type(error).__name__}: {error}")
-        return ToolAnswer(tool_message(name, tool_result_text(outcome["result"])), "ok")
+        result = outcome["result"]
+        return ToolAnswer(tool_message(name, tool_result_text(result)), "ok",
+                          result if isinstance(result, list) else None)
 
     @staticmethod
     def error(name: str, text: str) -> ToolAnswer:
@@ -121,9 +132,15 @@ def tool_message(name: str, content: str) -> dict:
     return {"role": "tool", "name": name, "content": content}
 
 
+class ToolParserFailed(RuntimeError):
+    """The tool-call parser itself raised on a turn (a bug in --tool-parser module:function, not in
+    the environment or the model): the run stops, naming the parser."""
+
+
 class ToolUse:
     """The part of an environment that reads a turn's tool calls and answers them: shared by the
-    environment of tools alone and by TRL's environment classes (envs/trl.py)."""
+    environment of tools alone and by TRL's environment classes (envs/trl.py).  ``parser``: how
+    calls are read (envs/parsers.py); the run's source sets the one ``--tool-parser`` resolved to."""
 
     def __init__(self, toolbox: ToolBox, parser: ToolCallParser = parse_hermes):
         self.toolbox, self.parser = toolbox, parser
@@ -137,12 +154,29 @@ class ToolUse:
     def start_episode(self) -> None:
         self.tool_stats, self.tool_log = Counter(), []
 
-    def answer_calls(self, text: str) -> list[dict] | None:
-        """The tool messages answering every call in ``text``; None when it makes no call."""
-        calls = self.parser(text)
-        if not calls:
-            return None
-        messages = []
+    def read_turn(self, text: str, prefix: str = "") -> tuple[str, list[ToolCall]]:
+        """(the turn's words without its calls, the calls): what a chat message of the turn holds."""
+        try:
+            if hasattr(self.parser, "read"):
+                return self.parser.read(text, prefix)
+            calls = self.parser(text)
+        except Exception as error:  # noqa: BLE001 -- the parser's bug, named as the parser's
+            name = getattr(self.parser, "__qualname__", type(self.parser).__name__)
+            raise ToolParserFailed(f"the tool-call parser {name} raised {type(error).__name__}: {error} on a turn "
+                                   f"of {len(text)} characters; a parser returns a list of ToolCall, [] for a "
+                                   f"turn without a call (--tool-parser)") from error
+        if not isinstance(calls, (list, tuple)) or not all(isinstance(call, ToolCall) for call in calls):
+            name = getattr(self.parser, "__qualname__", type(self.parser).__name__)
+            raise ToolParserFailed(f"the tool-call parser {name} returned {calls!r:.80}; a parser returns a list of "
+                                   f"ppo_rlhf.envs.parsers.ToolCall, [] for a turn without a call (--tool-parser)")
+        content = text
+        for call in calls:
+            content = content.replace(call.text, "", 1) if call.text else content
+        return content.strip(), list(calls)
+
+    def answer(self, calls: list[ToolCall]) -> list[ToolAnswer]:
+        """Run the turn's calls, in order; each one's answer, counted."""
+        answers = []
         for call in calls:
             answer = self.toolbox.answer(call)
             self.tool_stats["calls"] += 1
@@ -150,16 +184,23 @@ class ToolUse:
                 self.tool_stats[answer.outcome + "s"] += 1  # errors, timeouts
             self.tool_log.append({"name": call.name, "arguments": call.arguments, "text": call.text,
                                   "result": answer.message["content"], "outcome": answer.outcome})
-            messages.append(answer.message)
-        return messages
+            answers.append(answer)
+        return answers
+
+    def answer_calls(self, text: str) -> list[dict] | None:
+        """The tool messages answering every call in ``text``; None when it makes no call."""
+        calls = self.read_turn(text)[1]
+        return [answer.message for answer in self.answer(calls)] if calls else None
 
 
-class ToolEnvironment(ToolUse):
+class ToolEnvironment(ToolUse, Adapter):
     """``--tool`` alone: the row's prompt, then the model's turns and the tools' answers, until a
     turn calls no tool (the model's answer).  No reward of its own: the run's reward functions
     score the episode."""
 
     name = "tools"
+    pays = False  # the run's reward functions score its episodes
+    instance = None  # no object of the user's: TRL passes reward functions no environments here
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[None, dict]:
         self.start_episode()

@@ -13,22 +13,27 @@ calls, the same tensors).  With one, each episode goes on:
 
 The model's tokens are never decoded and re-encoded: what it sampled is what trains.  Only what
 the environment adds is tokenized, once, as the chat template continues a conversation after an
-assistant turn (:class:`ChatContinuation`).  Episodes of a batch advance turn by turn together:
-each turn is one ``generator.generate`` call on the episodes still running.
+assistant turn (envs/chat.py, ``ChatContinuation``).  Episodes of a batch advance turn by turn
+together: each turn is one ``generator.generate`` call on the episodes still running, each asking
+for no more than the room its episode has left.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
-from ppo_rlhf.envs.protocol import EnvironmentFailed, as_messages
+from ppo_rlhf.envs.chat import ChatContinuation, too_long_for_its_tools
+from ppo_rlhf.envs.protocol import EnvironmentFailed, as_messages, checked_result, takes_keyword, users_object
+from ppo_rlhf.envs.tools import ToolParserFailed, ToolUse
 from ppo_rlhf.rollout.generation import Generator
-from ppo_rlhf.rollout.reward import ScoringBatch
+from ppo_rlhf.rollout.reward import ScoringBatch, refuse_unscored, weighted_sum
 from ppo_rlhf.rollout.responses import encode_prompts, generate_responses
 from ppo_rlhf.rollout.sequences import Sequences, is_stop, pad_columns
 
@@ -88,10 +93,11 @@ class Episodes:
 
 
 def roll_out(model, tokenizer, generator: Generator, rows: list[dict], prompts: list, limits: EpisodeLimits,
-             source=None, seeds: list[int] | None = None) -> Episodes:
+             source=None, seeds: list[int] | None = None, progress=None) -> Episodes:
     """The batch's episodes: one turn each without an environment ``source``
     (envs.EnvironmentSource), else as long as each one lasts.  ``seeds``: one per row, for the
-    environments' reset (resume and several processes draw the same episodes)."""
+    environments' reset (resume and several processes draw the same episodes).  ``progress``:
+    called after each turn with (turns played, episodes still going)."""
     if source is None:
         out = generate_responses(model, tokenizer, generator, prompts, limits.max_prompt_length, limits.chat_template)
         b = len(prompts)
@@ -99,7 +105,9 @@ def roll_out(model, tokenizer, generator: Generator, rows: list[dict], prompts: 
                         turns=[1] * b, truncated=[False] * b, step_rewards=[[] for _ in range(b)],
                         turn_ends=[[int(n) - 1] for n in out.sequences.response_mask.sum(dim=1).tolist()],
                         episode_rewards=[None] * b)
-    return EpisodeRunner(model, tokenizer, generator, limits, source).run(rows, prompts, seeds)
+    runner = EpisodeRunner(model, tokenizer, generator, limits, source)
+    runner.progress = progress
+    return runner.run(rows, prompts, seeds)
 
 
 def episode_seeds(seed: int, iteration: int, draw: int, first_group: int, groups: int, samples_per_prompt: int
@@ -115,57 +123,17 @@ def episode_seeds(seed: int, iteration: int, draw: int, first_group: int, groups
     return [one(first_group + g) for g in range(groups) for _ in range(samples_per_prompt)]
 
 
-class ChatContinuation:
-    """The tokens that follow a model's turn when the environment answers it, as the chat template
-    writes them.
-
-    The template is rendered twice on a stand-in conversation that ends with an assistant turn:
-    closed there, and continued with the environment's messages and the next assistant opening.
-    What the second adds to the first is the continuation; the end of the assistant turn the
-    template writes (``<|im_end|>\\n`` for ChatML) goes before it, less the stop token the model
-    wrote itself."""
-
-    STAND_IN = "\x00assistant-turn\x00"
-
-    def __init__(self, tokenizer, tools: list[dict] | None):
-        self.tokenizer, self.tools = tokenizer, tools or None
-        self.base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": self.STAND_IN}]
-        self.closed = self.render(self.base, add_generation_prompt=False)
-        self.turn_end = self.closed[self.closed.rindex(self.STAND_IN) + len(self.STAND_IN):]
-        self.cache: dict[int | None, str] = {}  # the stop token -> what closes the turn after it
-
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
-
-    def ids(self, messages: list[dict], last_token: int | None, stopped: bool) -> list[int]:
-        """Token ids continuing a model turn that ended with ``last_token`` (``stopped``: a stop id)."""
-        full = self.render(self.base + messages, add_generation_prompt=True)
-        if not full.startswith(self.closed):
-            raise ValueError("the chat template renders an assistant turn differently once messages follow it, so "
-                             "an episode cannot continue from the tokens the model wrote; use another template "
-                             "(--chat-template-file)")
-        text = self.close_turn(last_token if stopped else None) + full[len(self.closed):]
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def close_turn(self, stop_token: int | None) -> str:
-        """What the template writes after an assistant turn that the model has not written itself:
-        the separator after its stop token, or the whole end of turn after a turn cut short."""
-        key = stop_token
-        if key not in self.cache:
-            written = self.tokenizer.decode([stop_token]) if stop_token is not None else ""
-            self.cache[key] = self.turn_end[len(written):] if written and self.turn_end.startswith(written) \
-                else self.turn_end
-        return self.cache[key]
-
-
-def first_messages(prompt, observation, role: str) -> list[dict]:
+def first_messages(prompt, observation, role: str, separator: str = "") -> list[dict]:
     """The episode's prompt as messages: the row's prompt with the reset's observation -- a string
-    appended to the last user message (TRL's rule), messages replacing it all."""
+    appended to the last user message (TRL's rule; ``separator`` between them where that message
+    has words of its own: an adapter's instructions are a paragraph of their own), messages
+    replacing it all."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt or [])
     if isinstance(observation, str):
         if messages and messages[-1]["role"] == "user" and isinstance(messages[-1]["content"], str):
-            return messages[:-1] + [{**messages[-1], "content": messages[-1]["content"] + observation}]
+            content = messages[-1]["content"]
+            joined = content + (separator if content.strip() else "") + observation
+            return messages[:-1] + [{**messages[-1], "content": joined}]
         return messages + [{"role": role, "content": observation}]
     return as_messages(observation) or messages
 
@@ -183,7 +151,7 @@ class Play:
     tokens: list[list[int]] = field(default_factory=list)  # ids after the prompt
     owned: list[list[int]] = field(default_factory=list)  # 1: the model wrote it
     engine: list[list[float]] = field(default_factory=list)  # the engine's log-prob of each model token (else 0)
-    turn_ends: list[list[int]] = field(default_factory=list)
+    turn_ends: list[list[int | None]] = field(default_factory=list)
     step_rewards: list[list[float]] = field(default_factory=list)
     conversations: list[list[dict]] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)
@@ -204,9 +172,16 @@ class Play:
         self.owned[row] += [int(model)] * len(ids)
         self.engine[row] += logprobs if logprobs is not None else [0.0] * len(ids)
 
+    def last_model_token(self, row: int) -> int | None:
+        """The response index of the episode's last model token so far (None before any): where a
+        turn's reward lands (an empty turn's on the turn before it)."""
+        owned = self.owned[row]
+        return next((i for i in range(len(owned) - 1, -1, -1) if owned[i]), None)
+
 
 class EpisodeRunner:
-    """Episodes of one batch, run turn by turn (module docstring)."""
+    """Episodes of one batch, run turn by turn (module docstring).  Every call of an environment goes
+    through :meth:`call`."""
 
     def __init__(self, model, tokenizer, generator: Generator, limits: EpisodeLimits, source):
         self.model, self.tokenizer, self.generator, self.limits, self.source = model, tokenizer, generator, limits, source
@@ -214,25 +189,39 @@ class EpisodeRunner:
         self.pad = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
         self.has_engine_logprobs = False
+        self.continuations: dict[tuple, ChatContinuation] = {}  # by the tools an episode's prompt lists
+        # Generation asks each row for at most the room its episode has left, where the engine takes that.
+        self.row_limits = takes_keyword(generator.generate, "max_new_tokens")
 
     def call(self, environment, method: str, row: dict, *args, **kwargs):
         """``environment.method(...)``, its exception turned into EnvironmentFailed naming it and the row."""
         try:
-            return getattr(environment, method)(*args, **kwargs)
-        except EnvironmentFailed:
+            result = getattr(environment, method)(*args, **kwargs)
+        except (EnvironmentFailed, ToolParserFailed):
             raise
         except Exception as error:  # noqa: BLE001 -- the environment's bug: named, and the run stops
             raise EnvironmentFailed(environment, method, row, error) from error
+        return checked_result(result, environment, method, row)
+
+    def continuation(self, environment) -> ChatContinuation:
+        """The chat template's continuation for an episode of ``environment`` (its own tools listed)."""
+        tools = list(getattr(environment, "tools", None) or [])
+        key = tuple(tool["function"]["name"] for tool in tools)
+        if key not in self.continuations:
+            self.continuations[key] = ChatContinuation(self.tokenizer, tools, self.source.chat_template)
+        return self.continuations[key]
 
     def run(self, rows: list[dict], prompts: list, seeds: list[int] | None) -> Episodes:
-        environments = self.source.environments(len(rows))
+        environments = self.source.environments(rows)
         seeds = seeds if seeds is not None else [None] * len(rows)
         episode_prompts = []
         for row, prompt, environment, seed in zip(rows, prompts, environments, seeds):
             observation, _ = self.call(environment, "reset", row, seed=seed, options=row)
-            episode_prompts.append(first_messages(prompt, observation, getattr(environment, "observation_role", "user")))
-        self.continuation = ChatContinuation(self.tokenizer, getattr(environments[0], "tools", None))
-        rendered = [self.continuation.render(messages, add_generation_prompt=True) for messages in episode_prompts]
+            episode_prompts.append(first_messages(prompt, observation, getattr(environment, "observation_role", "user"),
+                                                  getattr(environment, "prompt_separator", "")))
+        rendered = [self.continuation(environment).render(messages, add_generation_prompt=True)
+                    for messages, environment in zip(episode_prompts, environments)]
+        self.refuse_cutting_tools(rows, rendered, environments)
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, rendered, self.limits.max_prompt_length, self.device,
                                                  add_special_tokens=False)
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
@@ -247,44 +236,96 @@ class EpisodeRunner:
                 if not active:
                     break
                 active = self.turn(play, active, last=turn == self.limits.max_turns - 1)
+                if self.progress is not None:
+                    self.progress(turn + 1, len(active))
         return self.episodes(play, prompt_ids, prompt_mask)
 
-    def turn(self, play: Play, active: list[int], last: bool) -> list[int]:
-        """One turn of the episodes still running: the model writes, each environment answers;
-        returns the episodes that go on."""
+    def refuse_cutting_tools(self, rows: list[dict], rendered: list[str], environments: list) -> None:
+        """DataError for an episode's prompt that lists tools and is too long to keep them whole (a
+        cut from its start would take them away): checked at start on the rows (envs/chat.py), here
+        again with what reset() added."""
+        lengths = [len(ids) for ids in self.tokenizer(rendered, add_special_tokens=False)["input_ids"]]
+        for row, length, environment in zip(rows, lengths, environments):
+            if length > self.limits.max_prompt_length and getattr(environment, "tools", None):
+                from ppo_rlhf.data import DataError
+
+                where = f"the prompt of {row.get('_source', 'a row')}, with what its environment's reset() added,"
+                raise DataError(too_long_for_its_tools(where, length, self.limits.max_prompt_length))
+
+    progress = None  # called after each turn with (turns played, episodes still going): eval's progress bar
+
+    def generate(self, play: Play, active: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One turn of the episodes ``active``, each allowed at most the room its episode has left (a
+        later turn never runs past --max-length: a model with learned positions has no more)."""
         batch = [play.contexts[r] + play.tokens[r] for r in active]
         width = max(len(ids) for ids in batch)
         ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in batch], device=self.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=self.device)
-        response_ids, response_mask = self.generator.generate(self.model, ids, mask)
+        if not self.row_limits:
+            return self.generator.generate(self.model, ids, mask)
+        ceiling = getattr(self.generator, "max_new_tokens", None)
+        limits = [play.room(r) if ceiling is None else min(ceiling, play.room(r)) for r in active]
+        return self.generator.generate(self.model, ids, mask, max_new_tokens=limits)
+
+    def turn(self, play: Play, active: list[int], last: bool) -> list[int]:
+        """One turn of the episodes still running: the model writes, each environment answers;
+        returns the episodes that go on.  The calls of a turn that ends its episode (the last turn,
+        or one that used up the episode's tokens) are not run, as TRL runs none: the model would
+        never read their answers, and their side effects would reach get_reward()."""
+        response_ids, response_mask = self.generate(play, active)
         logprobs = getattr(self.generator, "last_logprobs", None)
         self.has_engine_logprobs = logprobs is not None
         going_on = []
         for j, r in enumerate(active):
-            new = response_ids[j][response_mask[j].bool()].tolist()
-            cut = len(new) > play.room(r)  # the episode's budget ends inside this turn
-            new = new[:play.room(r)]
+            room = play.room(r)
+            new = response_ids[j][response_mask[j].bool()].tolist()[:room]
             play.add(r, new, model=True, logprobs=logprobs[j][:len(new)].tolist() if logprobs is not None else None)
-            play.turn_ends[r].append(len(play.tokens[r]) - 1)
+            play.turn_ends[r].append(play.last_model_token(r))
             stopped = bool(new) and bool(is_stop(torch.tensor(new[-1:]), self.stop_ids).item())
             play.finished[r] = stopped
-            play.texts[r] = self.tokenizer.decode(new, skip_special_tokens=True)
-            play.conversations[r].append({"role": "assistant", "content": play.texts[r]})
-            environment = play.environments[r]
-            observation, reward, terminated, truncated, _ = self.call(environment, "step", play.rows[r], play.texts[r])
+            # What the model wrote, less its stop token, special tokens kept (a template's tool-call tags may be ones).
+            text = self.tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=False)
+            play.texts[r] = text
+            environment, row = play.environments[r], play.rows[r]
+            cut = len(new) >= room and not stopped  # the episode's budget ends inside this turn
+            final = last or len(new) >= room
+            if isinstance(environment, ToolUse):
+                said, answer, reward, terminated, truncated = self.tool_turn(play, r, new, text, final)
+            else:
+                play.conversations[r].append({"role": "assistant", "content": text})
+                observation, reward, terminated, truncated, _ = self.call(environment, "step", row, text)
+                said = answer = as_messages(observation, getattr(environment, "observation_role", "user"))
             play.step_rewards[r].append(float(reward))
-            if terminated or truncated or cut or last:
-                play.truncated[r] = cut or bool(truncated) or (last and not terminated)
+            if terminated or truncated or final:
+                play.truncated[r] = cut or bool(truncated) or (final and not terminated)
                 continue
-            answer = as_messages(observation, getattr(environment, "observation_role", "user"))
-            following = self.continuation.ids(answer, new[-1] if new else None, stopped) if answer else []
+            following = self.continuation(environment).ids(answer, new[-1] if new else None, stopped) if answer else []
             if len(following) + 1 > play.room(r):  # no room left for the model to answer
                 play.truncated[r] = True
                 continue
-            play.conversations[r] += answer
+            play.conversations[r] += said
             play.add(r, following, model=False)
             going_on.append(r)
         return going_on
+
+    def tool_turn(self, play: Play, r: int, new: list[int], text: str, final: bool) -> tuple:
+        """A turn of an environment whose tools answer it: the calls read (the assistant message
+        carries them, as TRL's completions do), then run unless the turn is ``final``.  Returns (the
+        messages for the conversation, the messages for the template, reward, terminated, truncated)."""
+        environment, row = play.environments[r], play.rows[r]
+        prefix = ""
+        if hasattr(environment.parser, "read"):  # a response template reads the turn with the prompt before it
+            prefix = self.tokenizer.decode(play.contexts[r] + play.tokens[r][:len(play.tokens[r]) - len(new)])
+        content, calls = self.call(environment, "read_turn", row, text, prefix)
+        message = {"role": "assistant", "content": content}
+        read = [call.as_message_call() for call in calls if call.error is None]
+        if read:
+            message["tool_calls"] = read
+        play.conversations[r].append(message)
+        if not calls or final:
+            return [], [], 0.0, not calls, False
+        answers = self.call(environment, "answer", row, calls)
+        return [answer.given for answer in answers], [answer.message for answer in answers], 0.0, False, False
 
     def episodes(self, play: Play, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> Episodes:
         """The played batch as tensors: responses right-padded, the loss mask on the model's tokens."""
@@ -310,33 +351,46 @@ class EpisodeRunner:
 
 
 def environment_rewards(episodes: Episodes) -> torch.Tensor | None:
-    """(b,) what each episode's environment paid: its step rewards and its end-of-episode reward();
-    None without an environment."""
+    """(b,) what each episode's environment paid: its step rewards and its end-of-episode reward()
+    -- NaN for an environment that pays nothing (tools alone, a TRL class without get_reward) or
+    whose reward() gave None, as TRL leaves such a row to the other rewards; None without an
+    environment."""
     if not episodes.environments:
         return None
-    return torch.tensor([sum(steps) + (end or 0.0) for steps, end in zip(episodes.step_rewards,
-                                                                          episodes.episode_rewards)])
+    paid = []
+    for environment, steps, end in zip(episodes.environments, episodes.step_rewards, episodes.episode_rewards):
+        # A TRL class's get_reward() of None: this episode is not its to score (TRL's None).
+        scored = getattr(environment, "pays", True) and not (end is None and hasattr(environment, "reward_method"))
+        paid.append(sum(steps) + (end or 0.0) if scored else math.nan)
+    return torch.tensor(paid)
 
 
 def score_episodes(reward, rows: list[dict], episodes: Episodes, environment_weight: float = 1.0
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(b,) each episode's score -- the run's rewards (models, functions, URL: ``reward``, None for
-    none) plus ``environment_weight`` x what its environment paid -- and each part by name, as it
-    came (the ``reward/<name>`` metrics; the environment's is ``reward/environment``)."""
+    none) plus ``environment_weight`` x what its environment paid, each over the rows it scores
+    (NaN-aware, TRL's rule for None scores) -- and each part by name, as it came (the
+    ``reward/<name>`` metrics; the environment's is ``reward/environment``).  A row nothing scores
+    stops the run, naming it."""
     parts: dict[str, torch.Tensor] = {}
     total = None
+    names = []
     if reward is not None:
+        environments = [users_object(environment) for environment in episodes.environments] or None
         batch = ScoringBatch(rows, episodes.prompts, episodes.texts, episodes.finished, episodes.sequences,
-                             episodes.conversations or None, episodes.environments or None)
+                             episodes.conversations or None, environments)
         total = reward(batch).float()
         parts = {name: part.float() for name, part in getattr(reward, "last_components", {}).items()}
+        names = list(parts) or [getattr(reward, "short_name", "reward")]
     paid = environment_rewards(episodes)
     if paid is not None:
         paid = paid.to(total.device if total is not None else "cpu")
         if total is not None and not parts:  # a reward object of one's own: its scores under its name
             parts[getattr(reward, "short_name", "reward")] = total
         parts["environment"] = paid
-        total = environment_weight * paid if total is None else total + environment_weight * paid
+        names.append("the environment")
+        total = environment_weight * paid if total is None else weighted_sum([total, paid], [1.0, environment_weight])
+    refuse_unscored(total, rows, names)
     return total, parts
 
 
@@ -348,9 +402,16 @@ def samples_of(episodes: Episodes, scores: torch.Tensor, count: int) -> list[dic
     for i in range(min(count, len(episodes.texts))):
         response = episodes.texts[i]
         if episodes.conversations:
-            response = "\n".join(f"[{m['role']}] {m['content']}" for m in episodes.conversations[i])
+            response = "\n".join(message_line(m) for m in episodes.conversations[i])
         samples.append({"prompt": episodes.prompts[i], "response": response, "score": float(scores[i])})
     return samples
+
+
+def message_line(message: dict) -> str:
+    """One message of an episode for people to read: its role, its words, the calls it makes."""
+    calls = "".join(f" -> {call['function']['name']}({json.dumps(call['function']['arguments'])})"
+                    for call in message.get("tool_calls") or [])
+    return f"[{message['role']}] {message['content']}{calls}"
 
 
 def rollout_records(rows: list[dict], episodes: Episodes, scores: torch.Tensor) -> list[dict]:

@@ -49,7 +49,9 @@ class Generator(Protocol):
        ``do_sample`` is false.
     3. Stopping: a response ends at the first of ``stop_token_ids`` (the union the trainer passes:
        the tokenizer's EOS and the model's end-of-turn ids), which is kept in the response; every
-       position after it is the pad id and 0 in the mask; at most ``max_new_tokens`` tokens.
+       position after it is the pad id and 0 in the mask; at most ``max_new_tokens`` tokens, or
+       for each row the number the optional ``max_new_tokens=`` list gives (an episode's later
+       turn asks for no more than the room its episode has left, rollout/episodes.py).
     4. Layout: ``prompt_ids``/``prompt_mask`` are (B, P), left-padded; responses come back (B, T)
        aligned with them, row for row, T the longest response of the batch.
     5. Randomness: with a seed, the same prompts give the same responses (resume and the
@@ -58,7 +60,8 @@ class Generator(Protocol):
 
     stop_token_ids: list[int]  # the ids that end a response
 
-    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 max_new_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Responses (B, T) with pad after the first stop id, and their mask (B, T)."""
 
 
@@ -95,17 +98,21 @@ class TorchGenerator:
         return torch.multinomial(probs, num_samples=1, generator=self.rng).squeeze(-1)
 
     @torch.no_grad()
-    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 max_new_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``max_new_tokens``: each row's own limit (default: the loop's for every row)."""
         was_training = model.training
         model.eval()
         batch_size = prompt_ids.shape[0]
+        limits = torch.tensor(max_new_tokens if max_new_tokens is not None else [self.max_new_tokens] * batch_size,
+                              device=prompt_ids.device)  # (B,)
         attention_mask = prompt_mask.clone()
         position_ids = position_ids_from_mask(attention_mask)
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) first position after the prompt
         finished = torch.zeros(batch_size, dtype=torch.bool, device=prompt_ids.device)
         tokens = []
         inputs, cache = prompt_ids, {}  # no cache before the prompt's pass
-        for _ in range(self.max_new_tokens):
+        for step in range(int(limits.max())):
             out = model(
                 input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=True, logits_to_keep=1, **cache,
@@ -115,7 +122,7 @@ class TorchGenerator:
             token = self.next_tokens(out.logits[:, -1])
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
-            finished |= is_stop(token, self.stop_token_ids)
+            finished |= is_stop(token, self.stop_token_ids) | (limits <= step + 1)
             if bool(finished.all()):
                 break
             inputs = token[:, None]
@@ -125,5 +132,7 @@ class TorchGenerator:
         model.train(was_training)
         response_ids = torch.stack(tokens, dim=1)  # (B, T)
         response_mask = response_mask_from_eos(response_ids, self.stop_token_ids)
+        positions = torch.arange(response_ids.shape[1], device=response_ids.device)
+        response_mask = response_mask * (positions[None, :] < limits[:, None])  # a row's own limit
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         return response_ids, response_mask

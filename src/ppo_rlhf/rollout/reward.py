@@ -235,29 +235,52 @@ def _real(score) -> bool:
     return isinstance(score, numbers.Real)
 
 
-def validated_scores(scores, count: int, what: str) -> torch.Tensor:
+def validated_scores(scores, count: int, what: str, allow_none: bool = False) -> torch.Tensor:
     """``scores`` as a (count,) float32 tensor, or RewardError naming ``what`` gave them (e.g.
-    "reward function mod:f"): one finite real number per response, whichever reward it came from.
+    "reward function mod:f"): one finite real number per response, whichever reward it came from;
+    with ``allow_none``, None for a response the reward does not apply to (TRL's convention for
+    rewards of one task in a mixed data set), as NaN.
 
     A list or tuple of real numbers, or a 1-D numpy array or tensor; booleans count as 1 and 0 (a
     check's pass or fail).  Refused (docs/design.md, "Rewards"): anything else -- a dict, a string,
     a set (no order), a generator (no length until consumed), one number -- and items that are
-    not real numbers: numbers as text, None, nested lists, complex numbers."""
+    not real numbers: numbers as text, nested lists, complex numbers, and NaN or an infinity."""
     if isinstance(scores, torch.Tensor) or type(scores).__module__ == "numpy":
         scores = scores.tolist() if getattr(scores, "ndim", 0) == 1 else scores
     if not isinstance(scores, (list, tuple)):
         raise RewardError(f"{what} must return a list of numbers, one per response, got {type(scores).__name__}")
-    bad = [s for s in scores if not _real(s)]
+    bad = [s for s in scores if not (_real(s) or (allow_none and s is None))]
     if bad:
         raise RewardError(f"{what} must return a list of numbers, one per response, got a {type(scores).__name__} "
-                          f"holding {bad[0]!r} ({type(bad[0]).__name__})")
-    scores = [float(s) for s in scores]
+                          f"holding {bad[0]!r} ({type(bad[0]).__name__})"
+                          + (" (None marks a response it does not score)" if allow_none else ""))
     if len(scores) != count:
         raise RewardError(f"{what} returned {len(scores)} scores for {count} responses")
-    bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+    bad = [i for i, s in enumerate(scores) if s is not None and not math.isfinite(float(s))]
     if bad:
-        raise RewardError(f"{what} returned a non-finite score ({scores[bad[0]]}) at index {bad[0]}")
-    return torch.tensor(scores, dtype=torch.float32)
+        raise RewardError(f"{what} returned a non-finite score ({scores[bad[0]]}) at index {bad[0]}"
+                          + ("; None marks a response it does not score" if allow_none else ""))
+    return torch.tensor([math.nan if s is None else float(s) for s in scores], dtype=torch.float32)
+
+
+def weighted_sum(parts: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """(B,) sum of ``weight * part`` over the parts that score each row (NaN: does not apply), NaN
+    where none does (TRL's NaN-aware sum: a reward's None leaves the row to the others)."""
+    stacked = torch.stack([w * part.float() for part, w in zip(parts, weights)])  # (R, B)
+    total = stacked.nansum(dim=0)
+    return torch.where(torch.isnan(stacked).all(dim=0), torch.full_like(total, math.nan), total)
+
+
+def refuse_unscored(scores: torch.Tensor, rows: list[dict], names: list[str]) -> None:
+    """RewardError naming the first row no reward scored (every one gave None): TRL warns and trains
+    it with no advantage; here it is a bug in the rewards, said at its row."""
+    unscored = torch.isnan(scores).nonzero().flatten().tolist()
+    if unscored:
+        row = rows[unscored[0]] if unscored[0] < len(rows) else {}
+        where = row.get("_source", f"row {unscored[0]}") if isinstance(row, dict) else f"row {unscored[0]}"
+        raise RewardError(f"no reward scored {where} ({len(unscored)} response(s) in this batch): "
+                          f"{', '.join(names)} each returned None for it; a None leaves a response to the other "
+                          f"rewards, and at least one must score it")
 
 
 def run_coroutine(coroutine):
@@ -292,7 +315,11 @@ def check_columns(rewards, rows: list[dict], source: str) -> None:
 RESPONSES, TRL_RESPONSES = "responses", "completions"
 PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids", "conversations",
                       "environments")
-NOT_PASSED = ("trainer_state",)  # TRL's: ppo-rlhf has no transformers TrainerState to give
+# TRL's: ppo-rlhf has no transformers TrainerState to give, nor TRL's completions table to log into.
+NOT_PASSED = ("trainer_state", "log_extra", "log_metric")
+# A function whose first two positional parameters include one of these is called TRL's way, every
+# argument by keyword: TRL's own names, which no function called (prompts, responses) puts there.
+KEYWORD_ONLY_NAMES = (TRL_RESPONSES, "environments", "completion_ids", "conversations", "finished", *NOT_PASSED)
 
 
 def is_conversational(prompt) -> bool:
@@ -320,16 +347,27 @@ class FunctionReward(ScoringReward):
     Called as ``f(prompts, responses, **columns) -> list[float]``, one score per response:
 
     - ``prompts``, ``responses``: the first two positional parameters, whatever their names.
-      A function with a parameter named ``completions`` is called the way TRL's GRPOTrainer calls
-      its reward functions instead, every argument by keyword: ``prompts=``, ``completions=`` (the
-      responses: text after a plain prompt, ``[{"role": "assistant", "content": text}]`` after a
-      conversational one, as TRL passes them), so reward functions written for TRL run unchanged.
+      A function with a parameter named ``completions``, or one of TRL's keywords (``environments``,
+      ``completion_ids``) among its first two, or fewer than two positional parameters and
+      ``**kwargs`` (``def reward(environments, **kwargs)``, ``def reward(**kwargs)``), is called the way TRL's
+      GRPOTrainer calls its reward functions instead, every argument by keyword: ``prompts=``,
+      ``completions=`` (the responses: text after a plain prompt, ``[{"role": "assistant",
+      "content": text}]`` after a conversational one, an episode's messages after its prompt --
+      assistant messages carrying the ``tool_calls`` they made -- as TRL passes them), and
+      ``responses=`` too, so reward functions written for TRL run unchanged.
+    - ``environments``: with episodes, each one's environment -- the user's own object (a TRL
+      class's instance, a gymnasium environment), as TRL passes it.
     - ``columns``: every field of the prompt row other than the prompt (``answer``, ``label``,
       ...), each as a list with one value per response: its own prompt row's value.
     - ``finished``: list of bools, which responses ended with EOS.
     - ``completion_ids``: list of lists of token ids, each response's tokens in the policy's
       tokenizer (TRL's name).
-    - ``trainer_state`` (TRL) is not passed: a function that requires it is refused at start.
+    - ``trainer_state``, ``log_extra``, ``log_metric`` (TRL) are not passed: a function that
+      requires one is refused at start.
+
+    A score may be None for a response the function does not apply to (TRL's convention): the
+    row is left to the run's other rewards (:func:`weighted_sum`), and one that none scores stops
+    the run, naming it.
 
     A function carrying a ``check_requirements()`` attribute has it called here, at start (a
     missing optional package is then a ConfigError before any model loads).
@@ -355,8 +393,12 @@ class FunctionReward(ScoringReward):
                       or inspect.iscoroutinefunction(getattr(self.function, "__call__", None)))
         signature = inspect.signature(self.function)
         parameters = signature.parameters
-        self.trl_style = TRL_RESPONSES in parameters
+        positional_names = [name for name, p in parameters.items()
+                            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        self.trl_style = (TRL_RESPONSES in parameters
+                          or any(name in KEYWORD_ONLY_NAMES for name in positional_names[:2])
+                          or (len(positional_names) < 2 and self.takes_all))
         by_name = [name for name, p in parameters.items()
                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
         # Positional call: the first two positional parameters take prompts and responses.
@@ -371,11 +413,12 @@ class FunctionReward(ScoringReward):
             raise ConfigError(f"reward function {self.name} requires '{not_passed[0]}', which TRL passes and "
                               f"ppo-rlhf does not; give it a default (e.g. {not_passed[0]}=None)")
         try:
-            args, kwargs = self._arguments([], [], {name: [] for name in self.required_columns}, [], [])
+            args, kwargs = self._arguments([], [], {name: [] for name in self.required_columns}, [], [], None, [])
             signature.bind(*args, **kwargs)
         except TypeError:
-            raise ConfigError(f"reward function {self.name} must take (prompts, responses), and optionally "
-                              f"finished and data columns by name (or **kwargs); its signature is {signature}") from None
+            raise ConfigError(f"reward function {self.name} must take (prompts, responses), or TRL's keywords "
+                              f"(completions=, environments=, ...), and optionally finished and data columns by "
+                              f"name (or **kwargs); its signature is {signature}") from None
 
     def check_columns(self, rows: list[dict], source: str) -> None:
         """ConfigError naming the function, the column and the data if a column it requires is missing."""
@@ -404,13 +447,14 @@ class FunctionReward(ScoringReward):
         if self.trl_style:
             # An episode's completion is its conversation (TRL's multi-turn completions); a single
             # turn's is messages after a chat prompt, text after a text prompt.
-            offered.update(prompts=prompts, completions=conversations if conversations is not None
+            offered.update(prompts=prompts, responses=responses, completions=conversations if conversations is not None
                            else trl_completions(prompts, responses))
             args = []
         else:
             args = [prompts, responses]
         if self.takes_all:  # **kwargs: the episode's keywords where there are episodes (TRL's rule for environments)
-            return args, {**offered, **(episode if conversations is not None else {})}
+            named = {key: value for key, value in episode.items() if key in self.named}
+            return args, {**offered, **(episode if conversations is not None else named)}
         return args, {k: v for k, v in {**offered, **episode}.items() if k in self.named}
 
     def _call(self, batch: ScoringBatch):
@@ -437,7 +481,7 @@ class FunctionReward(ScoringReward):
                 scores = await scores
         except USER_ERRORS as error:  # the user's function, named with where it raised
             raise self._raised(error) from None
-        return validated_scores(scores, len(batch.prompts), f"reward function {self.name}")
+        return validated_scores(scores, len(batch.prompts), f"reward function {self.name}", allow_none=True)
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
         if self.waits:
@@ -446,7 +490,7 @@ class FunctionReward(ScoringReward):
             scores = self._call(batch)
         except USER_ERRORS as error:  # the user's function, named with where it raised
             raise self._raised(error) from None
-        return validated_scores(scores, len(batch.prompts), f"reward function {self.name}")
+        return validated_scores(scores, len(batch.prompts), f"reward function {self.name}", allow_none=True)
 
 
 def unique_names(names: list[str]) -> list[str]:
@@ -460,7 +504,10 @@ def unique_names(names: list[str]) -> list[str]:
 
 
 class CombinedReward(ScoringReward):
-    """Every reward of a run as one: the score is ``sum(weight * reward)`` (docs/design.md, "Rewards").
+    """Every reward of a run as one: the score is ``sum(weight * reward)`` (docs/design.md, "Rewards"),
+    over the rewards that score each row (a function's None leaves it to the others: NaN here,
+    :func:`weighted_sum`; a row none scores is NaN, refused by the caller once every reward of the
+    episode is in).
 
     ``last_components`` holds each reward's own (B,) scores of the last call, by name, for the
     trainer's ``reward/<name>`` metrics.  Rewards that wait (async functions, an HTTP endpoint)
@@ -517,7 +564,7 @@ class CombinedReward(ScoringReward):
         if len(self.parts) == 1 and self.weights[0] == 1.0:
             return self.last_components[self.names[0]]  # one reward: its scores as they came
         device = self.last_components[self.names[0]].device
-        return sum(w * self.last_components[name].to(device).float() for name, w in zip(self.names, self.weights))
+        return weighted_sum([self.last_components[name].to(device) for name in self.names], self.weights)
 
 
 JUDGE_SCORE = "number:0:10"  # --judge-score's default: a 0-10 rating, the commonest judge prompt's

@@ -411,18 +411,20 @@ class VLLMGenerator:
                 f"it would train on another policy's samples")
         return {"rollout/probe_gap": gap, "time/engine_probe": time.perf_counter() - start}
 
-    def sampling_params(self, rows: int, decoding: "VLLMGenerator | EngineDecoding | None" = None) -> list:
+    def sampling_params(self, rows: int, decoding: "VLLMGenerator | EngineDecoding | None" = None,
+                        max_new_tokens: list[int] | None = None) -> list:
         """One SamplingParams per row: the trainer's temperature (greedy: 0), nothing else
-        filtering the distribution, the stop ids, the row's own seed.  ``decoding``: whose
-        settings and draw count (default: the rollouts')."""
+        filtering the distribution, the stop ids, the row's own seed and token limit.
+        ``decoding``: whose settings and draw count (default: the rollouts')."""
         decoding = decoding or self
         draw = decoding.rng.draws
-        common = dict(n=1, max_tokens=self.max_new_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=True,
+        limits = max_new_tokens or [self.max_new_tokens] * rows
+        common = dict(n=1, stop_token_ids=self.stop_token_ids, ignore_eos=True,
                       top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                       frequency_penalty=0.0, logprobs=0, detokenize=False, skip_special_tokens=False)
         if not decoding.do_sample:
-            return [self.vllm.SamplingParams(temperature=0.0, **common)] * rows
-        return [self.vllm.SamplingParams(temperature=decoding.temperature,
+            return [self.vllm.SamplingParams(temperature=0.0, max_tokens=limits[row], **common) for row in range(rows)]
+        return [self.vllm.SamplingParams(temperature=decoding.temperature, max_tokens=limits[row],
                                          seed=response_seed(decoding.seed, self.process, draw, row), **common)
                 for row in range(rows)]
 
@@ -434,9 +436,11 @@ class VLLMGenerator:
     # ------------------------------------------------------------ the Generator contract
     @torch.no_grad()
     def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 decoding: "EngineDecoding | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 decoding: "EngineDecoding | None" = None, max_new_tokens: list[int] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The rollout's responses; ``decoding``: another caller's settings and seeds instead, which
-        leave the rollouts' draw count, log-probs and sync time as they were."""
+        leave the rollouts' draw count, log-probs and sync time as they were; ``max_new_tokens``:
+        each row's own limit."""
         if self.llm is None:
             raise RuntimeError("this vLLM engine was closed (another was built in this process: vLLM holds one "
                                "engine per process); build the generator again")
@@ -449,7 +453,7 @@ class VLLMGenerator:
             self.probe_ids = prompts[0]["prompt_token_ids"][-PROBE_TOKENS:]
         probing = (self.syncs > syncs or self.probe_due) and self.probe_ids is not None
         self.probe_due = self.probe_due and not probing
-        requests, params = prompts, self.sampling_params(len(prompts), decoding)
+        requests, params = prompts, self.sampling_params(len(prompts), decoding, max_new_tokens)
         if probing:  # the probe rides in the same call: its own request, last
             request, probe_params = self.probe_request()
             requests, params = [*prompts, request], [*params, probe_params]
@@ -519,8 +523,9 @@ class EngineDecoding:
         self.max_new_tokens = engine.max_new_tokens
         self.rng = DrawCount()
 
-    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.engine.generate(model, prompt_ids, prompt_mask, decoding=self)
+    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 max_new_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.engine.generate(model, prompt_ids, prompt_mask, decoding=self, max_new_tokens=max_new_tokens)
 
     def holding_weights(self, model):
         return self.engine.holding_weights(model)

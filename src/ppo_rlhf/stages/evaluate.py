@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, load_yaml, option, to_dict
-from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
+from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
-from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models import load_causal_lm, load_tokenizer
@@ -20,11 +19,13 @@ from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
-from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_renders_tools
+from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
+from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.stages.common import check_policy, seed_everything, set_threads
+from ppo_rlhf.trainers.ppo_setup import prompt_reading
 from ppo_rlhf.tasks import TaskOptions, held_out_mismatch, make_task
 
 
@@ -43,7 +44,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
     chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
     size: int = option(2000, "prompts to evaluate", range=above(0))
-    max_length: int = option(256, "longest prompt + response in tokens", range=above(1))
+    max_length: int | None = option(None, "longest prompt + response in tokens (empty: 256, or 1024 with "
+                                          "--environment or --tool)", range=above(1))
     max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
     temperature: float = option(1.0, "sampling temperature", range=above(0))
@@ -57,6 +59,7 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
 
     def validate(self) -> None:
+        self.resolve_max_length()
         self.validate_hardware()
         self.validate_task()
         self.validate_engine()
@@ -104,14 +107,16 @@ def run_eval(config: EvalConfig) -> dict:
     if rank() == 0 and (warning := training_run_warning(config)):
         print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
+    config.check_episode_options_used()
     environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
                                       tool_timeout=config.tool_timeout, environment_config=config.environment_config,
                                       action_names=config.action_names or None,
                                       observation_text=config.observation_text)
     if config.prompts:
-        rows = load_rows(config.prompts, {config.prompt_field: prompt_check(config.chat_template)},
-                         prompt_rows(config.prompt_field, config.chat_template), config.data_split)
-        rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
+        required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
+        rows = load_rows(config.prompts, required, convert, config.data_split)
+        if environments is None:  # an episode's empty prompt is its environment's to fill
+            rows = drop_empty_prompts(rows, config.prompt_field, config.prompts)
     elif task is not None:
         rows = task.eval_rows()
     else:
@@ -120,11 +125,16 @@ def run_eval(config: EvalConfig) -> dict:
     scored = config.reward_count() > 0
     functions = reward_functions(config, None) if scored else []
     check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
+    lengths = None  # an episode's prompts as the model reads them: measured (and checked) before the model loads
+    if environments is not None:  # the chat template checked for episodes before the model loads (envs/chat.py)
+        environments.check_rows(rows[: config.size])
+        early = load_tokenizer(config.model)
+        prepare_for_config(early, environments, config)
+        lengths = episode_prompt_lengths(early, environments, rows[: config.size], config.prompt_field,
+                                         config.max_length - config.max_new_tokens)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
     apply_chat_template_file(tokenizer, config.chat_template_file)
-    if environments is not None:
-        check_template_renders_tools(tokenizer, environments.tools, config.model)
     accelerator = config.accelerator()
     model.to(accelerator.device)
     reward = build_reward(config, tokenizer, None, functions) if scored else None
@@ -135,14 +145,16 @@ def run_eval(config: EvalConfig) -> dict:
     rows = rows[: config.size]
     max_prompt_length = config.max_length - config.max_new_tokens
     check_policy(model, tokenizer, config.model, [row[config.prompt_field] for row in rows], config.chat_template,
-                 max_prompt_length, max_new_tokens, config.chat_template_flag())
+                 max_prompt_length, max_new_tokens, config.chat_template_flag(), lengths,
+                 None if environments is None else (config.max_episode_tokens or config.max_length))
     evaluator = Evaluator(tokenizer, rows, task.metric if task else None, reward=reward,
                           outcomes=getattr(task, "outcomes", None),
                           prompt_field=config.prompt_field, max_prompt_length=max_prompt_length,
                           max_new_tokens=max_new_tokens, chat_template=config.chat_template,
                           environments=environments, environment_weight=config.environment_reward_weight,
                           limits=EpisodeLimits(max_prompt_length, config.max_length, config.max_turns,
-                                               config.max_episode_tokens, config.chat_template), seed=config.seed)
+                                               config.max_episode_tokens, config.chat_template), seed=config.seed,
+                          show_progress=True)
     generator = None
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
@@ -152,8 +164,13 @@ def run_eval(config: EvalConfig) -> dict:
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,
                                      seed=config.seed, prefix="", generator=generator, samples=config.samples)
+    # An episode's sample is the whole of it: its messages, the tool calls and their results, turns and score.
+    shown = [{"prompt": p, "response": r, **{k: v for k, v in episode.items() if k != "prompt"}}
+             for (p, r), episode in zip(samples, evaluator.last_episodes[::config.samples])] \
+        if evaluator.last_episodes else [{"prompt": p, "response": r} for p, r in samples]
     summary = {"model": config.model, "decoding": "sampled" if config.do_sample else "greedy", "prompts": len(evaluator.prompts),
-               **({"samples_per_prompt": config.samples} if config.samples > 1 else {}), **metrics, "samples": [{"prompt": p, "response": r} for p, r in samples[: config.show]]}
+               **({"samples_per_prompt": config.samples} if config.samples > 1 else {}), **metrics,
+               "samples": shown[: config.show]}
     if config.out:
         start_run_folder(config.out, config.overwrite)
         run_log = RunLog(Path(config.out), to_dict(config), report_to="none")

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 
-import yaml
-
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.rewards import as_number, extract_answer, last_number, voted_answer
 
@@ -47,44 +45,10 @@ def task_names() -> list[str]:
 
 
 def parse_task_config(text: str) -> dict:
-    """``key=value,key=value`` -> a dict, each value read as YAML (3, 0.5, true, [1, 2], text).
-    A comma inside brackets belongs to its value.  Read whole or refused (ConfigError naming the
-    part): a bracket left open or closed twice, a key given twice, a value that is not YAML --
-    never the settings before the broken part with the rest dropped (docs/design.md, "Tasks")."""
-    from ppo_rlhf.config import parse_yaml
+    """``key=value,key=value`` -> a dict, each value read as YAML (config.py, ``parse_key_values``)."""
+    from ppo_rlhf.config import parse_key_values
 
-    def refused(why: str) -> ConfigError:
-        return ConfigError(f"invalid value for 'task_config': {text!r}; {why}; allowed: key=value pairs separated by "
-                           f"commas, e.g. min_terms=2,max_terms=4 (a value is read as YAML)")
-
-    depth, start, parts = 0, 0, []
-    for i, char in enumerate(text):
-        if char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-            if depth < 0:
-                raise refused(f"the bracket '{char}' at character {i + 1} closes none that was opened")
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise refused(f"a bracket opened in {text[start:]!r} is never closed")
-    parts.append(text[start:])
-    settings = {}
-    for part in (p.strip() for p in parts):
-        if not part:
-            continue
-        key, sep, value = (s.strip() for s in part.partition("="))
-        if not sep or not key:
-            raise refused(f"{part!r} is not key=value")
-        if key in settings:
-            raise refused(f"'{key}' is given twice")
-        try:
-            settings[key] = parse_yaml(value)
-        except (yaml.YAMLError, ConfigError) as error:
-            raise refused(f"the value of {part!r} is not YAML ({str(error).splitlines()[0]})") from None
-    return settings
+    return parse_key_values(text, "task_config", "min_terms=2,max_terms=4")
 
 
 class ReasoningGymTask:

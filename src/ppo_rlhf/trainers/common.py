@@ -23,22 +23,33 @@ def set_threads(num_threads: int) -> None:
 
 
 def check_policy(model, tokenizer, where, prompts: list, chat_template: bool, max_prompt_length: int,
-                 max_new_tokens: int, template_flag: str = "--chat-template") -> None:
+                 max_new_tokens: int, template_flag: str = "--chat-template", lengths: list[int] | None = None,
+                 episode_tokens: int | None = None) -> None:
     """Refuse a policy that cannot answer these prompts (a tokenizer without EOS or, with
     --chat-template, without a template; a vocabulary or positions too small), and say how
-    many prompts are longer than ``max_prompt_length`` (they lose their start)."""
+    many prompts are longer than ``max_prompt_length`` (they lose their start).  ``lengths``: the
+    prompts' lengths as the rollouts render them, where not the chat template's alone (an
+    episode's prompt lists its tools: envs/chat.py, ``episode_prompt_lengths``).  ``episode_tokens``:
+    with episodes, the tokens an episode may hold after its prompt (--max-episode-tokens, else all
+    that --max-length leaves), which the model's positions must hold too."""
     from ppo_rlhf.models.loading import check_fits, check_tokenizer
     from ppo_rlhf.rollout.responses import prompt_lengths
 
     check_tokenizer(tokenizer, where, chat_template, template_flag=template_flag)
-    lengths = prompt_lengths(tokenizer, prompts, chat_template)
+    lengths = lengths if lengths is not None else prompt_lengths(tokenizer, prompts, chat_template)
     cut = sum(length > max_prompt_length for length in lengths)
     if cut:
         print(f"{cut} of {len(lengths)} prompts are longer than {max_prompt_length} tokens (--max-length minus "
               f"--max-new-tokens) and lose their start")
-    longest = min(max(lengths), max_prompt_length) + max_new_tokens
-    check_fits(model, tokenizer, longest, where, f"the longest prompt, at most --max-length minus --max-new-tokens = "
-                                                 f"{max_prompt_length} tokens, plus --max-new-tokens {max_new_tokens}")
+    prompt = min(max(lengths), max_prompt_length)
+    if episode_tokens is not None:  # an episode holds its prompt and turns up to --max-length
+        check_fits(model, tokenizer, min(prompt + episode_tokens, max_prompt_length + max_new_tokens), where,
+                   f"an episode's prompt and turns, up to --max-length {max_prompt_length + max_new_tokens} (1024 by "
+                   f"default with --environment or --tool) or --max-episode-tokens")
+        return
+    check_fits(model, tokenizer, prompt + max_new_tokens, where, f"the longest prompt, at most --max-length minus "
+                                                               f"--max-new-tokens = {max_prompt_length} tokens, plus "
+                                                               f"--max-new-tokens {max_new_tokens}")
 
 
 def prepare_to_train(model, config, accelerator, what: str):

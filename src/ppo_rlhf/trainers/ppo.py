@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,9 +53,9 @@ from ppo_rlhf.core import (
     value_loss,
 )
 from ppo_rlhf.core.normalize import RunningMoments
-from ppo_rlhf.data import DataError, prompt_check, row_complaint
+from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_complaint
 from ppo_rlhf.envs import environment_source
-from ppo_rlhf.envs.options import check_template_renders_tools
+from ppo_rlhf.envs.chat import prepare_episode_chat, template_name
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
@@ -192,7 +193,10 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
 def environments_of(config: PPOConfig, environment=None, tools: list | None = None):
     """The EnvironmentSource of the run's episodes (envs/__init__.py), from the config and what was
     given in Python; None: single-turn rollouts.  Given objects turn episodes on as the flags do."""
-    if environment is not None or tools:
+    given = environment is not None or bool(tools)
+    config.check_episode_options_used(given)
+    if given:
+        config.resolve_max_length(given=True)
         config.validate_environment(given=True)
     return environment_source(environment if environment is not None else config.environment,
                               list(tools or []) + list(config.tool), tool_parser=config.tool_parser,
@@ -332,6 +336,9 @@ class PPOTrainer(PPOLoop):
         else:
             ref, reward, tokenizer, generator, accelerator, teacher = complete_parts(
                 config, model, ref, reward, tokenizer, generator, accelerator, pays)
+            if self.environments is not None:  # the template's checks for episodes (envs/chat.py)
+                prepare_episode_chat(tokenizer, self.environments,
+                                     template_name(config.model or "model=", config.chat_template_file))
         self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator, teacher)
 
     def set_up(self, actor, ref, reward, tokenizer, config: PPOConfig, generator: Generator, critic: Critic | None,
@@ -366,8 +373,6 @@ class PPOTrainer(PPOLoop):
         self.draws = 0  # rollouts drawn in this iteration (the environments' seeds)
         self.episode_limits = EpisodeLimits(config.max_prompt_length, config.max_length, config.max_turns,
                                             config.max_episode_tokens, config.chat_template)
-        if self.environments is not None:
-            check_template_renders_tools(tokenizer, self.environments.tools, config.model or "the model")
         self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
         # How the forward passes run (rollout/passes.py): what the config asks for, decided on the
         # first batch against the model's own padded pass (None until then).
@@ -494,17 +499,18 @@ class PPOTrainer(PPOLoop):
         logprobs, ref_logprobs, values, kl, teacher_logprobs = (
             gather_rows(t) for t in (logprobs, ref_logprobs, values, kl, teacher_logprobs))
         engine_logprobs = gather_rows(rollout.episodes.engine_logprobs)
-        raw_scores, scores = gather_rows(rollout.raw_scores), self.normalise_scores(gather_rows(rollout.scores))
+        raw_scores = gather_rows(rollout.raw_scores)
+        # An episode's per-turn rewards (--turn-rewards per-turn) go through the same --score-norm and --score-clip.
+        scores, turn_rewards = self.normalise_scores(gather_rows(rollout.scores), gather_rows(rollout.turn_rewards))
         greedy_scores = None
         if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
-            greedy_scores = self.normalise_scores(gather_rows(greedy), update_moments=False)
+            greedy_scores, _ = self.normalise_scores(gather_rows(greedy), update_moments=False)
             greedy_scores = greedy_scores.repeat_interleave(config.samples_per_prompt)
 
         # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
         # and the reward is the score alone; either way kl[t] is logged and drives the controller.
         # An episode's per-turn rewards (--turn-rewards per-turn) land on each turn's last token.
         kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
-        turn_rewards = gather_rows(rollout.turn_rewards)
         if teacher_logprobs is not None:  # distilling: the teacher's reward per token, or summed into the score
             scores, turn_rewards = self.add_teacher_rewards(logprobs, teacher_logprobs, mask, scores, turn_rewards,
                                                             metrics)
@@ -594,7 +600,8 @@ class PPOTrainer(PPOLoop):
         turn_rewards = torch.zeros_like(episodes.sequences.loss_mask, dtype=torch.float32, device=self.device)
         for row, (ends, steps) in enumerate(zip(episodes.turn_ends, episodes.step_rewards)):
             for end, reward in zip(ends, steps):
-                turn_rewards[row, end] += weight * reward
+                if end is not None:  # a turn with no model token before it keeps its reward in the score
+                    turn_rewards[row, end] += weight * reward
         return raw_scores - turn_rewards.sum(dim=1), turn_rewards
 
     def keep_informative_groups(self, rollout: Rollout, draw_more: Callable[[], list[dict]] | None,
@@ -767,16 +774,24 @@ class PPOTrainer(PPOLoop):
                                                config.overlong_penalty)
         return scores
 
-    def normalise_scores(self, scores: torch.Tensor, update_moments: bool = True) -> torch.Tensor:
-        """The whole batch's scores: --score-norm (running moments), then --score-clip."""
+    def normalise_scores(self, scores: torch.Tensor, turn_rewards: torch.Tensor | None = None,
+                         update_moments: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The whole batch's scores (b,) and per-turn rewards (b, T) (--turn-rewards per-turn; None
+        otherwise): --score-norm, running moments of each episode's whole return (its score and its
+        turns' rewards): the score less their mean, every reward over their std, so the normalised
+        rewards of an episode sum to its normalised return; then --score-clip on each reward."""
         config = self.config
         if config.score_norm:
+            returns = scores if turn_rewards is None else scores + turn_rewards.sum(dim=1)
             if update_moments:
-                self.score_moments.update(scores)
-            scores = (scores - self.score_moments.mean) / (self.score_moments.std + 1e-8)
+                self.score_moments.update(returns)
+            scale = self.score_moments.std + 1e-8
+            scores = (scores - self.score_moments.mean) / scale
+            turn_rewards = None if turn_rewards is None else turn_rewards / scale
         if config.score_clip is not None:
             scores = scores.clamp(-config.score_clip, config.score_clip)
-        return scores
+            turn_rewards = None if turn_rewards is None else turn_rewards.clamp(-config.score_clip, config.score_clip)
+        return scores, turn_rewards
 
     # ------------------------------------------------------------ stage 7
     def kl_loss(self, stats: ResponseStats, mb: Experience) -> tuple[torch.Tensor, torch.Tensor]:
@@ -986,7 +1001,8 @@ class PPOTrainer(PPOLoop):
     def step(self, rows: list[dict], draw_more: Callable[[], list[dict]] | None = None) -> dict[str, float]:
         """Stages 1-8 on one batch of prompt rows; returns the iteration's metrics.  ``draw_more``:
         another batch of rows, for --dynamic-sampling (see make_experience)."""
-        check_step_rows(rows, self.config.prompt_field, prompt_check(self.config.chat_template))
+        check_step_rows(rows, self.config.prompt_field, environment_prompt if self.environments is not None
+                        else prompt_check(self.config.chat_template))
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
@@ -1050,8 +1066,9 @@ class PPOTrainer(PPOLoop):
         metrics.update(self.episode_metrics(self.last_rollout.episodes))
         metrics.update(self.reward_counts())
         for name, part in self.reward_components.items():  # each reward as it came, before its weight
-            metrics[f"reward/{name}"] = part.mean().item()
-            metrics[f"reward/{name}_std"] = part.std(unbiased=False).item()
+            scored = part[~torch.isnan(part)]  # the rows this reward applies to (None: not this one's)
+            metrics[f"reward/{name}"] = scored.mean().item() if scored.numel() else math.nan
+            metrics[f"reward/{name}_std"] = scored.std(unbiased=False).item() if scored.numel() else math.nan
         if self.config.entropy_coef != 0:
             metrics["entropy_coef"] = entropy_coef
         if experience.values is not None:

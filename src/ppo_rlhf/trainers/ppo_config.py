@@ -108,8 +108,10 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     samples_per_prompt: int = option(1, "responses sampled for each prompt of the batch (K), in adjacent rows; "
                                         "grpo, dr-grpo and rloo need K >= 2 (their baseline is the other responses)",
                                         range=above(0))
-    max_length: int = option(256, "longest prompt + response in tokens; prompts are cut from the left to fit",
-                             range=above(1))
+    max_length: int | None = option(None, "longest prompt + response in tokens (empty: 256, or 1024 with "
+                                          "--environment or --tool, whose prompts list tools and whose episodes "
+                                          "hold several turns); prompts are cut from the left to fit",
+                                    range=above(1))
     max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
     do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
                                    "debugging mode in which every copy of a prompt gets the same response and "
@@ -318,6 +320,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         return saved
 
     def validate(self) -> None:
+        self.resolve_max_length()
         self.validate_lora()
         self.validate_hardware()
         self.validate_task()

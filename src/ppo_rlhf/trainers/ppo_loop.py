@@ -144,7 +144,10 @@ class PPOLoop:
         if self.run_parts is not None:
             return self.run_parts.train_rows, self.run_parts.eval_rows
         self.task = getattr(self, "task", None) or make_task(self.config, self.config.seed)
-        return prompt_sets(self.config, self.task)
+        train_rows, eval_rows = prompt_sets(self.config, self.task, self.environments)
+        if self.environments is not None:
+            self.environments.check_rows(train_rows + eval_rows)
+        return train_rows, eval_rows
 
     def make_evaluator(self, eval_rows: list[dict]) -> Evaluator | None:
         if not eval_rows:

@@ -95,8 +95,9 @@ def episode_line(config: PPOConfig, environments) -> str:
     budget = (f"{config.max_episode_tokens} tokens" if config.max_episode_tokens is not None
               else "what --max-length leaves after the prompt")
     return (f"episodes:  {environments.description}; up to {config.max_turns} turns and {budget}"
-            + (f"; tools {names} (parsed as {config.tool_parser}, {config.tool_timeout:g} s each)" if tools else "")
-            + "; the environment's tokens attended, never trained on")
+            + (f"; tools {names} (parsed as {environments.parser_name}, {config.tool_timeout:g} s each)" if tools else "")
+            + "; the environment's tokens attended, never trained on"
+            + "".join(f"; {note}" for note in environments.notes))
 
 
 def micro_batch_line(config: PPOConfig) -> str:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
+from ppo_rlhf.data import drop_empty_prompts, environment_prompt, load_rows, prompt_check, with_environment_placeholders
 from ppo_rlhf.distributed import on_main_process, rank, world_size
+from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
 from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
@@ -32,20 +34,31 @@ from ppo_rlhf.trainers.roles import as_reward, load_roles, reward_functions
 from ppo_rlhf.trainers.teacher import Teacher, check_teacher_tokenizer, load_teacher
 
 
-def prompt_sets(config: PPOConfig, task) -> tuple[list[dict], list[dict]]:
-    """The training prompts and the held-out ones (at most ``eval_size``)."""
-    required = {config.prompt_field: prompt_check(config.chat_template)}
-    convert = prompt_rows(config.prompt_field, config.chat_template)
+def prompt_sets(config: PPOConfig, task, environments=None) -> tuple[list[dict], list[dict]]:
+    """The training prompts and the held-out ones (at most ``eval_size``).  Played with
+    ``environments``, a row may hold no prompt, or an empty one: the environment's reset() says the
+    task (data.py, ``with_environment_placeholders``)."""
+    required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
+    keep = (lambda rows, source: rows) if environments is not None else (
+        lambda rows, source: drop_empty_prompts(rows, config.prompt_field, source))
     train = load_rows(config.prompts, required, convert, config.data_split) if config.prompts else (task.prompt_rows() if task else None)
     if train is None:
         raise ConfigError("no prompts: give --prompts FILE or --task doubling")
     if config.prompts:
-        train = drop_empty_prompts(train, config.prompt_field, config.prompts)
+        train = keep(train, config.prompts)
     if config.eval_prompts:
-        held_out = drop_empty_prompts(load_rows(config.eval_prompts, required, convert, config.eval_split), config.prompt_field, config.eval_prompts)
+        held_out = keep(load_rows(config.eval_prompts, required, convert, config.eval_split), config.eval_prompts)
     else:
         held_out = task.eval_rows() if task else []
     return train, held_out[: config.eval_size]
+
+
+def prompt_reading(field: str, chat_template: bool, episodes: bool) -> tuple[dict, Callable]:
+    """(the prompt field's check, the rows' converter) of ppo's and eval's prompt rows."""
+    convert = prompt_rows(field, chat_template)
+    if not episodes:
+        return {field: prompt_check(chat_template)}, convert
+    return {field: environment_prompt}, lambda rows: convert(with_environment_placeholders(rows, field))
 
 
 def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) -> list[dict]:
@@ -130,9 +143,17 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
     check_run_start(config)
     task = make_task(config, config.seed)
-    train_rows, eval_rows = prompt_sets(config, task)
+    train_rows, eval_rows = prompt_sets(config, task, environments)
     if config.teacher:  # the teacher reads the student's token ids: one tokenizer, checked before any model loads
         check_teacher_tokenizer(config.teacher, load_tokenizer(config.model), config.model)
+    lengths = None  # an episode's prompts as the model reads them: measured (and checked) before any model loads
+    if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
+        environments.check_rows(train_rows + eval_rows)
+        if config.model is not None:
+            early = load_tokenizer(config.model)
+            prepare_for_config(early, environments, config)
+            lengths = episode_prompt_lengths(early, environments, train_rows + eval_rows, config.prompt_field,
+                                             config.max_prompt_length)
     if reward is None:
         functions = reward_functions(config, task)
         check_columns(functions, train_rows, config.prompts or f"the {config.task} task's prompts")
@@ -143,10 +164,11 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
         roles = load_roles(config, task, reward=reward)  # the given reward instead of the config's
         check_columns([roles.reward], train_rows, config.prompts or f"the {config.task} task's prompts")
     apply_chat_template_file(roles.tokenizer, config.chat_template_file)
-    # An episode may fill what --max-length leaves after its prompt, a single turn --max-new-tokens.
-    after_prompt = config.max_length - config.max_prompt_length if environments is not None else config.max_new_tokens
+    # An episode may fill what --max-length leaves after its prompt (or --max-episode-tokens).
+    episode_tokens = None if environments is None else (config.max_episode_tokens or config.max_length)
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
-                 config.chat_template, config.max_prompt_length, after_prompt, config.chat_template_flag())
+                 config.chat_template, config.max_prompt_length, config.max_new_tokens, config.chat_template_flag(),
+                 lengths, episode_tokens)
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
                     task, train_rows, eval_rows, roles.teacher)

@@ -1,0 +1,60 @@
+"""TRL's docs, "Tools": plain functions, one of them async, as the model's tools; reward functions
+from "Using a custom reward function" (Examples 1 and 2): one on the completion's token ids, one
+on the format of its text."""
+
+import re
+
+# TRL: from trl import GRPOTrainer
+from ppo_rlhf import PPOConfig, PPOTrainer
+from trl_examples import BUDGET
+
+
+def multiply(a: int, b: int) -> int:
+    """
+    Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The product of the two integers.
+    """
+    return a * b
+
+
+async def async_add(a: int, b: int) -> int:
+    """
+    Asynchronously adds two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The sum of the two integers.
+    """
+    return a + b
+
+
+def reward_func(completion_ids, **kwargs):
+    """Reward function that assigns higher scores to longer completions (in terms of token count)."""
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def format_reward_func(completions, **kwargs):
+    """Reward function that checks if the completion has a specific format."""
+    pattern = r"^<think>.*?</think><answer>.*?</answer>$"
+    completion_contents = [completion[0]["content"] for completion in completions]
+    matches = [re.match(pattern, content) for content in completion_contents]
+    return [1.0 if match else 0.0 for match in matches]
+
+
+def train(model_path: str, rows: str, out: str, **given) -> dict:
+    # TRL: trainer = GRPOTrainer(
+    # TRL:     tools=[multiply, async_add],
+    # TRL:     ...,   (the model, the data set and the reward functions)
+    # TRL: )
+    trainer = PPOTrainer(PPOConfig(model=model_path, prompts=rows, out=out, **BUDGET),
+                         reward=[reward_func, format_reward_func], tools=[multiply, async_add], **given)
+    return trainer.train()
