@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
-from ppo_rlhf.config import ConfigError, above, any_number, check, option
+from ppo_rlhf.config import EPISODES, ConfigError, above, any_number, check, option
 
 TURN_REWARDS = ("sum", "per-turn")
 
 
 @dataclass
 class EnvironmentOptions:
+    option_group = EPISODES  # --help's group of all these options (config.py, GROUPS)
+
     environment: str | None = option(None, "play each prompt as a multi-turn episode with an environment: "
                                            "module:Class (TRL's environment_factory shape -- reset() and tool "
                                            "methods -- or gymnasium's reset / step in text), gym:ID (a gymnasium "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import above, between, check, option
+from ppo_rlhf.config import ENGINE, above, between, check, option
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
@@ -16,9 +16,12 @@ ENGINES = ("torch", "vllm")
 
 @dataclass
 class RolloutEngineOptions:
+    option_group = ENGINE  # --help's group of all these options (config.py, GROUPS)
+
     rollout_engine: str = option("torch", "what generates the responses: torch (the built-in decoding loop) or vllm "
                                           "(a vLLM engine in this process, weights synced from the actor before each "
-                                          "rollout; pip install -e \".[vllm]\")", choices=ENGINES)
+                                          "rollout; pip install -e \".[vllm]\")", choices=ENGINES,
+                                  first=True)
     vllm_memory_utilization: float = option(0.1, "--rollout-engine vllm: on a GPU, the share of its memory the engine "
                                                  "may take (vLLM's gpu_memory_utilization: weights and KV cache); on "
                                                  "the CPU, the most of the RAM its KV cache may take (no more than a "

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, load_yaml, option, to_dict
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, THREADS,
+                             ConfigError, above, at_least, check, load_yaml, option, to_dict)
 from ppo_rlhf.data import drop_empty_prompts, load_rows, prompt_check
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import prompt_rows
@@ -34,22 +35,35 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file")
 
-    model: str | None = option(None, "causal LM folder to evaluate")
-    prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
-    prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
-    data_split: str = option("train", "the split of --prompts when it names a data set in the local Hugging Face cache")
-    reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
-    label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
-    chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
-    size: int = option(2000, "prompts to evaluate", range=above(0))
-    max_length: int = option(256, "longest prompt + response in tokens", range=above(1))
-    max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
-    do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
-    temperature: float = option(1.0, "sampling temperature", range=above(0))
-    show: int = option(5, "print this many prompts with their responses", range=at_least(0))
-    out: str | None = option(None, "write summary.json here (default: print only)")
-    seed: int = option(0, "random seed (sampling)", range=SEEDS)
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
+    # --- model and data
+    model: str | None = option(None, "causal LM folder to evaluate", group=MODEL_DATA, first=True)
+    prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)",
+                                 group=MODEL_DATA, first=True)
+    size: int = option(2000, "prompts to evaluate", range=above(0), group=MODEL_DATA, first=True)
+    chat_template: bool = option(False, "format prompts with the tokenizer's chat template", group=MODEL_DATA)
+    prompt_field: str = option("prompt", "field of the prompt rows holding the prompt", group=MODEL_DATA)
+    label_field: str = option("label", "field naming the class to reward, for a multi-class reward model",
+                              group=MODEL_DATA)
+    data_split: str = option("train", "the split of --prompts when it names a data set in the local Hugging Face cache",
+                             group=MODEL_DATA)
+
+    # --- reward
+    reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')",
+                                      group=REWARD, first=True)
+
+    # --- rollout
+    max_new_tokens: int = option(128, "longest response in tokens", range=above(0), group=ROLLOUT, first=True)
+    max_length: int = option(256, "longest prompt + response in tokens", range=above(1), group=ROLLOUT, first=True)
+    do_sample: bool = option(False, "sample (temperature) instead of greedy decoding", group=ROLLOUT)
+    temperature: float = option(1.0, "sampling temperature", range=above(0), group=ROLLOUT)
+
+    # --- hardware
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str | None = option(None, "write summary.json here (default: print only)", group=RUN, first=True)
+    seed: int = option(0, "random seed (sampling)", range=SEEDS, group=RUN)
+    show: int = option(5, "print this many prompts with their responses", range=at_least(0), group=RUN)
 
     def validate(self) -> None:
         self.validate_hardware()
