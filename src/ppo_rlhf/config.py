@@ -171,8 +171,9 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
     kind, optional = _base_type(field.type)
     if kind is list and value is None and not optional:  # an empty list (a run_config.json from when the field was optional)
         return []
-    # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say.
-    if value is None or (optional and is_empty_word(value)):
+    # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say;
+    # a word that is one of its choices (--is-correction none) is that choice.
+    if value is None or (optional and is_empty_word(value) and value not in (field.metadata.get("choices") or ())):
         if optional:
             return None
         raise ConfigError(f"'{field.name}' in {cls.__name__} cannot be empty")

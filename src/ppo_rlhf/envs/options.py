@@ -62,7 +62,7 @@ class EnvironmentOptions:
                     check(getattr(self, field.name) == default, field.name,
                           "left out without --environment or --tool", getattr(self, field.name))
             return
-        self.chat_template = True  # turns are chat messages: the template frames them (docs/agents.md)
+        require_chat_template(self, "--environment / --tool (an episode's turns are chat messages)")
         gym = (self.environment or "").startswith("gym:")
         for key in ("action_names", "observation_text"):
             check(gym or not getattr(self, key), key, "left out without --environment gym:ID", getattr(self, key))
@@ -122,3 +122,22 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
     if not file.is_file():
         raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; no such file (a Jinja chat template)")
     tokenizer.chat_template = file.read_text()
+
+
+def require_chat_template(config, asked_by: str) -> None:
+    """What ``asked_by`` needs: prompts formatted by the chat template.  On unless it was turned off
+    (``--no-chat-template``, refused by name: the run would otherwise turn it on again, and record it
+    on, without a word)."""
+    if config.chat_template is False:
+        raise ConfigError(f"invalid value for 'chat_template': False with {asked_by}, which only the chat template "
+                          f"can format; leave --no-chat-template out")
+    config.chat_template = True
+
+
+def check_template_file_used(config) -> None:
+    """ConfigError for a --chat-template-file that a run without a chat template would never read:
+    the file would go unchecked and replace the saved model's own template, which the run did not
+    use (docs/design.md, "Configuration": only the templates a run used are saved with its model)."""
+    check(config.chat_template or config.chat_template_file is None, "chat_template_file",
+          "left out without --chat-template (the prompts are not formatted by a template, so the file would only "
+          "replace the trained model's own template)", config.chat_template_file)

@@ -52,7 +52,7 @@ class EnvironmentFailed(RuntimeError):
     def __init__(self, environment, method: str, row: dict, error: BaseException):
         where = row.get("_source", "a prompt row") if isinstance(row, dict) else "a prompt row"
         super().__init__(f"environment {describe(environment)}: {method}() raised {type(error).__name__}: {error} "
-                         f"(on {where}); the run stops here and resumes from its last checkpoint with --resume")
+                         f"(on {where})")  # how to go on once it is fixed: the command's to say (cli.py)
 
 
 def describe(environment) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import ENGINE, above, between, check, option
+from ppo_rlhf.config import ENGINE, ConfigError, above, between, check, option
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
@@ -47,6 +47,18 @@ def require_engine(options: RolloutEngineOptions) -> None:
         from ppo_rlhf.rollout.vllm_engine import import_vllm
 
         import_vllm()
+
+
+def refuse_weights_without_engine(config) -> None:
+    """ConfigError at start for --is-correction with the built-in torch engine, which the run is about
+    to make: it samples with the trainer's own forward and reports no engine log-probs, so the weights
+    would never be applied (a generator given to PPOTrainer(generator=...) may report them, and is
+    not checked here)."""
+    if config.rollout_engine == "torch" and config.is_correction != "none":
+        from ppo_rlhf.trainers.ppo_config import NO_ENGINE_LOGPROBS
+
+        raise ConfigError(f"invalid value for 'is_correction': {config.is_correction!r}; left out with "
+                          f"--rollout-engine torch: {NO_ENGINE_LOGPROBS}")
 
 
 def make_engine(options: RolloutEngineOptions, model, stop_ids: StopIds, pad_token_id: int, max_new_tokens: int,

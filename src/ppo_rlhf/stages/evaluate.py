@@ -21,7 +21,8 @@ from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
-from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_renders_tools
+from ppo_rlhf.envs.options import (EnvironmentOptions, apply_chat_template_file, check_template_file_used,
+                                   check_template_renders_tools)
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -40,7 +41,9 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)",
                                  group=MODEL_DATA, first=True)
     size: int = option(2000, "prompts to evaluate", range=above(0), group=MODEL_DATA, first=True)
-    chat_template: bool = option(False, "format prompts with the tokenizer's chat template", group=MODEL_DATA)
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template; empty: on where "
+                                              "the prompts are chat messages (--environment or --tool episodes, a "
+                                              "reasoning-gym --task), else off", group=MODEL_DATA)
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt", group=MODEL_DATA)
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model",
                               group=MODEL_DATA)
@@ -76,6 +79,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
               "left out without --do-sample (greedy decoding has no temperature)", self.temperature)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         self.validate_environment()
+        self.chat_template = bool(self.chat_template)  # empty and nothing asked for it: off
+        check_template_file_used(self)
 
 
 def training_run_warning(config: EvalConfig) -> str | None:

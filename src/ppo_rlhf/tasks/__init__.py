@@ -56,7 +56,9 @@ class TaskOptions:
             from ppo_rlhf.tasks.reasoning_gym import parse_task_config
 
             parse_task_config(self.task_config)  # a malformed one fails here, at start
-            self.chat_template = True  # its prompts are chat messages (system instruction + problem)
+            from ppo_rlhf.envs.options import require_chat_template
+
+            require_chat_template(self, f"--task {self.task} (its prompts are chat messages)")
         else:
             # the reasoning-gym fields mean nothing here
             for key, default in (("task_seed", None), ("format_reward", 0.0), ("task_reward", "score")):

@@ -52,7 +52,7 @@ from ppo_rlhf.core import (
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.data import DataError, prompt_check, row_complaint
 from ppo_rlhf.envs import environment_source
-from ppo_rlhf.envs.options import check_template_renders_tools
+from ppo_rlhf.envs.options import check_template_file_used, check_template_renders_tools
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
@@ -72,7 +72,7 @@ from ppo_rlhf.trainers.estimators import (
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
 from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.ppo_loop import PPOLoop
-from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts
+from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts, episode_objects, record_given_episodes
 from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
 
 
@@ -186,11 +186,10 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
 
 def environments_of(config: PPOConfig, environment=None, tools: list | None = None):
     """The EnvironmentSource of the run's episodes (envs/__init__.py), from the config and what was
-    given in Python; None: single-turn rollouts.  Given objects turn episodes on as the flags do."""
-    if environment is not None or tools:
-        config.validate_environment(given=True)
-    return environment_source(environment if environment is not None else config.environment,
-                              list(tools or []) + list(config.tool), tool_parser=config.tool_parser,
+    given in Python (recorded in the config already: ``record_given_episodes``); None: single-turn
+    rollouts."""
+    environment, tools = episode_objects(config, environment, tools)
+    return environment_source(environment, tools, tool_parser=config.tool_parser,
                               tool_timeout=config.tool_timeout, environment_config=config.environment_config,
                               action_names=config.action_names or None, observation_text=config.observation_text)
 
@@ -304,11 +303,14 @@ class PPOTrainer(PPOLoop):
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
                  critic: Critic | None = None, generator: Generator | None = None, accelerator=None,
                  environment=None, tools: list | None = None):
-        # Checked again as it is now: a field set after the config was built is held to its rules.
+        # Checked again as it is now: a field set after the config was built is held to its rules, and an
+        # environment or tools given here are recorded in it first, as the flags would name them.
+        record_given_episodes(config, environment, tools)
         config = checked_config(config, PPOConfig, "PPOTrainer")
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
         # Episodes' environments, made (and checked) before any model loads.
         self.environments = environments_of(config, environment, tools)
+        check_template_file_used(config)  # here, not in validate: tools given in Python turn the template on
         if model is None:  # the pieces around a model of one's own, given without it, would be dropped
             given = [name for name, part in (("ref", ref), ("tokenizer", tokenizer), ("critic", critic),
                                              ("generator", generator), ("accelerator", accelerator)) if part is not None]

@@ -54,6 +54,11 @@ MAX_RESAMPLE_ROUNDS = 4
 # SAPO's temperatures (Gao et al., 2025; verl's and TRL's defaults): negative advantages damped faster.
 SAPO_TAU_POS = 1.0
 SAPO_TAU_NEG = 1.05
+# Why the importance weights' options do nothing with the built-in engine.
+NO_ENGINE_LOGPROBS = ("it samples with the trainer's own forward, so there are no engine log-probs to weight "
+                      "(--is-correction, --is-cap and --is-floor are for --rollout-engine vllm)")
+# PPO's clip range (Schulman et al., 2017; TRL's and verl's default).
+CLIP_RATIO = 0.2
 # GSPO's clip range of the sequence ratio (Zheng et al., 2025), for the help and the plan.
 GSPO_CLIP = "3e-4 / 4e-4"
 
@@ -86,7 +91,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                  group=MODEL_DATA, first=True)
     eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)",
                                       group=MODEL_DATA)
-    chat_template: bool = option(False, "format prompts with the tokenizer's chat template", group=MODEL_DATA)
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template; empty: on where "
+                                              "the prompts are chat messages (--environment or --tool episodes, a "
+                                              "reasoning-gym --task), else off", group=MODEL_DATA)
     prompt_field: str = option("prompt", "field of the prompt rows holding the prompt", group=MODEL_DATA)
     label_field: str = option("label", "field naming the class to reward, for a multi-class reward model",
                               group=MODEL_DATA)
@@ -181,9 +188,10 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
               "then over responses (Dr. GRPO's; no length bias).  Empty: the estimator's paper (grpo sequence-mean, "
               "dr-grpo sequence-sum-norm, others token-mean); set it to compare estimators with the loss fixed",
         choices=(None, *LOSS_AGGREGATIONS), group=UPDATE)
-    clip_ratio: float = option(0.2, "PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); sets both "
-                                    "bounds unless clip_ratio_low / clip_ratio_high are given", range=above(0),
-                               group=UPDATE)
+    clip_ratio: float | None = option(None, f"PPO clip range of the probability ratio: clip(ratio, 1 - x, 1 + x); "
+                                            f"sets both bounds unless clip_ratio_low / clip_ratio_high are given "
+                                            f"(empty: {CLIP_RATIO:g}; none with --policy-loss sapo, which has no clip)",
+                                      range=above(0), group=UPDATE)
     clip_ratio_low: float | None = option(None, "lower clip range, ratio >= 1 - x (empty: clip_ratio; cispo: no "
                                                 "lower bound, and a value >= 1 is none as well)", range=above(0),
                                           group=UPDATE)
@@ -257,15 +265,16 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                              group=KL)
 
     # --- rollout engine (importance weights)
-    is_correction: str = option("token-truncate", "importance weights for an engine whose numerics differ from the "
-                                                  "trainer's (--rollout-engine vllm), on each token's policy-gradient "
-                                                  "term, from rho = pi_old / pi_engine: token-truncate min(rho_t, cap) "
-                                                  "(TIS); token-mask rho_t inside [floor, cap], else 0; "
-                                                  "sequence-truncate / sequence-mask the same with the response's "
-                                                  "product of rho_t; geometric-mask 1 where the response's geometric "
-                                                  "mean of rho_t is inside [floor, cap], else 0; none: no weights (the "
-                                                  "mismatch is still logged).  The torch engine is the trainer's own "
-                                                  "forward and gets none", choices=IS_CORRECTIONS, group=ENGINE)
+    is_correction: str | None = option(None, "importance weights for an engine whose numerics differ from the "
+                                             "trainer's (--rollout-engine vllm), on each token's policy-gradient "
+                                             "term, from rho = pi_old / pi_engine: token-truncate min(rho_t, cap) "
+                                             "(TIS); token-mask rho_t inside [floor, cap], else 0; "
+                                             "sequence-truncate / sequence-mask the same with the response's "
+                                             "product of rho_t; geometric-mask 1 where the response's geometric "
+                                             "mean of rho_t is inside [floor, cap], else 0; none: no weights (the "
+                                             "mismatch is still logged).  Empty: token-truncate with vllm; the "
+                                             "torch engine is the trainer's own forward, has no mismatch and gets "
+                                             "none", choices=(None, *IS_CORRECTIONS), group=ENGINE)
     is_cap: float | None = option(None, "--is-correction's upper bound: the truncation's cap, the masks' upper end "
                                         "(empty: 2, geometric-mask 1.001)", range=at_least(1), group=ENGINE)
     is_floor: float | None = option(None, "--is-correction's lower end for the masking modes (empty: 1 / is_cap)",
@@ -329,13 +338,20 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     def saved_settings_now(saved: dict) -> dict:
         """A run saved before --is-correction and --dynamic-sampling-on, as those settings spell what
         it did: --tis-cap C was token-truncate with cap C (empty: no weights), and dynamic sampling
-        decided on the shaped scores (trainers/resume.py reads a saved run through this)."""
+        decided on the shaped scores; and one saved when the defaults were recorded for options that
+        did nothing: a torch engine's importance weights (token-truncate, cap 2: none were applied) and
+        SAPO's clip range (trainers/resume.py reads a saved run through this)."""
         saved = dict(saved)
         if "tis_cap" in saved:
             saved["is_cap"] = saved.pop("tis_cap")
             saved.setdefault("is_correction", "token-truncate" if saved["is_cap"] is not None else "none")
         if saved.get("dynamic_sampling") and "dynamic_sampling_on" not in saved:
             saved["dynamic_sampling_on"] = "score"
+        if (saved.get("rollout_engine", "torch") == "torch" and saved.get("is_correction") == "token-truncate"
+                and saved.get("is_cap") == default_cap("token-truncate") and saved.get("is_floor") is None):
+            saved.update(is_correction="none", is_cap=None)
+        if saved.get("policy_loss") == "sapo" and saved.get("clip_ratio") == CLIP_RATIO:
+            saved["clip_ratio"] = None
         return saved
 
     def validate(self) -> None:
@@ -373,11 +389,29 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         self.validate_rewards()
         self.validate_environment()
+        self.validate_episode_rewards()
+        self.chat_template = bool(self.chat_template)  # empty and nothing asked for it: off (recorded so)
+        # (--chat-template-file unused is refused by PPOTrainer: tools given in Python may use it.)
+
+    def validate_episode_rewards(self) -> None:
+        """The environment's reward options need an environment that pays: tools alone earn nothing
+        (the run's reward functions score their episodes)."""
+        if self.environment is not None or not self.tool:
+            return
+        check(self.turn_rewards == "sum", "turn_rewards", "sum with --tool alone: tools pay no rewards, per turn or "
+              "otherwise (an --environment's step rewards can go per turn)", self.turn_rewards)
+        check(self.environment_reward_weight == 1.0, "environment_reward_weight",
+              "left out with --tool alone: there is no environment reward to weigh (--reward-weights weighs the "
+              "reward functions)", self.environment_reward_weight)
 
     def require_a_reward(self, environment_pays: bool = False) -> None:
         """A run needs a reward: the config's own, the task's rule, or an environment's
         (``environment_pays``).  Not part of ``validate``: a config built in Python may leave the
         reward to the trainer (``PPOTrainer(config, reward=f)``)."""
+        if environment_pays and self.environment_reward_weight == 0 and not self.reward_count() and self.task is None:
+            raise ConfigError("invalid value for 'environment_reward_weight': 0 with the environment's rewards the "
+                              "run's only ones: every score would be 0; give a non-zero weight, or a reward of your "
+                              "own (--reward-fn, --reward-model, --reward-url)")
         if not self.reward_count() and self.task is None and not environment_pays:
             raise ConfigError("no reward: give --reward-model DIR, --reward-fn module:function or --reward-url URL "
                               "(several are summed), --task doubling for its rule, or an --environment that pays "
@@ -409,7 +443,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     def validate_loss_variants(self) -> None:
         """Clip bounds, dual clip, sequence ratio, dynamic sampling and overlong shaping
         (docs/design.md, "Policy-loss variants"): ranges, and the combinations that make no sense."""
-        if self.policy_loss != "cispo":  # CISPO's lower range may remove its bound (>= 1)
+        if self.policy_loss != "sapo" and self.clip_ratio is None:  # resolved here: config.yaml records it
+            self.clip_ratio = CLIP_RATIO
+        if self.policy_loss == "clip":  # CISPO's lower range may remove its bound (>= 1); SAPO has none
             check(self.clip_low < 1, "clip_ratio_low" if self.clip_ratio_low is not None else "clip_ratio",
                   "below 1 for the lower clip range (the ratio's lower bound 1 - x must stay above 0); set "
                   "clip_ratio_low to widen only the upper one", self.clip_low)
@@ -421,7 +457,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         not_clip = f"left out with --policy-loss {self.policy_loss}, which has no clipped ratio to change"
         for key, given in (("ratio_level", self.ratio_level != "token"), ("dual_clip", self.dual_clip is not None)):
             check(self.policy_loss == "clip" or not given, key, not_clip, getattr(self, key))
-        for key in ("clip_ratio_low", "clip_ratio_high"):
+        for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             check(self.policy_loss != "sapo" or getattr(self, key) is None, key,
                   "left out with --policy-loss sapo: its soft gate has no clip range (--sapo-tau-pos, --sapo-tau-neg "
                   "shape it)", getattr(self, key))
@@ -454,8 +490,19 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
 
     def validate_is_correction(self) -> None:
         """--is-correction's bounds: a cap for every mode but none, a floor for the masking modes only;
-        the mode's defaults resolved here, so config.yaml records the values used."""
+        the mode's defaults resolved here, so config.yaml records the values used: token-truncate with
+        vllm, none with the torch engine (whose log-probs are the trainer's own: nothing to weight).
+        A mode named with the torch engine is refused when the run starts it (rollout/engines.py,
+        ``refuse_weights_without_engine``): a generator of one's own given to PPOTrainer may report
+        engine log-probs."""
         mode = self.is_correction
+        if mode is None and self.rollout_engine == "torch":
+            for key in ("is_cap", "is_floor"):
+                check(getattr(self, key) is None, key, f"left out with --rollout-engine torch: {NO_ENGINE_LOGPROBS}",
+                      getattr(self, key))
+            mode = self.is_correction = "none"
+        elif mode is None:
+            mode = self.is_correction = "token-truncate"
         if mode == "none":
             for key in ("is_cap", "is_floor"):
                 check(getattr(self, key) is None, key, "left out with --is-correction none (no weights)",

@@ -20,6 +20,7 @@ from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, 
                              option)
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
@@ -101,6 +102,7 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
         self.validate_hardware()
         sharding_from_launch()  # an FSDP launch: a setting ppo-rlhf does not follow is named at start
         check_scratch_model(self)
+        check_template_file_used(self)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
