@@ -237,10 +237,9 @@ def test_dynamic_sampling_completes_a_short_batch_with_dropped_groups(zoo):
     assert (metrics["dynamic_sampling/rounds"], metrics["dynamic_sampling/filled_groups"]) == (2, 3)
     # The one group with a spread and the first three dropped groups, in the order they were drawn.
     assert experience.raw_scores.tolist() == [7.0] * 6 + [0.0, 1.0]
-    # Nothing to learn from the filled groups: their scores are tied, and what is left is the KL in the
-    # reward, zero at the start but for rounding (the actor's and the reference's shared-prompt passes
-    # differ by ~1e-7 where one model's weights require gradients and the other's do not).
-    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().max() < 1e-6
+    # Nothing to learn from the filled groups: their advantages are 0 (their scores tie, and the KL in
+    # the reward, zero at the start but for rounding, is not left in them either).
+    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().max() == 0
     tokens = experience.mask.sum().item()
     assert metrics["dynamic_sampling/generated_tokens_per_kept_sample"] > tokens / 8
 
@@ -266,6 +265,20 @@ def test_dynamic_sampling_decides_on_the_rewards_before_shaping(zoo, decided_on,
     assert metrics["dynamic_sampling/rounds"] == (2 if dropped else 1)
     kept_tied = (experience.raw_scores == 7.0).sum().item()
     assert kept_tied == (0 if dropped else 4)
+
+
+def test_filler_groups_teach_nothing_when_the_shaping_tells_their_responses_apart(zoo):
+    """Dynamic sampling on accuracy drops groups whose rewards tie; when the rounds run out, dropped
+    groups fill the batch.  The overlong shaping still scores their responses of 1 and 2 tokens
+    differently (7 - 1/6, 7 - 2/6), which alone would give them advantages: a length signal from
+    groups the filter dropped, which DAPO never trains on.  Their advantages are 0."""
+    trainer = tiny_grpo_trainer(zoo, overlong_buffer=6, max_resample_rounds=0)
+    trainer.generator = VaryingLengths(trainer.generator.stop_token_ids, trainer.tokenizer.pad_token_id, 6)
+    experience, metrics = trainer.make_experience(groups(PROMPTS[:4], True), None)
+    assert metrics["dynamic_sampling/filled_groups"] == 4
+    shaped = experience.scores.reshape(4, 2)
+    assert (shaped[:, 0] != shaped[:, 1]).all()  # the shaping tells each group's responses apart
+    assert experience.advantages.abs().max() == 0
 
 
 def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):

@@ -115,6 +115,7 @@ class Rollout:
     scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong); what lands on the last token
     components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
     turn_rewards: torch.Tensor | None = None  # (b, T) --turn-rewards per-turn: step rewards on each turn's last token
+    filler: torch.Tensor | None = None  # (b,) bool: a dropped group that fills a short batch (dynamic sampling)
 
     @property
     def sequences(self) -> Sequences:
@@ -125,7 +126,8 @@ class Rollout:
         return Rollout([self.rows[i] for i in index], self.episodes.select(index), self.finished[tensor_index],
                        self.raw_scores[tensor_index], self.scores[tensor_index],
                        {name: part[tensor_index] for name, part in self.components.items()},
-                       None if self.turn_rewards is None else self.turn_rewards[tensor_index])
+                       None if self.turn_rewards is None else self.turn_rewards[tensor_index],
+                       None if self.filler is None else self.filler[tensor_index])
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
@@ -134,10 +136,13 @@ class Rollout:
         if parts[0].turn_rewards is not None:
             width = episodes.sequences.response_ids.shape[1]
             turn_rewards = torch.cat([pad_columns(p.turn_rewards, width, 0.0) for p in parts])
+        filler = None
+        if any(p.filler is not None for p in parts):
+            filler = torch.cat([torch.zeros_like(p.finished) if p.filler is None else p.filler for p in parts])
         return Rollout([r for p in parts for r in p.rows], episodes, torch.cat([p.finished for p in parts]),
                        torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
                        {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
-                       turn_rewards)
+                       turn_rewards, filler)
 
 
 def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -493,6 +498,8 @@ class PPOTrainer(PPOLoop):
             returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
+        if rollout.filler is not None:  # dynamic sampling's filler groups keep the batch's size and teach nothing
+            advantages = advantages.masked_fill(gather_rows(rollout.filler)[:, None], 0.0)
         metrics["time/forward"] = time.perf_counter() - start
 
         experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
@@ -557,9 +564,11 @@ class PPOTrainer(PPOLoop):
         """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
         K rewards (--dynamic-sampling-on) are all equal -- all right or all wrong -- are dropped, and
         more prompts are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
-        rounds; a batch still short then is completed with dropped groups (advantage 0), so every
-        update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
-        each process then keeps its own rows of the chosen groups."""
+        rounds; a batch still short then is completed with dropped groups, marked ``filler``: their
+        advantages are set to 0 (DAPO trains on no dropped group; under --dynamic-sampling-on accuracy
+        their shaped scores may still differ), so every update sees batch_size sequences and learns
+        from the kept groups alone.  Decided on the gathered scores, in every process alike; each
+        process then keeps its own rows of the chosen groups."""
         config, k = self.config, self.config.samples_per_prompt
         wanted = config.batch_size // k  # groups in the whole batch
         # accuracy: the rewards as they came (DAPO filters on the task's accuracy), so a group all
@@ -589,7 +598,10 @@ class PPOTrainer(PPOLoop):
             informative_left -= int(take.sum())
             fill_left -= int(fill.sum())
             mine = (take | fill).reshape(self.processes, -1)[self.rank]  # this process's groups of the round
-            parts.append(part.select(mine.repeat_interleave(k).nonzero().squeeze(1).tolist()))
+            filled = fill.reshape(self.processes, -1)[self.rank]
+            rows = mine.repeat_interleave(k).nonzero().squeeze(1)
+            parts.append(part.select(rows.tolist()))
+            parts[-1].filler = filled.repeat_interleave(k)[rows].to(part.finished.device)
         kept = min(found, wanted)
         metrics.update({
             "dynamic_sampling/rounds": len(rounds),
