@@ -281,6 +281,72 @@ def test_filler_groups_teach_nothing_when_the_shaping_tells_their_responses_apar
     assert experience.advantages.abs().max() == 0
 
 
+# ---------------------------------------------------------------- CISPO's and SAPO's dispatch in the trainer
+RATIOS = (0.5, 2.0, 1.1)  # each response's tokens in turn: below, above and inside every bound used here
+
+
+def trainer_on_known_ratios(zoo, **overrides) -> tuple[PPOTrainer, object, torch.Tensor, torch.Tensor]:
+    """A trainer, and an experience whose first minibatch's ratios are RATIOS (the old log-probs
+    shifted from the actor's own: dropout is off, so the ratio is 1 before the shift) and whose
+    advantages are +1 in even rows, -0.5 in odd ones; (trainer, experience, ratios, advantages) (b, T)."""
+    trainer = tiny_grpo_trainer(zoo, dynamic_sampling=False, loss_aggregation="token-mean", mini_batch_size=8,
+                                **overrides)
+    experience, _ = trainer.make_experience(groups(PROMPTS[:4], False))
+    width = experience.mask.shape[1]
+    ratios = torch.tensor([RATIOS[t % 3] for t in range(width)]).expand(8, width)
+    experience.logprobs = experience.logprobs - torch.log(ratios) * experience.mask
+    signs = torch.tensor([1.0 if row % 2 == 0 else -0.5 for row in range(8)])[:, None]
+    experience.advantages = signs.expand(8, width) * experience.mask
+    return trainer, experience, ratios, experience.advantages
+
+
+def pg_loss_of_the_first_step(trainer, experience) -> float:
+    return trainer.accumulate_gradients(experience, torch.arange(8), warming_up=False)["pg_loss"].item()
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((per_token * mask).sum() / mask.sum()).item()
+
+
+def test_the_trainer_runs_cispo_with_its_lower_and_upper_bounds(zoo):
+    """CISPO's loss value per token is -A * clip(r, 1 - low, 1 + high): with low 0.1 and high 0.3 the
+    ratios 0.5, 2.0 and 1.1 weigh 0.9, 1.3 and 1.1.  PPO's clip (the branch missing) or the bounds
+    swapped at the call (1 - 0.3, 1 + 0.1) give other numbers, checked here to differ."""
+    trainer, experience, ratios, advantages = trainer_on_known_ratios(zoo, policy_loss="cispo", clip_ratio_low=0.1,
+                                                                      clip_ratio_high=0.3)
+    mask = experience.mask.float()
+    expected = token_mean(-advantages * ratios.clamp(0.9, 1.3), mask)
+    swapped = token_mean(-advantages * ratios.clamp(0.7, 1.1), mask)
+    clipped = token_mean(torch.maximum(-advantages * ratios, -advantages * ratios.clamp(0.9, 1.3)), mask)
+    assert min(abs(expected - swapped), abs(expected - clipped)) > 1e-2
+    assert pg_loss_of_the_first_step(trainer, experience) == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_trainer_runs_sapo_with_each_temperature_on_its_side(zoo):
+    """SAPO's loss per token is -A * 4 / tau * sigmoid(tau (r - 1)), tau_pos for A > 0 and tau_neg
+    otherwise.  The temperatures swapped at the call, or PPO's clip in SAPO's place, differ."""
+    trainer, experience, ratios, advantages = trainer_on_known_ratios(zoo, policy_loss="sapo", sapo_tau_pos=0.5,
+                                                                      sapo_tau_neg=3.0)
+    mask = experience.mask.float()
+
+    def sapo(tau_pos: float, tau_neg: float) -> float:
+        tau = torch.where(advantages > 0, torch.tensor(tau_pos), torch.tensor(tau_neg))
+        return token_mean(-advantages * 4 / tau * torch.sigmoid(tau * (ratios - 1)), mask)
+
+    expected = sapo(0.5, 3.0)
+    clipped = token_mean(torch.maximum(-advantages * ratios, -advantages * ratios.clamp(0.8, 1.2)), mask)
+    assert min(abs(expected - sapo(3.0, 0.5)), abs(expected - clipped)) > 1e-2
+    assert pg_loss_of_the_first_step(trainer, experience) == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_trainer_runs_the_clip_with_its_lower_and_upper_bounds(zoo):
+    """The control: PPO's clipped loss on the same ratios, bounds 1 - 0.1 and 1 + 0.3."""
+    trainer, experience, ratios, advantages = trainer_on_known_ratios(zoo, clip_ratio_low=0.1, clip_ratio_high=0.3)
+    mask = experience.mask.float()
+    expected = token_mean(torch.maximum(-advantages * ratios, -advantages * ratios.clamp(0.9, 1.3)), mask)
+    assert pg_loss_of_the_first_step(trainer, experience) == pytest.approx(expected, abs=1e-5)
+
+
 def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):
     trainer = tiny_grpo_trainer(zoo, dynamic_sampling=False, overlong_buffer=4, overlong_penalty=0.5)
     scores = trainer.shape_scores(torch.ones(4), torch.ones(4, dtype=torch.bool), torch.tensor([1, 2, 4, 6]))
