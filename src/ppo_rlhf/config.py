@@ -111,9 +111,9 @@ EPISODES, ENGINE, HARDWARE, RUN = "episodes", "rollout engine", "hardware", "run
 GROUPS = (MODEL_DATA, REWARD, ROLLOUT, UPDATE, KL, EPISODES, ENGINE, HARDWARE, RUN)
 
 
-def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,
-           range: Range | None = None, group: str | None = None, first: bool = False
-           ) -> Any:  # noqa: A002 -- range: the word the declarations read best with
+def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,  # noqa: A002
+           range: Range | None = None,  # noqa: A002 -- the word the declarations read best with
+           group: str | None = None, first: bool = False) -> Any:
     """A config field with its help text and, optionally, its allowed values, its flag name, or
     (for a number, or a list of numbers: each item) the :class:`Range` it must lie in; the
     ``--help`` group it is shown in (one of GROUPS; default: its class's ``option_group``), and
