@@ -49,13 +49,13 @@ class EnvironmentOptions:
                                                   "trained model")
 
     def has_episodes(self) -> bool:
-        """Whether rollouts are multi-turn episodes (by the flags; the Python API may give objects)."""
+        """Whether rollouts are multi-turn episodes (by the flags, or objects given to PPOTrainer, recorded so)."""
         return self.environment is not None or bool(self.tool)
 
-    def validate_environment(self, given: bool = False) -> None:
-        """The rules between the episode options; ``given``: an environment or tools were given as
-        Python objects (PPOTrainer(environment=..., tools=...)), which turn episodes on too."""
-        if not (given or self.has_episodes()):
+    def validate_environment(self) -> None:
+        """The rules between the episode options (an environment or tools given to PPOTrainer as
+        Python objects are recorded in ``environment`` and ``tool`` before it checks the config)."""
+        if not self.has_episodes():
             for field in fields(EnvironmentOptions):
                 if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
                     default = field.default if field.default_factory is MISSING else field.default_factory()
