@@ -326,7 +326,8 @@ def test_an_environment_that_raises_stops_the_run_naming_it_and_the_row(zoo, tmp
     err = run_failing(["ppo", "--model", zoo["qwen2"], "--prompts", prompts, "--environment", "toy_envs:RaisingStep",
                        "--out", tmp_path / "run", "--iterations", 2, *BUDGET], capsys)
     assert "environment RaisingStep: step() raised KeyError" in err and "prompts.jsonl:" in err
-    assert "--resume" in err and "Traceback" not in err
+    # It failed in its first iteration, before any checkpoint: there is nothing to resume from.
+    assert "no checkpoint" in err and "--overwrite" in err and "--resume" not in err and "Traceback" not in err
 
 
 def test_a_run_stopped_by_its_environment_resumes_from_its_last_checkpoint(zoo, tmp_path, capsys, monkeypatch):
@@ -338,6 +339,7 @@ def test_a_run_stopped_by_its_environment_resumes_from_its_last_checkpoint(zoo, 
     args[args.index("toy_envs:LetterGame")] = "toy_envs:FailsOnTheThirdBatch"
     err = run_failing(args, capsys)
     assert "environment FailsOnTheThirdBatch: reset() raised ConnectionError: the game server went away" in err
+    assert "continue from its checkpoint after iteration 2" in err and "--resume" in err
     assert (tmp_path / "run" / "checkpoints" / "last").is_dir()  # iterations 1 and 2 are kept
     monkeypatch.delenv("PPO_RLHF_TEST_ENV_FAILS")
     run([*args, "--resume"])

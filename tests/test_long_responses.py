@@ -136,9 +136,49 @@ def test_packing_is_read_from_the_restarting_positions():
     packed = pack(sequences, tokenizer.pad_token_id)
     continuing = torch.arange(packed.input_ids.shape[1]).expand_as(packed.input_ids)
     with torch.no_grad():
-        apart = model.model(input_ids=packed.input_ids, position_ids=packed.position_ids).last_hidden_state
-        together = model.model(input_ids=packed.input_ids, position_ids=continuing).last_hidden_state
+        # use_cache=False, as the passes run: with a cache transformers reads no packing from the positions.
+        apart = model.model(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                            use_cache=False).last_hidden_state
+        together = model.model(input_ids=packed.input_ids, position_ids=continuing, use_cache=False).last_hidden_state
     assert (packed.gather(apart) - packed.gather(together)).abs().max() > 1e-3
+
+
+def test_a_packed_pass_says_nothing_of_a_missing_attention_mask():
+    """The packed pass has no attention mask on purpose (a mask of ones would join a bin's rows into
+    one sequence: the numbers change); transformers' warning that the input may be padded, which
+    `make demo` printed in the middle of its progress bar, is held back for that pass alone."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    model, tokenizer = tiny("gpt2")
+    sequences = uneven_batch(model.config.vocab_size, tokenizer.pad_token_id)
+    packed = pack(sequences, tokenizer.pad_token_id)
+    assert tokenizer.pad_token_id in packed.input_ids[:, -1]  # what transformers looks for
+    with torch.no_grad():
+        apart = model.transformer(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                  use_cache=False).last_hidden_state
+        masked = model.transformer(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                                   attention_mask=torch.ones_like(packed.input_ids)).last_hidden_state
+    assert (packed.gather(apart) - packed.gather(masked)).abs().max() > 1e-3
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addHandler(handler)
+    try:
+        logging.Logger.warning_once.cache_clear()  # printed once per process: a test before this one may have
+        with torch.no_grad():
+            response_stats(model, sequences, dataclasses.replace(PACKED, pad_token_id=tokenizer.pad_token_id))
+            assert not [r for r in records if "attention_mask" in r.getMessage()]
+            logging.Logger.warning_once.cache_clear()
+            model.transformer(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                              use_cache=False)  # another pass without a mask is still warned
+    finally:
+        logger.removeHandler(handler)
+    assert [r for r in records if "attention_mask" in r.getMessage()]
+    assert transformers_logging.get_verbosity() <= logging.WARNING  # the warning is shown where it is due
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

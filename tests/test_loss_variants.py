@@ -237,10 +237,9 @@ def test_dynamic_sampling_completes_a_short_batch_with_dropped_groups(zoo):
     assert (metrics["dynamic_sampling/rounds"], metrics["dynamic_sampling/filled_groups"]) == (2, 3)
     # The one group with a spread and the first three dropped groups, in the order they were drawn.
     assert experience.raw_scores.tolist() == [7.0] * 6 + [0.0, 1.0]
-    # Nothing to learn from the filled groups: their scores are tied, and what is left is the KL in the
-    # reward, zero at the start but for rounding (the actor's and the reference's shared-prompt passes
-    # differ by ~1e-7 where one model's weights require gradients and the other's do not).
-    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().max() < 1e-6
+    # Nothing to learn from the filled groups: their advantages are 0 (their scores tie, and the KL in
+    # the reward, zero at the start but for rounding, is not left in them either).
+    assert experience.advantages[6:].abs().sum() > 0 and experience.advantages[:6].abs().max() == 0
     tokens = experience.mask.sum().item()
     assert metrics["dynamic_sampling/generated_tokens_per_kept_sample"] > tokens / 8
 
@@ -266,6 +265,86 @@ def test_dynamic_sampling_decides_on_the_rewards_before_shaping(zoo, decided_on,
     assert metrics["dynamic_sampling/rounds"] == (2 if dropped else 1)
     kept_tied = (experience.raw_scores == 7.0).sum().item()
     assert kept_tied == (0 if dropped else 4)
+
+
+def test_filler_groups_teach_nothing_when_the_shaping_tells_their_responses_apart(zoo):
+    """Dynamic sampling on accuracy drops groups whose rewards tie; when the rounds run out, dropped
+    groups fill the batch.  The overlong shaping still scores their responses of 1 and 2 tokens
+    differently (7 - 1/6, 7 - 2/6), which alone would give them advantages: a length signal from
+    groups the filter dropped, which DAPO never trains on.  Their advantages are 0."""
+    trainer = tiny_grpo_trainer(zoo, overlong_buffer=6, max_resample_rounds=0)
+    trainer.generator = VaryingLengths(trainer.generator.stop_token_ids, trainer.tokenizer.pad_token_id, 6)
+    experience, metrics = trainer.make_experience(groups(PROMPTS[:4], True), None)
+    assert metrics["dynamic_sampling/filled_groups"] == 4
+    shaped = experience.scores.reshape(4, 2)
+    assert (shaped[:, 0] != shaped[:, 1]).all()  # the shaping tells each group's responses apart
+    assert experience.advantages.abs().max() == 0
+
+
+# ---------------------------------------------------------------- CISPO's and SAPO's dispatch in the trainer
+RATIOS = (0.5, 2.0, 1.1)  # each response's tokens in turn: below, above and inside every bound used here
+
+
+def trainer_on_known_ratios(zoo, **overrides) -> tuple[PPOTrainer, object, torch.Tensor, torch.Tensor]:
+    """A trainer, and an experience whose first minibatch's ratios are RATIOS (the old log-probs
+    shifted from the actor's own: dropout is off, so the ratio is 1 before the shift) and whose
+    advantages are +1 in even rows, -0.5 in odd ones; (trainer, experience, ratios, advantages) (b, T)."""
+    trainer = tiny_grpo_trainer(zoo, dynamic_sampling=False, loss_aggregation="token-mean", mini_batch_size=8,
+                                **overrides)
+    experience, _ = trainer.make_experience(groups(PROMPTS[:4], False))
+    width = experience.mask.shape[1]
+    ratios = torch.tensor([RATIOS[t % 3] for t in range(width)]).expand(8, width)
+    experience.logprobs = experience.logprobs - torch.log(ratios) * experience.mask
+    signs = torch.tensor([1.0 if row % 2 == 0 else -0.5 for row in range(8)])[:, None]
+    experience.advantages = signs.expand(8, width) * experience.mask
+    return trainer, experience, ratios, experience.advantages
+
+
+def pg_loss_of_the_first_step(trainer, experience) -> float:
+    return trainer.accumulate_gradients(experience, torch.arange(8), warming_up=False)["pg_loss"].item()
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((per_token * mask).sum() / mask.sum()).item()
+
+
+def test_the_trainer_runs_cispo_with_its_lower_and_upper_bounds(zoo):
+    """CISPO's loss value per token is -A * clip(r, 1 - low, 1 + high): with low 0.1 and high 0.3 the
+    ratios 0.5, 2.0 and 1.1 weigh 0.9, 1.3 and 1.1.  PPO's clip (the branch missing) or the bounds
+    swapped at the call (1 - 0.3, 1 + 0.1) give other numbers, checked here to differ."""
+    trainer, experience, ratios, advantages = trainer_on_known_ratios(zoo, policy_loss="cispo", clip_ratio_low=0.1,
+                                                                      clip_ratio_high=0.3)
+    mask = experience.mask.float()
+    expected = token_mean(-advantages * ratios.clamp(0.9, 1.3), mask)
+    swapped = token_mean(-advantages * ratios.clamp(0.7, 1.1), mask)
+    clipped = token_mean(torch.maximum(-advantages * ratios, -advantages * ratios.clamp(0.9, 1.3)), mask)
+    assert min(abs(expected - swapped), abs(expected - clipped)) > 1e-2
+    assert pg_loss_of_the_first_step(trainer, experience) == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_trainer_runs_sapo_with_each_temperature_on_its_side(zoo):
+    """SAPO's loss per token is -A * 4 / tau * sigmoid(tau (r - 1)), tau_pos for A > 0 and tau_neg
+    otherwise.  The temperatures swapped at the call, or PPO's clip in SAPO's place, differ."""
+    trainer, experience, ratios, advantages = trainer_on_known_ratios(zoo, policy_loss="sapo", sapo_tau_pos=0.5,
+                                                                      sapo_tau_neg=3.0)
+    mask = experience.mask.float()
+
+    def sapo(tau_pos: float, tau_neg: float) -> float:
+        tau = torch.where(advantages > 0, torch.tensor(tau_pos), torch.tensor(tau_neg))
+        return token_mean(-advantages * 4 / tau * torch.sigmoid(tau * (ratios - 1)), mask)
+
+    expected = sapo(0.5, 3.0)
+    clipped = token_mean(torch.maximum(-advantages * ratios, -advantages * ratios.clamp(0.8, 1.2)), mask)
+    assert min(abs(expected - sapo(3.0, 0.5)), abs(expected - clipped)) > 1e-2
+    assert pg_loss_of_the_first_step(trainer, experience) == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_trainer_runs_the_clip_with_its_lower_and_upper_bounds(zoo):
+    """The control: PPO's clipped loss on the same ratios, bounds 1 - 0.1 and 1 + 0.3."""
+    trainer, experience, ratios, advantages = trainer_on_known_ratios(zoo, clip_ratio_low=0.1, clip_ratio_high=0.3)
+    mask = experience.mask.float()
+    expected = token_mean(torch.maximum(-advantages * ratios, -advantages * ratios.clamp(0.9, 1.3)), mask)
+    assert pg_loss_of_the_first_step(trainer, experience) == pytest.approx(expected, abs=1e-5)
 
 
 def test_overlong_shaping_lowers_the_scores_of_long_responses(zoo):

@@ -205,15 +205,17 @@ def test_gspo_in_the_trainer_keeps_each_tokens_advantage_and_weight(zoo):
 )
 def test_bad_importance_settings_are_refused(values, message):
     with pytest.raises(ConfigError, match=message):
-        build_config(PPOConfig, {"task": "doubling", **values})
+        build_config(PPOConfig, {"task": "doubling", "rollout_engine": "vllm", **values})
 
 
 def test_importance_defaults_resolve_by_mode():
     def resolved(**values):
-        config = build_config(PPOConfig, {"task": "doubling", **values})
+        config = build_config(PPOConfig, {"task": "doubling", "rollout_engine": "vllm", **values})
         return config.is_cap, config.is_floor
 
     assert resolved() == (2.0, None)
+    torch_engine = build_config(PPOConfig, {"task": "doubling"})  # its log-probs are the trainer's: no weights
+    assert (torch_engine.is_correction, torch_engine.is_cap, torch_engine.is_floor) == ("none", None, None)
     assert resolved(is_correction="token-mask") == (2.0, 0.5)
     assert resolved(is_correction="geometric-mask") == (1.001, pytest.approx(1 / 1.001))
     assert resolved(is_correction="sequence-mask", is_cap=3.0, is_floor=0.1) == (3.0, 0.1)
@@ -221,8 +223,17 @@ def test_importance_defaults_resolve_by_mode():
 
 
 def test_a_run_saved_with_tis_cap_reads_as_token_truncate():
-    assert PPOConfig.saved_settings_now({"tis_cap": 2.0}) == {"is_cap": 2.0, "is_correction": "token-truncate"}
+    assert PPOConfig.saved_settings_now({"rollout_engine": "vllm", "tis_cap": 2.0}) == {
+        "rollout_engine": "vllm", "is_cap": 2.0, "is_correction": "token-truncate"}
     assert PPOConfig.saved_settings_now({"tis_cap": None}) == {"is_cap": None, "is_correction": "none"}
+
+
+def test_a_torch_run_saved_with_the_weights_default_reads_as_none():
+    """Before the torch engine's default became none, its runs recorded token-truncate with cap 2,
+    weights never applied: a resume of one reads them as what they did."""
+    saved = {"rollout_engine": "torch", "is_correction": "token-truncate", "is_cap": 2.0, "is_floor": None}
+    assert PPOConfig.saved_settings_now(saved) == {**saved, "is_correction": "none", "is_cap": None}
+    assert PPOConfig.saved_settings_now({**saved, "rollout_engine": "vllm"})["is_correction"] == "token-truncate"
     assert PPOConfig.saved_settings_now({"dynamic_sampling": True})["dynamic_sampling_on"] == "score"
 
 
@@ -249,3 +260,17 @@ def test_the_probe_tolerance_may_change_on_resume():
     saved, now = {"vllm_probe_tolerance": None, "is_cap": 2.0}, {"vllm_probe_tolerance": 0.5, "is_cap": 2.0}
     assert changed_settings(saved, now) == []
     assert changed_settings({"is_cap": 2.0}, {"is_cap": 3.0}) == ["is_cap: 2.0 -> 3.0"]
+
+
+@pytest.mark.parametrize("mode, per_response", [("sequence-truncate", [0.3, 0.4]), ("sequence-mask", [0.3, 0.4]),
+                                                ("geometric-mask", [0.15, 0.2])])
+def test_the_sequence_ratio_logged_is_read_from_the_responses_model_tokens(mode, per_response):
+    """An episode's response may open with the environment's tokens (loss mask 0 there): is/ratio_*
+    are each response's own product (or geometric mean) of rho, not the 0 padding holds at column 0."""
+    engine = torch.tensor([[0.0, -0.1, -0.2, 0.0], [0.0, 0.0, -0.3, -0.1]])  # log rho = 0 - engine
+    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]])  # each response's first position is the environment's
+    stats = mismatch_statistics(torch.zeros(2, 4), engine, mask, mode, cap=2.0)
+    ratios = [math.exp(value) for value in per_response]
+    assert stats["is/ratio_min"] == pytest.approx(min(ratios), rel=1e-5)
+    assert stats["is/ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
+    assert stats["is/ratio_mean"] == pytest.approx(sum(ratios) / 2, rel=1e-5)

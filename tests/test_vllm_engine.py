@@ -440,7 +440,7 @@ def test_the_probe_compares_in_the_engines_precision_and_bounds_by_it():
     """The probe's precision and default bound by the two sides: a float32 engine compares in
     float32 whatever the actor computes in (its side lifted), a bf16 engine in bf16; a given
     --vllm-probe-tolerance wins."""
-    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, VLLMGenerator
+    from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, VLLMGenerator, probe_precision
 
     def engine(dtype, given=None):
         generator = object.__new__(VLLMGenerator)  # the probe's state only
@@ -448,12 +448,12 @@ def test_the_probe_compares_in_the_engines_precision_and_bounds_by_it():
         return generator
 
     bf16_actor, float32_actor = bf16_lora_actor(), tiny_llama()[0]
-    assert engine(torch.float32).probe_precision(bf16_actor) == torch.float32
+    assert probe_precision(bf16_actor, torch.float32) == torch.float32
     assert engine(torch.float32).probe_tolerance(bf16_actor) == PROBE_TOLERANCE[torch.float32]
-    assert engine(torch.bfloat16).probe_precision(float32_actor) == torch.bfloat16
+    assert probe_precision(float32_actor, torch.bfloat16) == torch.bfloat16
     assert engine(torch.bfloat16).probe_tolerance(bf16_actor) == PROBE_TOLERANCE[torch.bfloat16]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert engine(torch.bfloat16).probe_precision(float32_actor) == torch.bfloat16
+        assert probe_precision(float32_actor, torch.bfloat16) == torch.bfloat16
     assert engine(torch.bfloat16, given=0.02).probe_tolerance(bf16_actor) == 0.02
     assert PROBE_TOLERANCE[torch.float32] < PROBE_TOLERANCE[torch.bfloat16]
 

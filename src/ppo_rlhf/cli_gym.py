@@ -12,16 +12,17 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from ppo_rlhf.config import SEEDS, add_config_arguments, at_least, config_from_args, load_yaml, option
+from ppo_rlhf.config import RUN, SEEDS, add_config_arguments, at_least, config_from_args, load_yaml, option
 
 
 @dataclass
 class GymEvalConfig:
     """``gym-eval``'s options (the policy folder is its positional argument)."""
 
-    episodes: int = option(100, "episodes to run", range=at_least(1))
-    seed: int = option(0, "seed of the evaluation envs (env i gets seed + i)", range=SEEDS)
-    stochastic: bool = option(False, "sample actions instead of argmax / mean action")
+    # --- run folder, evaluation, logging, checkpoints
+    episodes: int = option(100, "episodes to run", range=at_least(1), group=RUN, first=True)
+    seed: int = option(0, "seed of the evaluation envs (env i gets seed + i)", range=SEEDS, group=RUN)
+    stochastic: bool = option(False, "sample actions instead of argmax / mean action", group=RUN)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ import argparse
 import copy
 import dataclasses
 import difflib
+import inspect
 import math
 import types
 import typing
@@ -100,12 +101,27 @@ SEEDS = between(0, 2**32 - 1)
 THREADS = at_least(0)
 
 
-def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,
-           range: Range | None = None) -> Any:  # noqa: A002 -- the word the declarations read best with
+# The groups ``--help`` shows a command's options in, in this order (docs/usage.md, "Options by
+# group", lists them so).  Each option belongs to one: its own ``option(..., group=...)``, else
+# the one its class declares for all its options (``option_group``, a mixin's such as
+# HardwareOptions); tests/test_help_groups.py fails for an option with neither.  Within a group
+# the options people set first (``first=True``) come first.
+MODEL_DATA, REWARD, ROLLOUT, UPDATE, KL = "model and data", "reward", "rollout", "update and loss", "KL"
+EPISODES, ENGINE, HARDWARE, RUN = "episodes", "rollout engine", "hardware", "run folder, evaluation, logging, checkpoints"
+GROUPS = (MODEL_DATA, REWARD, ROLLOUT, UPDATE, KL, EPISODES, ENGINE, HARDWARE, RUN)
+
+
+def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,  # noqa: A002
+           range: Range | None = None,  # noqa: A002 -- the word the declarations read best with
+           group: str | None = None, first: bool = False) -> Any:
     """A config field with its help text and, optionally, its allowed values, its flag name, or
-    (for a number, or a list of numbers: each item) the :class:`Range` it must lie in.  Every
-    int and float field declares a range (tests/test_option_ranges.py walks them all)."""
-    metadata = {"help": help, "choices": choices, "flag": flag, "range": range}
+    (for a number, or a list of numbers: each item) the :class:`Range` it must lie in; the
+    ``--help`` group it is shown in (one of GROUPS; default: its class's ``option_group``), and
+    ``first``: one of the options people set first, at the top of its group.  Every int and float
+    field declares a range (tests/test_option_ranges.py walks them all)."""
+    if group is not None and group not in GROUPS:
+        raise ValueError(f"unknown option group {group!r}; the groups are {GROUPS}")
+    metadata = {"help": help, "choices": choices, "flag": flag, "range": range, "group": group, "first": first}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -155,8 +171,9 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
     kind, optional = _base_type(field.type)
     if kind is list and value is None and not optional:  # an empty list (a run_config.json from when the field was optional)
         return []
-    # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say.
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+    # An optional field left empty (--reward-fn "" on the command line) is unset, as the help texts say;
+    # a word that is one of its choices (--is-correction none) is that choice.
+    if value is None or (optional and is_empty_word(value) and value not in (field.metadata.get("choices") or ())):
         if optional:
             return None
         raise ConfigError(f"'{field.name}' in {cls.__name__} cannot be empty")
@@ -185,6 +202,13 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
             f"'{field.name}' must be {getattr(kind, '__name__', kind)}, got {value!r}"
         ) from None
     return _coerce_numbers(field, items)
+
+
+EMPTY_WORDS = ("", "none", "null")  # how a flag or YAML string leaves an optional field empty
+
+
+def is_empty_word(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() in EMPTY_WORDS
 
 
 def _item_type(annotation: Any) -> type | None:
@@ -282,9 +306,31 @@ def field_value(cls: type, field: dataclasses.Field, value: Any) -> Any:
     coerced = _coerce(cls, field, value)
     choices = field.metadata.get("choices")
     if choices is not None and coerced not in choices:
-        raise ConfigError(f"invalid value for '{field.name}': {coerced!r}; allowed: {', '.join(map(str, choices))}")
+        raise ConfigError(f"invalid value for '{field.name}': {coerced!r}; allowed: {choice_words(choices)}")
     check_range(field, coerced)
     return coerced
+
+
+def choice_words(choices: tuple) -> str:
+    """An option's choices as a message lists them: None, an optional field's unset value, is "empty"."""
+    named = ", ".join(str(choice) for choice in choices if choice is not None)
+    return f"{named} or empty" if None in choices else named
+
+
+class FlagChoices(tuple):
+    """The choices argparse shows and checks for a flag: the named ones; an optional field's None
+    is not a word on the command line (argparse compares the text given, so a None in the list was
+    shown as a choice and then refused), and is given as any empty word ("", none, null), as every
+    optional field is."""
+
+    def __new__(cls, choices: tuple):
+        return super().__new__(cls, [choice for choice in choices if choice is not None])
+
+    def __init__(self, choices: tuple):
+        self.optional = None in choices
+
+    def __contains__(self, value: object) -> bool:
+        return super().__contains__(value) or (self.optional and is_empty_word(value))
 
 
 def check_config(config: Any) -> None:
@@ -423,31 +469,69 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def option_group(cls: type, field: dataclasses.Field) -> str | None:
+    """The ``--help`` group of ``cls``'s ``field``: its own, else the one the class declaring it
+    gives all its options (``option_group``); None for neither."""
+    if field.metadata.get("group"):
+        return field.metadata["group"]
+    declaring = next(klass for klass in cls.__mro__ if field.name in inspect.get_annotations(klass))
+    return vars(declaring).get("option_group")
+
+
+def help_order(cls: type) -> list[dataclasses.Field]:
+    """``cls``'s fields in the order ``--help`` lists them within a group: those marked ``first``,
+    then the others; each part the class's own options in the order it declares them, then those
+    of its bases, in the order it names them."""
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    ordered = {}
+    for klass in cls.__mro__:
+        for name in inspect.get_annotations(klass):
+            if name in fields:
+                ordered.setdefault(name, fields[name])
+    return sorted(ordered.values(), key=lambda field: not field.metadata.get("first"))
+
+
+def help_groups(cls: type) -> list[tuple[str, list[dataclasses.Field]]]:
+    """(group, its fields in ``--help`` order) for each of GROUPS that ``cls`` has options in, in
+    GROUPS' order; an option without a group last, under "other options"."""
+    by_group: dict[str, list] = {}
+    for field in help_order(cls):
+        by_group.setdefault(option_group(cls, field) or "other options", []).append(field)
+    return [(title, by_group[title]) for title in (*GROUPS, "other options") if title in by_group]
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per field; defaults are suppressed so we can tell which flags were given."""
-    group = parser.add_argument_group(f"{cls.__name__} options")
+    """One flag per field, in the groups of :func:`help_groups`; defaults are suppressed so we can
+    tell which flags were given."""
     parser.set_defaults(config_class=cls)  # the tests find each command's options through it
-    for field in dataclasses.fields(cls):
-        kind, _ = _base_type(field.type)
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        # argparse %-formats help strings: a literal % must be doubled.
-        help_text = f"{field.metadata.get('help', '')} (default: {default})".replace("%", "%%")
-        choices = field.metadata.get("choices")
-        if kind is bool:
-            group.add_argument(
-                flag_name(field), dest=field.name, action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS, help=help_text,
-            )
-        elif kind is list:  # repeated or comma-separated: --reward-fn a:f --reward-fn b:g, or a:f,b:g
-            group.add_argument(
-                flag_name(field), dest=field.name, action="append", default=argparse.SUPPRESS, help=help_text,
-                metavar=field.name.upper(),
-            )
-        else:
-            group.add_argument(
-                flag_name(field), dest=field.name, default=argparse.SUPPRESS, help=help_text,
-                choices=choices, metavar=None if choices else field.name.upper(),
-            )
+    for title, fields in help_groups(cls):
+        group = parser.add_argument_group(title)
+        for field in fields:
+            add_flag(group, field)
+
+
+def add_flag(group, field: dataclasses.Field) -> None:
+    """The flag of one config field (a switch, a repeated list flag, or a value)."""
+    kind, _ = _base_type(field.type)
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    # argparse %-formats help strings: a literal % must be doubled.
+    help_text = f"{field.metadata.get('help', '')} (default: {default})".replace("%", "%%")
+    choices = field.metadata.get("choices")
+    if kind is bool:
+        group.add_argument(
+            flag_name(field), dest=field.name, action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS, help=help_text,
+        )
+    elif kind is list:  # repeated or comma-separated: --reward-fn a:f --reward-fn b:g, or a:f,b:g
+        group.add_argument(
+            flag_name(field), dest=field.name, action="append", default=argparse.SUPPRESS, help=help_text,
+            metavar=field.name.upper(),
+        )
+    else:
+        group.add_argument(
+            flag_name(field), dest=field.name, default=argparse.SUPPRESS, help=help_text,
+            choices=FlagChoices(choices) if choices else None, metavar=None if choices else field.name.upper(),
+        )
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, yaml_values: dict | None = None) -> C:

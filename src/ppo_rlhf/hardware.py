@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ppo_rlhf.config import check, option
+from ppo_rlhf.config import HARDWARE, check, option
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
@@ -35,11 +35,16 @@ SHARDED_LAUNCHES = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
 class HardwareOptions:
     """The device and precision fields shared by every language-model stage."""
 
-    device: str = option("auto", "where to run: auto (CUDA, then MPS, then the CPU), cpu, cuda or mps", choices=DEVICES)
+    option_group = HARDWARE  # --help's group of all these options (config.py, GROUPS)
+
+    device: str = option("auto", "where to run: auto (CUDA, then MPS, then the CPU), cpu, cuda or mps", choices=DEVICES,
+                         first=True)
     mixed_precision: str = option("no", "autocast the forward passes to bf16 or fp16 (fp16: CUDA or MPS only); "
-                                        "trained weights and optimizer state stay float32", choices=MIXED_PRECISIONS)
+                                        "trained weights and optimizer state stay float32", choices=MIXED_PRECISIONS,
+                                  first=True)
     dtype: str = option("auto", "dtype checkpoints load in: auto (as stored), float32, bfloat16 or float16; trained "
-                                "weights are upcast to float32, frozen roles stay as loaded", choices=DTYPES)
+                                "weights are upcast to float32, frozen roles stay as loaded", choices=DTYPES,
+                        first=True)
 
     def validate_hardware(self) -> None:
         device = resolve_device(self.device)

@@ -86,6 +86,18 @@ def resume_command(argv: list[str] | None = None) -> str:
     return shlex.join(["ppo-rlhf", *kept, "--resume"])
 
 
+def failure_resume_hint(error: BaseException, can_resume: bool) -> str:
+    """After a run stopped on a failure of the user's code (an environment, a reward): how to go on
+    once it is fixed, where the command resumes and the run said where it could (``resume_from``,
+    set by the training loop: the step of its last checkpoint, None for none); else nothing."""
+    if not can_resume or not hasattr(error, "resume_from"):
+        return ""
+    unit = getattr(error, "resume_unit", "step")
+    if error.resume_from is None:
+        return "; the run had written no checkpoint: once that is fixed, run it again with --overwrite"
+    return f"; once that is fixed, continue from its checkpoint after {unit} {error.resume_from} with: {resume_command()}"
+
+
 def interrupted_message(error: RunInterrupted, command: str, can_resume: bool) -> str:
     """The one line printed for an interrupted run: where it stopped and what continues it."""
     line = f"ppo-rlhf {command}: {error}"

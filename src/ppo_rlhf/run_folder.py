@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ppo_rlhf.checkpoint import recover_interrupted_writes
-from ppo_rlhf.config import ConfigError, check_config, flag_name, option
+from ppo_rlhf.config import RUN, ConfigError, check_config, flag_name, option
 from ppo_rlhf.runlog import read_metrics
 
 # What a stage writes into its run folder; a folder holding any of these holds a run.
@@ -31,8 +31,11 @@ STARTUP_OUTPUTS = frozenset({"config.yaml", "metrics.jsonl", "tb", "trackers.jso
 
 @dataclass
 class RunFolderOptions:
+    option_group = RUN  # --help's group of all these options (config.py, GROUPS)
+
     overwrite: bool = option(False, "replace the run already in --out (its metrics, checkpoints and summary); "
-                                    "without it (or --resume) a stage refuses an --out that holds a run")
+                                    "without it (or --resume) a stage refuses an --out that holds a run",
+                             first=True)
 
     def __post_init__(self) -> None:
         """A config built in Python is checked as one read from YAML or flags is: each field

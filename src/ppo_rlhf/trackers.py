@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ppo_rlhf.checkpoint import atomic_write_json
-from ppo_rlhf.config import ConfigError, option
+from ppo_rlhf.config import RUN, ConfigError, option
 
 # name -> (the module it needs, the package pip installs it from)
 TRACKERS = {
@@ -48,6 +48,8 @@ PROJECT = "ppo-rlhf"  # the W&B project, MLflow experiment and Trackio project, 
 
 @dataclass
 class ReportOptions:
+    option_group = RUN  # --help's group of all these options (config.py, GROUPS)
+
     report_to: str = option("tensorboard", "where metrics go besides metrics.jsonl (always written): "
                                            "tensorboard, wandb, mlflow, trackio, comma-separated, or none")
 

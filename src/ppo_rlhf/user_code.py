@@ -76,3 +76,34 @@ def load_function(dotted_path: str, what: str = "reward function", also: tuple[t
     if not callable(function) and not isinstance(function, also):
         raise ConfigError(f"{module_name!r} has no function {attribute!r} ({what} {dotted_path!r})")
     return function
+
+
+# How a run records an object given in Python that has no import path (a class defined inside a
+# function, a lambda, a functools.partial): named for people, refused where a later run would
+# have to load it or check it is the same one (a resume).
+UNNAMED = "<python object "
+
+
+def recorded_name(obj) -> str:
+    """What a run's config records for ``obj``, given in Python where a flag takes
+    ``module:function``: that import path where it leads back to ``obj`` itself (a script run as
+    ``python train.py``: its file's path, ``train.py:Class``), else an UNNAMED description."""
+    module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    module = sys.modules.get(module_name) if module_name else None
+    found = module
+    for part in (qualname or "<").split("."):
+        found = getattr(found, part, None) if "<" not in part else None
+    if module is None or found is not obj:
+        label = qualname or type(obj).__qualname__
+        return f"{UNNAMED}{module_name + '.' if module_name else ''}{label}: no import path>"
+    if module_name == "__main__":
+        file = getattr(module, "__file__", None)
+        if not file:  # an interactive session
+            return f"{UNNAMED}__main__.{qualname}: no import path>"
+        return f"{Path(file).resolve()}:{qualname}"
+    return f"{module_name}:{qualname}"
+
+
+def is_unnamed(value) -> bool:
+    """Whether a recorded ``value`` stands for an object without an import path (``recorded_name``)."""
+    return isinstance(value, str) and value.startswith(UNNAMED)

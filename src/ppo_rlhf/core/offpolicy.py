@@ -47,15 +47,22 @@ def default_cap(mode: str) -> float | None:
     return DEFAULT_GEOMETRIC_CAP if mode == "geometric-mask" else DEFAULT_CAP
 
 
+def response_log_ratio(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,
+                       mode: str) -> torch.Tensor:
+    """(B,) each response's log-ratio in a sequence mode: the sum of its tokens' (the log of the
+    product), or their mean (geometric-mask)."""
+    log_rho = keep_masked(old_logprobs - engine_logprobs, mask)
+    return log_rho.sum(dim=-1) if mode.startswith("sequence") else masked_mean(log_rho, mask, dim=-1)
+
+
 def level_log_ratio(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,
                     mode: str) -> torch.Tensor:
     """(B, T) log of the ratio each token's weight is decided on: its own (token modes), its
     response's sum (sequence modes: the log of the product) or mean (geometric-mask); 0 on padding."""
-    log_rho = keep_masked(old_logprobs - engine_logprobs, mask)
     if mode.startswith("token") or mode == "none":
-        return log_rho
-    per_response = log_rho.sum(dim=-1) if mode.startswith("sequence") else masked_mean(log_rho, mask, dim=-1)  # (B,)
-    return keep_masked(per_response[:, None].expand_as(log_rho), mask)
+        return keep_masked(old_logprobs - engine_logprobs, mask)
+    per_response = response_log_ratio(old_logprobs, engine_logprobs, mask, mode)  # (B,)
+    return keep_masked(per_response[:, None].expand_as(old_logprobs), mask)
 
 
 def engine_importance_weights(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -105,8 +112,9 @@ def mismatch_statistics(old_logprobs: torch.Tensor, engine_logprobs: torch.Tenso
     level = level_log_ratio(old_logprobs, engine_logprobs, mask, mode).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     if mode.startswith("token") or mode == "none":
         values = level[mask.bool()]
-    else:  # one value per response that has a token
-        values = level[:, 0][mask.bool().any(dim=-1)]
+    else:  # one value per response that has a model token (its first position may be the environment's)
+        values = response_log_ratio(old_logprobs, engine_logprobs, mask, mode).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        values = values[mask.bool().any(dim=-1)]
     if values.numel():
         stats.update({"is/ratio_min": values.min().exp().item(), "is/ratio_mean": values.exp().mean().item(),
                       "is/ratio_max": values.max().exp().item()})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
-from ppo_rlhf.config import ConfigError, above, any_number, check, option
+from ppo_rlhf.config import EPISODES, ConfigError, above, any_number, check, option
 
 TURN_REWARDS = ("sum", "per-turn")
 # --max-length left empty: a single turn's prompt and answer, or an episode's prompt (its tools
@@ -14,6 +14,8 @@ DEFAULT_MAX_LENGTH, EPISODE_MAX_LENGTH = 256, 1024
 
 @dataclass
 class EnvironmentOptions:
+    option_group = EPISODES  # --help's group of all these options (config.py, GROUPS)
+
     environment: str | None = option(None, "play each prompt as a multi-turn episode with an environment: "
                                            "module:Class (TRL's environment_factory shape -- reset() and tool "
                                            "methods -- or gymnasium's reset / step in text), gym:ID (a gymnasium "
@@ -52,24 +54,25 @@ class EnvironmentOptions:
                                                   "renders tools, for a model whose own does not); saved with the "
                                                   "trained model")
 
-    def resolve_max_length(self, given: bool = False) -> None:
-        """--max-length left empty: 256, or 1024 where rollouts are episodes (by the flags, or
-        ``given``: objects given in Python); resolved here, so config.yaml records the value used."""
+    def resolve_max_length(self) -> None:
+        """--max-length left empty: 256, or 1024 where rollouts are episodes (by the flags, or objects
+        given in Python, recorded in the config before it is checked again); resolved here, so
+        config.yaml records the value used."""
         if self.max_length is None:
-            self.max_length_resolved = True  # left empty: a later call (objects given in Python) may resolve it again
+            self.max_length_resolved = True  # left empty: a later check (objects given in Python) may resolve it again
         if getattr(self, "max_length_resolved", False):
-            self.max_length = EPISODE_MAX_LENGTH if given or self.has_episodes() else DEFAULT_MAX_LENGTH
+            self.max_length = EPISODE_MAX_LENGTH if self.has_episodes() else DEFAULT_MAX_LENGTH
 
     def has_episodes(self) -> bool:
-        """Whether rollouts are multi-turn episodes (by the flags; the Python API may give objects)."""
+        """Whether rollouts are multi-turn episodes (by the flags, or objects given to PPOTrainer, recorded so)."""
         return self.environment is not None or bool(self.tool)
 
-    def check_episode_options_used(self, given: bool = False) -> None:
+    def check_episode_options_used(self) -> None:
         """At start, once it is known whether rollouts are episodes: an episode option set without
-        them is refused (``given``: an environment or tools were given as Python objects,
-        PPOTrainer(environment=..., tools=...), which turn episodes on as the flags do; a config
-        may hold episode options for them, so this is not a rule of the config alone)."""
-        if given or self.has_episodes():
+        them is refused (an environment or tools given to PPOTrainer as Python objects are recorded
+        in ``environment`` and ``tool`` before; a config may be built with episode options for
+        them, so this is not a rule of the config alone)."""
+        if self.has_episodes():
             return
         for field in fields(EnvironmentOptions):
             if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
@@ -77,12 +80,13 @@ class EnvironmentOptions:
                 check(getattr(self, field.name) == default, field.name,
                       "left out without --environment or --tool", getattr(self, field.name))
 
-    def validate_environment(self, given: bool = False) -> None:
+    def validate_environment(self) -> None:
         """The rules between the episode options, where rollouts are episodes (by the flags, or
-        ``given``: objects given in Python)."""
-        if not (given or self.has_episodes()):
+        objects given to PPOTrainer, recorded in ``environment`` and ``tool`` before it checks the
+        config again)."""
+        if not self.has_episodes():
             return
-        self.chat_template = True  # turns are chat messages: the template frames them (docs/agents.md)
+        require_chat_template(self, "--environment / --tool (an episode's turns are chat messages)")
         gym = (self.environment or "").startswith("gym:")
         for key in ("action_names", "observation_text"):
             check(gym or not getattr(self, key), key, "left out without --environment gym:ID", getattr(self, key))
@@ -152,3 +156,22 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
         raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; the template does not render a user's "
                           f"question ({type(error).__name__}: {error})") from None
     tokenizer.chat_template = template
+
+
+def require_chat_template(config, asked_by: str) -> None:
+    """What ``asked_by`` needs: prompts formatted by the chat template.  On unless it was turned off
+    (``--no-chat-template``, refused by name: the run would otherwise turn it on again, and record it
+    on, without a word)."""
+    if config.chat_template is False:
+        raise ConfigError(f"invalid value for 'chat_template': False with {asked_by}, which only the chat template "
+                          f"can format; leave --no-chat-template out")
+    config.chat_template = True
+
+
+def check_template_file_used(config) -> None:
+    """ConfigError for a --chat-template-file that a run without a chat template would never read:
+    the file would go unchecked and replace the saved model's own template, which the run did not
+    use (docs/design.md, "Configuration": only the templates a run used are saved with its model)."""
+    check(config.chat_template or config.chat_template_file is None, "chat_template_file",
+          "left out without --chat-template (the prompts are not formatted by a template, so the file would only "
+          "replace the trained model's own template)", config.chat_template_file)

@@ -56,8 +56,7 @@ class EnvironmentFailed(RuntimeError):
             super().__init__(f"environment {describe(environment)}: {method}() {returned} (on {where})")
         else:
             super().__init__(f"environment {describe(environment)}: {method}() raised {type(error).__name__}: "
-                             f"{error} (on {where}); the run stops here and resumes from its last checkpoint with "
-                             f"--resume")
+                             f"{error} (on {where})")  # how to go on once it is fixed: the command's to say (cli.py)
 
 
 def is_number(value) -> bool:

@@ -16,6 +16,7 @@ without a call is the model's answer and ends the episode, as in TRL.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import threading
@@ -103,7 +104,7 @@ class ToolBox:
 
         def run() -> None:
             try:
-                result = function(**call.arguments)
+                result = function(**copy.deepcopy(call.arguments))  # the call's record keeps what the model wrote
                 if inspect.isawaitable(result):
                     result = asyncio.run(result)
                 outcome["result"] = result

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory
-from ppo_rlhf.config import ConfigError, above, between, check, option
+from ppo_rlhf.config import MODEL_DATA, ConfigError, above, between, check, option
 from ppo_rlhf.models.loading import (
     ADAPTER_WEIGHTS,
     ModelError,
@@ -91,6 +91,8 @@ def output_layer_tied(model: nn.Module) -> bool:
 @dataclass
 class LoraOptions:
     """The LoRA fields shared by every stage that can train adapters (``rm`` and ``ppo``)."""
+
+    option_group = MODEL_DATA  # --help's group of all these options (config.py, GROUPS)
 
     lora: bool = option(False, "train LoRA adapters on one frozen base instead of the full model (peft)")
     lora_r: int = option(16, "LoRA rank", range=above(0))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import above, between, check, option
+from ppo_rlhf.config import ENGINE, ConfigError, above, between, check, option
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
@@ -16,9 +16,12 @@ ENGINES = ("torch", "vllm")
 
 @dataclass
 class RolloutEngineOptions:
+    option_group = ENGINE  # --help's group of all these options (config.py, GROUPS)
+
     rollout_engine: str = option("torch", "what generates the responses: torch (the built-in decoding loop) or vllm "
                                           "(a vLLM engine in this process, weights synced from the actor before each "
-                                          "rollout; pip install -e \".[vllm]\")", choices=ENGINES)
+                                          "rollout; pip install -e \".[vllm]\")", choices=ENGINES,
+                                  first=True)
     vllm_memory_utilization: float = option(0.1, "--rollout-engine vllm: on a GPU, the share of its memory the engine "
                                                  "may take (vLLM's gpu_memory_utilization: weights and KV cache); on "
                                                  "the CPU, the most of the RAM its KV cache may take (no more than a "
@@ -44,6 +47,18 @@ def require_engine(options: RolloutEngineOptions) -> None:
         from ppo_rlhf.rollout.vllm_engine import import_vllm
 
         import_vllm()
+
+
+def refuse_weights_without_engine(config) -> None:
+    """ConfigError at start for --is-correction with the built-in torch engine, which the run is about
+    to make: it samples with the trainer's own forward and reports no engine log-probs, so the weights
+    would never be applied (a generator given to PPOTrainer(generator=...) may report them, and is
+    not checked here)."""
+    if config.rollout_engine == "torch" and config.is_correction != "none":
+        from ppo_rlhf.trainers.ppo_config import NO_ENGINE_LOGPROBS
+
+        raise ConfigError(f"invalid value for 'is_correction': {config.is_correction!r}; left out with "
+                          f"--rollout-engine torch: {NO_ENGINE_LOGPROBS}")
 
 
 def make_engine(options: RolloutEngineOptions, model, stop_ids: StopIds, pad_token_id: int, max_new_tokens: int,

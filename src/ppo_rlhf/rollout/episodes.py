@@ -390,7 +390,8 @@ def score_episodes(reward, rows: list[dict], episodes: Episodes, environment_wei
         parts["environment"] = paid
         names.append("the environment")
         total = environment_weight * paid if total is None else weighted_sum([total, paid], [1.0, environment_weight])
-    refuse_unscored(total, rows, names)
+    if total is not None:  # None: nothing scores the episodes (a teacher's reward alone, --teacher)
+        refuse_unscored(total, rows, names)
     return total, parts
 
 

@@ -9,7 +9,7 @@ import torch
 from ppo_rlhf.core.logprobs import token_logprobs
 from ppo_rlhf.models.loading import base_of, trunk_of
 from ppo_rlhf.rollout.generation import cache_of
-from ppo_rlhf.rollout.packing import pack_if_shorter
+from ppo_rlhf.rollout.packing import pack_if_shorter, without_padding_warning
 from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
 
 
@@ -57,8 +57,8 @@ def forward_response(model, sequences: Sequences, temperature: float = 1.0, shar
         first_rows, prompt_of_row = distinct_prompts(sequences)
         if len(first_rows) < len(prompt_of_row) and (packed is None or shared_tokens(sequences, first_rows) < packed.tokens):
             return forward_shared_prompts(model, sequences, first_rows, prompt_of_row, temperature, fused)
-    if packed is not None:
-        with caught_hidden(model, fused=True, calls=1) as caught:
+    if packed is not None:  # no attention mask: the position ids say where each row starts (packing.py)
+        with caught_hidden(model, fused=True, calls=1) as caught, without_padding_warning():
             model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, logits_to_keep=1)
         return ResponseForward(logits=None, hidden=packed.gather(caught[0]))
     attention_mask = sequences.attention_mask

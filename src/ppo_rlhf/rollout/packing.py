@@ -19,6 +19,8 @@ The hidden state that predicts response token t of a row is read back at its own
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -122,3 +124,27 @@ def pack(sequences: Sequences, pad_token_id: int, lengths: list[int] | None = No
 def padded_tokens(sequences: Sequences) -> int:
     """The positions a padded pass over ``sequences`` computes."""
     return sequences.prompt_ids.numel() + sequences.response_ids.numel()
+
+
+class _PaddingWarning(logging.Filter):
+    """Drops transformers' "We strongly recommend passing in an `attention_mask`" record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "attention_mask" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def without_padding_warning():
+    """A packed pass without transformers' warning that its input may be padded and has no
+    attention mask.  The pass has none on purpose: transformers reads the packing from the
+    position ids only when no mask is given (a mask of ones would merge the rows of a bin into one
+    sequence), and the padding after a bin's last row is a sequence of its own, from position 0,
+    that no row attends to and whose outputs are never read.  The warning (printed once, in the
+    middle of the first iteration's progress bar) would tell a user to fix what is right."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    quiet = _PaddingWarning()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

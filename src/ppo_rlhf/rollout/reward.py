@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_rlhf.config import ConfigError, above, any_number, at_least, check, option
+from ppo_rlhf.config import REWARD, ConfigError, above, any_number, at_least, check, option
 from ppo_rlhf.models.loading import base_of, max_positions, same_vocabulary
 from ppo_rlhf.rollout.encoding import with_eos
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -576,11 +576,13 @@ class RewardOptions:
     """The reward fields shared by ``ppo`` and ``eval`` besides ``reward_model``, which each
     stage declares with its own help (docs/design.md, "Rewards")."""
 
+    option_group = REWARD  # --help's group of all these options (config.py, GROUPS)
+
     reward_fn: list[str] = option([], "reward functions 'package.module:function' (or file.py:function), called as "
                                       "f(prompts, responses, **columns) -> scores, each prompt row's other fields "
-                                      "as columns; several: repeat the flag or separate with commas")
+                                      "as columns; several: repeat the flag or separate with commas", first=True)
     reward_url: str | None = option(None, "score through an HTTP endpoint: POST {prompts, responses, columns} -> "
-                                          "{scores}; one more reward, named 'url'")
+                                          "{scores}; one more reward, named 'url'", first=True)
     reward_judge: str | None = option(None, "score with an LLM judge: a causal LM folder (run here, batched, greedy) "
                                             "or an OpenAI-compatible chat-completions URL (e.g. http://host:8000/v1); "
                                             "one more reward, named 'judge' (docs/rewards.md)")
@@ -595,7 +597,7 @@ class RewardOptions:
     judge_max_new_tokens: int = option(JUDGE_MAX_NEW_TOKENS, "longest answer of the judge in tokens (number scores)", range=above(0))
     reward_weights: list[float] = option([], "weight of each reward in the score, in the order reward model, "
                                              "functions, URL, judge (empty: 1 each); the score is the weighted sum",
-                                             range=any_number())
+                                             range=any_number(), first=True)
     reward_timeout: float = option(60.0, "seconds to wait for the reward URL's answer to one request", range=above(0))
     reward_retries: int = option(3, "retries of a reward URL request that timed out, could not connect, or got "
                                     "HTTP 429 / 5xx (another 4xx fails at once)", range=at_least(0))

@@ -14,7 +14,8 @@ from typing import ClassVar
 from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
-from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, build_config, load_yaml, option, to_dict
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, ConfigError, above, at_least,
+                             build_config, load_yaml, option, to_dict)
 from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.stages.reward import run_reward
@@ -59,20 +60,31 @@ class DemoConfig:
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("stages_config",)
 
-    out: str = option("runs/demo", "run folder for the whole pipeline")
-    overwrite: bool = option(False, "replace the demo run already in --out (all three stages)")
+    # --- model and data
     reward: str = option("model", "PPO reward: the learned style classifier, or the rule-based reward",
-                         choices=("model", "rule"))
+                         choices=("model", "rule"), group=MODEL_DATA, first=True)
     critic: str = option("separate", "critic: separate model from the RM's trunk, or a value head on the actor (shared)",
-                         choices=("shared", "separate"))
-    sft_steps: int | None = option(None, "SFT steps (default: the task preset)", range=above(0))
-    rm_steps: int | None = option(None, "reward-model steps (default: the task preset)", range=above(0))
-    ppo_iterations: int | None = option(None, "PPO iterations (default: the task preset)", range=above(0))
-    stages_config: str | None = option(None, "YAML with optional 'sft', 'rm' and 'ppo' sections overriding any stage field")
-    show_samples: int = option(6, "prompts to print with their responses before and after PPO", range=at_least(0))
-    seed: int = option(0, "random seed for every stage", range=SEEDS)
+                         choices=("shared", "separate"), group=MODEL_DATA, first=True)
+
+    # --- update and loss
+    sft_steps: int | None = option(None, "SFT steps (default: the task preset)", range=above(0), group=UPDATE)
+    rm_steps: int | None = option(None, "reward-model steps (default: the task preset)", range=above(0), group=UPDATE)
+    ppo_iterations: int | None = option(None, "PPO iterations (default: the task preset)", range=above(0),
+                                        group=UPDATE)
+    stages_config: str | None = option(None, "YAML with optional 'sft', 'rm' and 'ppo' sections overriding any stage field",
+                                       group=UPDATE)
+
+    # --- hardware
     num_threads: int = option(0, "torch CPU threads (0: torch's default, one per core); use 1 when another job "
-                                 "holds a core: tiny models then slow down badly with more threads", range=THREADS)
+                                 "holds a core: tiny models then slow down badly with more threads", range=THREADS,
+                              group=HARDWARE)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str = option("runs/demo", "run folder for the whole pipeline", group=RUN, first=True)
+    overwrite: bool = option(False, "replace the demo run already in --out (all three stages)", group=RUN, first=True)
+    seed: int = option(0, "random seed for every stage", range=SEEDS, group=RUN)
+    show_samples: int = option(6, "prompts to print with their responses before and after PPO", range=at_least(0),
+                               group=RUN)
 
 
 def stage_configs(config: DemoConfig) -> tuple[SFTConfig, RewardConfig, PPOConfig]:

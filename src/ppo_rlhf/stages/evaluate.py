@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import SEEDS, THREADS, ConfigError, above, at_least, check, load_yaml, option, to_dict
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, THREADS,
+                             ConfigError, above, at_least, check, load_yaml, option, to_dict)
 from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.hub import resolve_hub_models
@@ -20,7 +21,7 @@ from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
-from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file
+from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_file_used
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -36,27 +37,42 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     input_paths: ClassVar[tuple] = ("model", "prompts", "reward_model", "chat_template_file", "reward_judge",
                                     "judge_template")
 
-    model: str | None = option(None, "causal LM folder to evaluate")
-    prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)")
-    prompt_field: str = option("prompt", "field of the prompt rows holding the prompt")
-    data_split: str = option("train", "the split of --prompts when it names a data set in the local Hugging Face cache")
-    reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')")
-    label_field: str = option("label", "field naming the class to reward, for a multi-class reward model")
-    chat_template: bool = option(False, "format prompts with the tokenizer's chat template")
-    size: int = option(2000, "prompts to evaluate", range=above(0))
+    # --- model and data
+    model: str | None = option(None, "causal LM folder to evaluate", group=MODEL_DATA, first=True)
+    prompts: str | None = option(None, "prompt rows to evaluate on (default: the task's held-out prompts)",
+                                 group=MODEL_DATA, first=True)
+    size: int = option(2000, "prompts to evaluate", range=above(0), group=MODEL_DATA, first=True)
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template; empty: on where "
+                                              "the prompts are chat messages (--environment or --tool episodes, a "
+                                              "reasoning-gym --task), else off", group=MODEL_DATA)
+    prompt_field: str = option("prompt", "field of the prompt rows holding the prompt", group=MODEL_DATA)
+    label_field: str = option("label", "field naming the class to reward, for a multi-class reward model",
+                              group=MODEL_DATA)
+    data_split: str = option("train", "the split of --prompts when it names a data set in the local Hugging Face cache",
+                             group=MODEL_DATA)
+
+    # --- reward
+    reward_model: str | None = option(None, "score responses with this reward model (mean reported as 'score')",
+                                      group=REWARD, first=True)
+
+    # --- rollout
+    max_new_tokens: int = option(128, "longest response in tokens", range=above(0), group=ROLLOUT, first=True)
     max_length: int | None = option(None, "longest prompt + response in tokens (empty: 256, or 1024 with "
-                                          "--environment or --tool)", range=above(1))
-    max_new_tokens: int = option(128, "longest response in tokens", range=above(0))
-    do_sample: bool = option(False, "sample (temperature) instead of greedy decoding")
-    temperature: float = option(1.0, "sampling temperature", range=above(0))
+                                          "--environment or --tool)", range=above(1), group=ROLLOUT, first=True)
+    do_sample: bool = option(False, "sample (temperature) instead of greedy decoding", group=ROLLOUT)
+    temperature: float = option(1.0, "sampling temperature", range=above(0), group=ROLLOUT)
     samples: int = option(1, "responses sampled for each prompt (needs --do-sample above 1): pass@k for k = 1..K "
                              "(Chen et al.'s unbiased estimator), mean@K and maj@K (majority vote on the parsed "
                              "answer), from the task's checker or a reward that gives 1 for right and 0 for wrong",
-                          range=above(0))
-    show: int = option(5, "print this many prompts with their responses", range=at_least(0))
-    out: str | None = option(None, "write summary.json here (default: print only)")
-    seed: int = option(0, "random seed (sampling)", range=SEEDS)
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
+                          range=above(0), group=ROLLOUT)
+
+    # --- hardware
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str | None = option(None, "write summary.json here (default: print only)", group=RUN, first=True)
+    seed: int = option(0, "random seed (sampling)", range=SEEDS, group=RUN)
+    show: int = option(5, "print this many prompts with their responses", range=at_least(0), group=RUN)
 
     def validate(self) -> None:
         self.resolve_max_length()
@@ -73,6 +89,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
               "--do-sample for pass@k", self.samples)
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         self.validate_environment()
+        self.chat_template = bool(self.chat_template)  # empty and nothing asked for it: off
+        check_template_file_used(self)
 
 
 def training_run_warning(config: EvalConfig) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
-from ppo_rlhf.config import ConfigError, check, option
+from ppo_rlhf.config import MODEL_DATA, RUN, ConfigError, check, option
 from ppo_rlhf.models.loading import ADAPTER_CONFIG, is_adapter_folder
 from ppo_rlhf.models.lora import merge_adapter_folder
 from ppo_rlhf.run_folder import check_out_spares_inputs
@@ -23,10 +23,14 @@ class MergeConfig:
     # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
     input_paths: ClassVar[tuple] = ("adapter", "base")
 
-    adapter: str | None = option(None, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")
-    base: str | None = option(None, "base model folder (default: the one the adapter records)")
-    out: str | None = option(None, "where to write the merged model (with the tokenizer)")
-    overwrite: bool = option(False, "replace what --out already holds")
+    # --- model and data
+    adapter: str | None = option(None, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors)",
+                                 group=MODEL_DATA, first=True)
+    base: str | None = option(None, "base model folder (default: the one the adapter records)", group=MODEL_DATA)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str | None = option(None, "where to write the merged model (with the tokenizer)", group=RUN, first=True)
+    overwrite: bool = option(False, "replace what --out already holds", group=RUN, first=True)
 
     def validate(self) -> None:
         check(self.adapter is not None, "adapter", "an adapter folder", self.adapter)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppo_rlhf.config import SEEDS, ConfigError, above, at_least, check, option
+from ppo_rlhf.config import MODEL_DATA, SEEDS, ConfigError, above, at_least, check, option
 from ppo_rlhf.distributed import rank
 
 TASKS = ("doubling", "reasoning-gym:NAME")
@@ -27,9 +27,12 @@ def check_task_name(name: str | None) -> None:
 class TaskOptions:
     """The task fields of the stages that take prompts from a task (ppo, eval)."""
 
+    option_group = MODEL_DATA  # --help's group of all these options (config.py, GROUPS)
+
     task: str | None = option(None, "task supplying prompts, reward and metric when --prompts is empty: doubling "
                                     "(built in), or reasoning-gym:NAME (pip install -e '.[tasks]'), whose prompts go "
-                                    "through the model's chat template and whose answers its own checker scores")
+                                    "through the model's chat template and whose answers its own checker scores",
+                              first=True)
     task_size: int = option(10000, "reasoning-gym: training problems generated", range=above(0))
     task_eval_size: int = option(200, "reasoning-gym: held-out problems, none of them a training one", range=above(0))
     task_seed: int | None = option(None, "reasoning-gym: seed of the problem generator (empty: --seed)", range=SEEDS)
@@ -53,7 +56,9 @@ class TaskOptions:
             from ppo_rlhf.tasks.reasoning_gym import parse_task_config
 
             parse_task_config(self.task_config)  # a malformed one fails here, at start
-            self.chat_template = True  # its prompts are chat messages (system instruction + problem)
+            from ppo_rlhf.envs.options import require_chat_template
+
+            require_chat_template(self, f"--task {self.task} (its prompts are chat messages)")
         else:
             # the reasoning-gym fields mean nothing here
             for key, default in (("task_seed", None), ("format_reward", 0.0), ("task_reward", "score")):

@@ -56,6 +56,7 @@ from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_complaint
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.chat import prepare_episode_chat, template_name
+from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
@@ -76,7 +77,7 @@ from ppo_rlhf.trainers.estimators import (
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
 from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.ppo_loop import PPOLoop
-from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts
+from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts, episode_objects, record_given_episodes
 from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
 from ppo_rlhf.trainers.teacher import TEACHER, Teacher
 
@@ -120,6 +121,7 @@ class Rollout:
     scores: torch.Tensor  # (b,) each shaped on its own (missing EOS, overlong); what lands on the last token
     components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
     turn_rewards: torch.Tensor | None = None  # (b, T) --turn-rewards per-turn: step rewards on each turn's last token
+    filler: torch.Tensor | None = None  # (b,) bool: a dropped group that fills a short batch (dynamic sampling)
 
     @property
     def sequences(self) -> Sequences:
@@ -130,7 +132,8 @@ class Rollout:
         return Rollout([self.rows[i] for i in index], self.episodes.select(index), self.finished[tensor_index],
                        self.raw_scores[tensor_index], self.scores[tensor_index],
                        {name: part[tensor_index] for name, part in self.components.items()},
-                       None if self.turn_rewards is None else self.turn_rewards[tensor_index])
+                       None if self.turn_rewards is None else self.turn_rewards[tensor_index],
+                       None if self.filler is None else self.filler[tensor_index])
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
@@ -139,10 +142,13 @@ class Rollout:
         if parts[0].turn_rewards is not None:
             width = episodes.sequences.response_ids.shape[1]
             turn_rewards = torch.cat([pad_columns(p.turn_rewards, width, 0.0) for p in parts])
+        filler = None
+        if any(p.filler is not None for p in parts):
+            filler = torch.cat([torch.zeros_like(p.finished) if p.filler is None else p.filler for p in parts])
         return Rollout([r for p in parts for r in p.rows], episodes, torch.cat([p.finished for p in parts]),
                        torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
                        {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
-                       turn_rewards)
+                       turn_rewards, filler)
 
 
 def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -192,14 +198,12 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
 
 def environments_of(config: PPOConfig, environment=None, tools: list | None = None):
     """The EnvironmentSource of the run's episodes (envs/__init__.py), from the config and what was
-    given in Python; None: single-turn rollouts.  Given objects turn episodes on as the flags do."""
-    given = environment is not None or bool(tools)
-    config.check_episode_options_used(given)
-    if given:
-        config.resolve_max_length(given=True)
-        config.validate_environment(given=True)
-    return environment_source(environment if environment is not None else config.environment,
-                              list(tools or []) + list(config.tool), tool_parser=config.tool_parser,
+    given in Python (recorded in the config already: ``record_given_episodes``); None: single-turn
+    rollouts.  Episode options without episodes are refused here, at start: a config may be built
+    with them for objects given to the trainer."""
+    config.check_episode_options_used()
+    environment, tools = episode_objects(config, environment, tools)
+    return environment_source(environment, tools, tool_parser=config.tool_parser,
                               tool_timeout=config.tool_timeout, environment_config=config.environment_config,
                               action_names=config.action_names or None, observation_text=config.observation_text)
 
@@ -313,11 +317,14 @@ class PPOTrainer(PPOLoop):
     def __init__(self, config: PPOConfig, reward=None, *, model=None, ref=None, tokenizer=None,
                  critic: Critic | None = None, generator: Generator | None = None, accelerator=None,
                  environment=None, tools: list | None = None):
-        # Checked again as it is now: a field set after the config was built is held to its rules.
+        # Checked again as it is now: a field set after the config was built is held to its rules, and an
+        # environment or tools given here are recorded in it first, as the flags would name them.
+        record_given_episodes(config, environment, tools)
         config = checked_config(config, PPOConfig, "PPOTrainer")
         self.run_parts: RunParts | None = None  # built from the config: its task and prompts too
         # Episodes' environments, made (and checked) before any model loads.
         self.environments = environments_of(config, environment, tools)
+        check_template_file_used(config)  # here, not in validate: tools given in Python turn the template on
         if model is None:  # the pieces around a model of one's own, given without it, would be dropped
             given = [name for name, part in (("ref", ref), ("tokenizer", tokenizer), ("critic", critic),
                                              ("generator", generator), ("accelerator", accelerator)) if part is not None]
@@ -526,6 +533,8 @@ class PPOTrainer(PPOLoop):
             returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
         if config.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
+        if rollout.filler is not None:  # dynamic sampling's filler groups keep the batch's size and teach nothing
+            advantages = advantages.masked_fill(gather_rows(rollout.filler)[:, None], 0.0)
         metrics["time/forward"] = time.perf_counter() - start
 
         experience = Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns,
@@ -609,9 +618,11 @@ class PPOTrainer(PPOLoop):
         """DAPO's dynamic sampling (docs/design.md, "Policy-loss variants"): the prompt groups whose
         K rewards (--dynamic-sampling-on) are all equal -- all right or all wrong -- are dropped, and
         more prompts are rolled out until the kept groups fill the batch, for at most --max-resample-rounds extra
-        rounds; a batch still short then is completed with dropped groups (advantage 0), so every
-        update sees batch_size sequences.  Decided on the gathered scores, in every process alike;
-        each process then keeps its own rows of the chosen groups."""
+        rounds; a batch still short then is completed with dropped groups, marked ``filler``: their
+        advantages are set to 0 (DAPO trains on no dropped group; under --dynamic-sampling-on accuracy
+        their shaped scores may still differ), so every update sees batch_size sequences and learns
+        from the kept groups alone.  Decided on the gathered scores, in every process alike; each
+        process then keeps its own rows of the chosen groups."""
         config, k = self.config, self.config.samples_per_prompt
         wanted = config.batch_size // k  # groups in the whole batch
         # accuracy: the rewards as they came (DAPO filters on the task's accuracy), so a group all
@@ -641,7 +652,10 @@ class PPOTrainer(PPOLoop):
             informative_left -= int(take.sum())
             fill_left -= int(fill.sum())
             mine = (take | fill).reshape(self.processes, -1)[self.rank]  # this process's groups of the round
-            parts.append(part.select(mine.repeat_interleave(k).nonzero().squeeze(1).tolist()))
+            filled = fill.reshape(self.processes, -1)[self.rank]
+            rows = mine.repeat_interleave(k).nonzero().squeeze(1)
+            parts.append(part.select(rows.tolist()))
+            parts[-1].filler = filled.repeat_interleave(k)[rows].to(part.finished.device)
         kept = min(found, wanted)
         metrics.update({
             "dynamic_sampling/rounds": len(rounds),

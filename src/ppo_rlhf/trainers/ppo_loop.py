@@ -24,12 +24,14 @@ from tqdm.auto import tqdm
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_text, strict_json
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.rollout.episodes import rollout_records
+from ppo_rlhf.envs.protocol import EnvironmentFailed
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import start_run_folder
+from ppo_rlhf.rollout.reward import RewardError
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.sharding import gathered, local_optimizer_state
 from ppo_rlhf.tasks import make_task
@@ -133,7 +135,11 @@ class PPOLoop:
             progress.before, progress.samples_before = self.evaluate(sampled=False)
             if progress.before:
                 run_log.log(0, progress.before)
-        self.run_iterations(train_rows, prompt_rng, checkpoints, run_log, progress)
+        try:
+            self.run_iterations(train_rows, prompt_rng, checkpoints, run_log, progress)
+        except (EnvironmentFailed, RewardError) as failure:  # the user's code failed: where a resume would go on
+            failure.resume_from, failure.resume_unit = checkpoints.saved_step, "iteration"
+            raise
         if self.evaluator and progress.final_eval is None:  # resumed at the end: no iteration ran
             progress.final_eval = self.evaluate()
         return self.finish(run_log, progress, config.show_samples if show_samples is None else show_samples)

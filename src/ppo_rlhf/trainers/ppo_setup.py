@@ -6,13 +6,15 @@ folder and the process count, the prompts, the four roles and the rollout engine
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import ConfigError
+from ppo_rlhf.config import ConfigError, field_value
 from ppo_rlhf.data import drop_empty_prompts, environment_prompt, load_rows, prompt_check, with_environment_placeholders
 from ppo_rlhf.distributed import on_main_process, rank, world_size
 from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
@@ -21,7 +23,7 @@ from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.models import ModelError, load_tokenizer
 from ppo_rlhf.models.loading import check_tokenizer, check_vocabulary
-from ppo_rlhf.rollout.engines import make_engine, require_engine
+from ppo_rlhf.rollout.engines import make_engine, refuse_weights_without_engine, require_engine
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.reward import check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -29,9 +31,12 @@ from ppo_rlhf.run_folder import check_out_spares_inputs, check_run_folder
 from ppo_rlhf.tasks import make_task
 from ppo_rlhf.trainers.common import check_policy, seed_everything, set_threads
 from ppo_rlhf.trainers.ppo_config import PPOConfig
-from ppo_rlhf.trainers.resume import TRAINED, check_resume_settings, last_checkpoint, resumable
+from ppo_rlhf.trainers.resume import RUN_CONFIG, TRAINED, check_resume_settings, last_checkpoint, resumable
 from ppo_rlhf.trainers.roles import as_reward, load_roles, reward_functions
 from ppo_rlhf.trainers.teacher import Teacher, check_teacher_tokenizer, load_teacher
+from ppo_rlhf.user_code import is_unnamed, recorded_name
+
+PPO_FIELDS = {field.name: field for field in dataclasses.fields(PPOConfig)}
 
 
 def prompt_sets(config: PPOConfig, task, environments=None) -> tuple[list[dict], list[dict]]:
@@ -89,6 +94,60 @@ def check_processes(config: PPOConfig) -> None:
                           f"computes {config.mini_batch_size // processes} rows of a minibatch, which it must divide")
 
 
+def record_given_episodes(config: PPOConfig, environment=None, tools: list | None = None) -> None:
+    """PPOTrainer(config, environment=..., tools=...): what was given, recorded in ``config`` as the
+    flags would name it (``module:Class``; user_code.py, ``recorded_name``), so that config.yaml and
+    the checkpoint say what the run played and a resume can check it; the config is then checked
+    with its episodes on.  An environment given both here and in the config is refused unless both
+    name the same one: the run would play one and record the other."""
+    if not isinstance(config, PPOConfig):
+        return  # checked_config names the wrong class
+    if environment is not None:
+        given = environment if isinstance(environment, str) else recorded_name(environment)
+        if config.environment is not None and config.environment != given:
+            raise ConfigError(f"two environments: config.environment is {config.environment!r} and "
+                              f"PPOTrainer(environment=...) is {given!r}; give one of them (the run plays one "
+                              f"environment, and its config records it)")
+        config.environment = given
+    if tools:
+        recorded = field_value(PPOConfig, PPO_FIELDS["tool"], config.tool)
+        config.tool = recorded + [name for name in given_tool_names(tools) if name not in recorded]
+
+
+def given_tool_names(tools: list) -> list[str]:
+    return [tool if isinstance(tool, str) else recorded_name(tool) for tool in tools]
+
+
+def episode_objects(config: PPOConfig, environment=None, tools: list | None = None) -> tuple[object, list]:
+    """The environment and tools a run plays with: those given in Python, and the config's others,
+    loaded by name; an object recorded without an import path (a run's config.yaml given again)
+    cannot be loaded, and is refused with the reason."""
+    given = set(given_tool_names(tools or []))
+    named = [name for name in config.tool if name not in given]
+    if environment is None:
+        environment = config.environment
+    for name, value in [("environment", environment)] + [("tool", name) for name in named]:
+        if is_unnamed(value):
+            raise ConfigError(f"{name} {value} was given in Python to the run this config records, and nothing "
+                              f"names it for this one: give it again (PPOTrainer(config, {name}=...)), or define it "
+                              f"at the top level of a module and name it module:Name")
+    return environment, list(tools or []) + named
+
+
+def refuse_unnamed_resume(config: PPOConfig, out: Path) -> None:
+    """--resume of a run that played an environment or tools given in Python without an import path:
+    its record cannot name them, so nothing can check that this run plays the same ones."""
+    saved_path = last_checkpoint(out) / RUN_CONFIG
+    if not saved_path.is_file():
+        return
+    saved = json.loads(saved_path.read_text())
+    unnamed = [value for value in [saved.get("environment"), *(saved.get("tool") or [])] if is_unnamed(value)]
+    if unnamed:
+        raise ConfigError(f"--resume: the run in {out} played {', '.join(unnamed)}, given in Python without an import "
+                          f"path, so its record cannot say which; a resume cannot check that it plays the same one. "
+                          f"Define it at the top level of a module (named module:Name), and start a new run")
+
+
 def check_run_start(config: PPOConfig) -> None:
     """Before anything loads: the processes split the batch, ``--out`` may be written (or resumed,
     with the same settings, from a checkpoint of the one format; docs/design.md, "Resume and
@@ -99,6 +158,7 @@ def check_run_start(config: PPOConfig) -> None:
     on_main_process(check_run_folder, out, config.overwrite, config.resume, resumable=resumable(out))
     if config.resume:
         refuse_old_checkpoint(out)
+        refuse_unnamed_resume(config, out)
         check_resume_settings(config, out)
 
 
@@ -139,6 +199,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     set_threads(config.num_threads)
     seed_everything(config.seed)
     require_engine(config)  # vLLM asked for and absent: said before anything loads
+    refuse_weights_without_engine(config)
     resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     accelerator = config.accelerator(shards=True)  # under accelerate launch / torchrun: joins the process group
     check_run_start(config)
@@ -191,6 +252,8 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
         raise ModelError(f"model= must be a causal language model (an AutoModelForCausalLM, or a peft model around "
                          f"one) or its folder; got a {type(model).__name__}, which has no output layer to sample "
                          f"tokens from")
+    if generator is None:  # the config's engine, made below
+        refuse_weights_without_engine(config)
     if tokenizer is None:
         if config.model is None:
             raise ConfigError("no tokenizer: give tokenizer= with an in-memory model, or config.model")

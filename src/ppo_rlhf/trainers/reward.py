@@ -18,7 +18,8 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, check, option
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, above, at_least, between, check,
+                             option)
 from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
@@ -47,53 +48,65 @@ class RewardConfig(RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions
     """``--lora``: train a LoRA adapter and a score head on the frozen ``--model``; PPO with
     ``--lora`` on the same base then runs the reward from that one base."""
 
-    model: str | None = option(None, "model folder to start from (a causal LM or a classifier); empty: build a tiny GPT-2")
+    # --- model and data
+    model: str | None = option(None, "model folder to start from (a causal LM or a classifier); empty: build a tiny GPT-2",
+                               group=MODEL_DATA, first=True)
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
                                     "Face cache); pairs may leave the prompt implicit (hh-rlhf) or be conversations; "
-                                    "empty: the task's")
-    data_split: str = option("train", "the split of --data when it names a data set in the local Hugging Face cache")
-    task: str = option("doubling", "built-in task that supplies data when --data is empty", choices=("doubling",))
+                                    "empty: the task's", group=MODEL_DATA, first=True)
+    task: str = option("doubling", "built-in task that supplies data when --data is empty", choices=("doubling",),
+                       group=MODEL_DATA, first=True)
     mode: str = option("classification", "pairwise {prompt, chosen, rejected} or classification {text, label}",
-                       choices=("pairwise", "classification"))
+                       choices=("pairwise", "classification"), group=MODEL_DATA, first=True)
+    num_labels: int = option(3, "classes for classification mode (pairwise always has one output)", range=at_least(1),
+                             group=MODEL_DATA)
+    chat_template: bool = option(False, "pairwise: format each prompt (a user message, or a list of chat messages) "
+                                        "with the tokenizer's chat template, as ppo --chat-template will",
+                                 group=MODEL_DATA)
+    prompt_field: str = option("prompt", "pairwise: field holding the prompt", group=MODEL_DATA)
+    chosen_field: str = option("chosen", "pairwise: field holding the preferred response", group=MODEL_DATA)
+    rejected_field: str = option("rejected", "pairwise: field holding the other response", group=MODEL_DATA)
+    text_field: str = option("text", "classification: field holding the text (EOS is appended unless it ends with one)",
+                             group=MODEL_DATA)
+    label_field: str = option("label", "classification: field holding the class index", group=MODEL_DATA)
+    max_length: int = option(256, "longest sequence in tokens; longer rows lose their start", range=above(1),
+                             group=MODEL_DATA)
+    data_split: str = option("train", "the split of --data when it names a data set in the local Hugging Face cache",
+                             group=MODEL_DATA)
+    n_layer: int = option(4, "layers of a model built from scratch", range=above(0), group=MODEL_DATA)
+    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0), group=MODEL_DATA)
+    n_embd: int = option(64, "width of a model built from scratch", range=above(0), group=MODEL_DATA)
+    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
+                            range=between(0, 1, high_open=True), group=MODEL_DATA)
+
+    # --- update and loss
+    steps: int = option(300, "optimizer steps", range=above(0), group=UPDATE, first=True)
+    batch_size: int = option(64, "rows per step (a pair counts once)", range=above(0), group=UPDATE, first=True)
+    lr: float = option(2e-3, "peak learning rate (AdamW), cosine-decayed", range=above(0), group=UPDATE, first=True)
     rm_loss: str = option("last-token", "pairwise loss: last-token, -logsigmoid(r_chosen - r_rejected) of the scores "
                                         "at each sequence's last token (Bradley-Terry); divergence, DeepSpeed-Chat's: "
                                         "the same averaged over the tokens from the first one where the two sequences "
                                         "differ to the end of the longer (a pair longer than max_length loses "
-                                        "the same prompt tokens from both, so they stay aligned)", choices=RM_LOSSES)
-    num_labels: int = option(3, "classes for classification mode (pairwise always has one output)", range=at_least(1))
-    out: str = option("runs/rm", "run folder")
-    prompt_field: str = option("prompt", "pairwise: field holding the prompt")
-    chosen_field: str = option("chosen", "pairwise: field holding the preferred response")
-    rejected_field: str = option("rejected", "pairwise: field holding the other response")
-    chat_template: bool = option(False, "pairwise: format each prompt (a user message, or a list of chat messages) "
-                                        "with the tokenizer's chat template, as ppo --chat-template will")
-    text_field: str = option("text", "classification: field holding the text (EOS is appended unless it ends with one)")
-    label_field: str = option("label", "classification: field holding the class index")
-    steps: int = option(300, "optimizer steps", range=above(0))
-    batch_size: int = option(64, "rows per step (a pair counts once)", range=above(0))
-    lr: float = option(2e-3, "peak learning rate (AdamW), cosine-decayed", range=above(0))
-    warmup_steps: int = option(20, "linear warm-up steps", range=at_least(0))
-    weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
-    max_length: int = option(256, "longest sequence in tokens; longer rows lose their start", range=above(1))
-    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy",
-                                  range=between(0, 1, high_open=True))
-    n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
-    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
-    n_embd: int = option(64, "width of a model built from scratch", range=above(0))
-    dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
-                            range=between(0, 1, high_open=True))
-    save_every: int = option(100, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
-                                  "last (0: none)", range=at_least(0))
-    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
-                                 "for steps, saving, the learning rate and threads)")
+                                        "the same prompt tokens from both, so they stay aligned)", choices=RM_LOSSES,
+                          group=UPDATE)
+    warmup_steps: int = option(20, "linear warm-up steps", range=at_least(0), group=UPDATE)
+    weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0), group=UPDATE)
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0), group=UPDATE)
     max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
-                                   "(each is skipped)", range=at_least(1))
-    seed: int = option(0, "random seed", range=SEEDS)
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
+                                   "(each is skipped)", range=at_least(1), group=UPDATE)
 
-    # What a resume may change (as for sft): anything else would make it another run.
-    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+    # --- hardware
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str = option("runs/rm", "run folder", group=RUN, first=True)
+    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
+                                 "for steps, saving, the learning rate and threads)", group=RUN, first=True)
+    seed: int = option(0, "random seed", range=SEEDS, group=RUN)
+    save_every: int = option(100, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
+                                  "last (0: none)", range=at_least(0), group=RUN)
+    eval_fraction: float = option(0.05, "fraction of the rows held out to measure accuracy",
+                                  range=between(0, 1, high_open=True), group=RUN)
     input_paths: ClassVar[tuple] = ("model", "data")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps", "report_to"})

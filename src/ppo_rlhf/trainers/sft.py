@@ -16,9 +16,11 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import SEEDS, THREADS, above, at_least, between, option
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, above, at_least, between,
+                             option)
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models.loading import check_scratch_model
@@ -35,51 +37,62 @@ from ppo_rlhf.trainers.resume import Checkpoints
 
 @dataclass
 class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
-    model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task")
+    # --- model and data
+    model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task",
+                               group=MODEL_DATA, first=True)
     data: str | None = option(None, "training rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
                                     "Face cache) with prompt and completion, or conversations, or Alpaca rows; empty: "
-                                    "the task's")
-    data_split: str = option("train", "the split of --data when it names a data set in the local Hugging Face cache")
-    task: str = option("doubling", "built-in task that supplies data, tokenizer and metric", choices=("doubling",))
-    out: str = option("runs/sft", "run folder (checkpoints, metrics, summary)")
-    prompt_field: str = option("prompt", "field of the data rows holding the prompt")
-    completion_field: str = option("completion", "field of the data rows holding the completion to learn")
+                                    "the task's", group=MODEL_DATA, first=True)
+    task: str = option("doubling", "built-in task that supplies data, tokenizer and metric", choices=("doubling",),
+                       group=MODEL_DATA, first=True)
     chat_template: bool = option(False, "format each prompt (a user message, or a list of chat messages) with the "
-                                        "tokenizer's chat template; the completion is the assistant's reply")
+                                        "tokenizer's chat template; the completion is the assistant's reply",
+                                 group=MODEL_DATA)
     chat_template_file: str | None = option(None, "a Jinja chat template to use instead of the tokenizer's (one that "
                                                   "renders tools, for a model whose own does not); saved with the "
-                                                  "trained model")
-    steps: int = option(1500, "optimizer steps", range=above(0))
-    batch_size: int = option(256, "sequences per step", range=above(0))
-    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up",
-                       range=above(0))
-    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak", range=between(0, 1))
-    warmup_steps: int = option(50, "linear warm-up steps", range=at_least(0))
-    weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0))
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0))
-    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut", range=above(1))
-    n_layer: int = option(4, "layers of a model built from scratch", range=above(0))
-    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0))
-    n_embd: int = option(64, "width of a model built from scratch", range=above(0))
+                                                  "trained model", group=MODEL_DATA)
+    prompt_field: str = option("prompt", "field of the data rows holding the prompt", group=MODEL_DATA)
+    completion_field: str = option("completion", "field of the data rows holding the completion to learn",
+                                   group=MODEL_DATA)
+    max_length: int = option(256, "longest prompt + completion in tokens; longer rows are cut", range=above(1),
+                             group=MODEL_DATA)
+    data_split: str = option("train", "the split of --data when it names a data set in the local Hugging Face cache",
+                             group=MODEL_DATA)
+    n_layer: int = option(4, "layers of a model built from scratch", range=above(0), group=MODEL_DATA)
+    n_head: int = option(4, "attention heads of a model built from scratch", range=above(0), group=MODEL_DATA)
+    n_embd: int = option(64, "width of a model built from scratch", range=above(0), group=MODEL_DATA)
     dropout: float = option(0.1, "dropout of a model built from scratch (GPT-2's default; off in PPO rollouts)",
-                            range=between(0, 1, high_open=True))
-    eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)", range=at_least(0))
+                            range=between(0, 1, high_open=True), group=MODEL_DATA)
+
+    # --- update and loss
+    steps: int = option(1500, "optimizer steps", range=above(0), group=UPDATE, first=True)
+    batch_size: int = option(256, "sequences per step", range=above(0), group=UPDATE, first=True)
+    lr: float = option(3e-3, "peak learning rate (AdamW), cosine-decayed to min_lr_ratio * lr after warm-up",
+                       range=above(0), group=UPDATE, first=True)
+    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak", range=between(0, 1),
+                                 group=UPDATE)
+    warmup_steps: int = option(50, "linear warm-up steps", range=at_least(0), group=UPDATE)
+    weight_decay: float = option(0.01, "AdamW weight decay", range=at_least(0), group=UPDATE)
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0), group=UPDATE)
+    max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
+                                   "(each is skipped)", range=at_least(1), group=UPDATE)
+
+    # --- hardware
+    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
+
+    # --- run folder, evaluation, logging, checkpoints
+    out: str = option("runs/sft", "run folder (checkpoints, metrics, summary)", group=RUN, first=True)
+    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
+                                 "for steps, evaluation, saving, the learning rate and threads)",
+                          group=RUN, first=True)
+    seed: int = option(0, "random seed", range=SEEDS, group=RUN)
+    save_every: int = option(500, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
+                                  "last (0: none)", range=at_least(0), group=RUN)
+    eval_every: int = option(500, "evaluate on held-out prompts every N steps (0: only at the end)", range=at_least(0),
+                             group=RUN)
     eval_fraction: float = option(0.05, "with --data: fraction of the rows held out (never trained on) for the "
                                         "held-out completion loss and next-token accuracy",
-                                        range=between(0, 1, high_open=True))
-    save_every: int = option(500, "write a resumable checkpoint (OUT/checkpoints/last) every N steps and after the "
-                                  "last (0: none)", range=at_least(0))
-    resume: bool = option(False, "continue the run in --out from OUT/checkpoints/last (its settings must match but "
-                                 "for steps, evaluation, saving, the learning rate and threads)")
-    max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
-                                   "(each is skipped)", range=at_least(1))
-    seed: int = option(0, "random seed", range=SEEDS)
-    num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS)
-
-    # What a resume may change: how long (the cosine schedule follows the new total), how often it
-    # evaluates and saves, the peak learning rate, threads, the guard.  Anything else would make
-    # it another run.
-    # The fields naming a file or folder the run reads: --out may not be, hold or lie in one (run_folder.py).
+                                        range=between(0, 1, high_open=True), group=RUN)
     input_paths: ClassVar[tuple] = ("model", "data", "chat_template_file")
     may_change_on_resume: ClassVar[frozenset] = frozenset({
         "steps", "eval_every", "save_every", "resume", "overwrite", "out", "lr", "num_threads", "max_bad_steps",
@@ -89,6 +102,7 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
         self.validate_hardware()
         sharding_from_launch()  # an FSDP launch: a setting ppo-rlhf does not follow is named at start
         check_scratch_model(self)
+        check_template_file_used(self)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
