@@ -6,6 +6,10 @@
     .venv-vllm/bin/python benchmarks/bench_vllm_readme.py     # both stored dtypes (about 1 h 20 min)
     .venv-vllm/bin/python benchmarks/bench_vllm_readme.py --iterations 2 --stored bfloat16   # a smoke run
 
+On a CPU without bf16 instructions (this project's: AVX2 only, a bf16 matrix product at 0.2
+GFLOP/s), a LoRA actor whose base is stored in bf16 computes in bf16, and one README iteration takes
+many minutes: run bf16 with fewer iterations there (``--stored bfloat16 --iterations 2 --append``).
+
 Each run reports what the weight probe saw after every sync (rollout/probe_gap, its largest and
 median), how far the engine's log-probs of its samples were from the trainer's
 (rollout/logprob_diff_mean, is/mismatch_kl, is/weight_mean), the seconds of an iteration and of its
@@ -126,13 +130,15 @@ def main() -> None:
     parser.add_argument("--stored", default="bfloat16,float32")
     parser.add_argument("--iterations", type=int, default=None, help="default: the README's (36)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--append", action="store_true", help="keep the other stored dtypes' results in the file")
     parser.add_argument("--scratch", default=str(ROOT / "runs" / "vllm_readme"))
     args = parser.parse_args()
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
-    results = []
+    saved = RESULTS / "vllm_readme.json"
+    results = json.loads(saved.read_text()) if args.append and saved.is_file() else []
     for stored in args.stored.split(","):
-        results.append(measure(stored, args, scratch))
+        results = [r for r in results if r["stored"] != stored] + [measure(stored, args, scratch)]
         write(results)
     print((RESULTS / "vllm_readme.md").read_text())
 
