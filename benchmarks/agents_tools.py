@@ -1,6 +1,7 @@
-"""The tool, the data and the traces of the agent benchmarks (benchmarks/bench_agents.py), shared
-with the TRL side of the comparison (benchmarks/peers/trl_tools.py): one file both import, so the
-two systems call the same function on the same problems."""
+"""The tool, the environment class, the data and the traces of the agent benchmarks
+(benchmarks/bench_agents.py), shared with the TRL side of the comparisons
+(benchmarks/peers/trl_tools.py, trl_env.py): one file both import, so the two systems call the
+same function on the same problems."""
 
 from __future__ import annotations
 
@@ -30,6 +31,35 @@ def calculator(expression: str) -> str:
 
     result = value(ast.parse(expression, mode="eval").body)
     return str(int(result) if float(result).is_integer() else round(result, 6))
+
+
+class CalculatorEnv:
+    """The calculator as a TRL ``environment_factory`` class, in TRL 1.16's documented shape: one
+    object per concurrent episode, made once and reset before each.  ``reset(**kwargs)`` gets the
+    row's columns (TRL passes every one, ``prompt`` and ``answer``; none is needed here) and
+    returns None, so the prompt stays the question alone.  Its public method ``calculator`` is the
+    model's one tool, with the plain :func:`calculator`'s schema (the same docstring and type
+    hints), so the prompt renders as in ``tools`` and ``peers`` and their SFT warm-up applies; the
+    object keeps what its episode computed.  No ``get_reward``: both systems score with
+    :func:`answer_reward`.  ``benchmarks/bench_agents.py peers-env`` plays it with ppo-rlhf
+    (``--environment benchmarks/agents_tools.py:CalculatorEnv``) and with TRL
+    (``environment_factory=CalculatorEnv``)."""
+
+    def __init__(self):
+        self.computed: list[tuple[str, str]] = []  # (expression, result) of each call that returned
+
+    def reset(self, **kwargs) -> None:
+        self.computed = []
+
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression of numbers, + - * / and parentheses.
+
+        Args:
+            expression: the expression to evaluate, e.g. 347 * 29
+        """
+        result = calculator(expression)
+        self.computed.append((expression, result))
+        return result
 
 
 def question(a: int, b: int) -> str:

@@ -25,11 +25,15 @@ from the SFT warm-up of ``tools``: the same prompts in the same order, K, learni
 the loss, 0.05), LoRA, temperature and completion budget (the model's and the tool's tokens
 together, as TRL counts them); seconds per iteration, and held-out accuracy after the same
 iterations, each adapter scored by ``ppo-rlhf eval`` alike.  Needs ``make trl116-venv``.
+``peers-env``: the same, the calculator played as a TRL ``environment_factory`` class
+(``agents_tools.CalculatorEnv``: an object per episode, reset with the row's columns, its method
+the tool): ppo-rlhf's ``--environment`` against TRL's ``environment_factory=``, each adapter
+scored by ``ppo-rlhf eval`` playing the class.
 
 The chat template of every step is TRL's Qwen 2.5 template (read from .venv-trl116): SmolLM2's own
 has no tools, and it is the one TRL parses tool calls from, so both systems render the same prompts.
 Every step is a ``ppo-rlhf`` command, as a user runs it; its output lands in runs/bench_agents/.
-Results: benchmarks/results/agents_{tools,frozenlake,peers}.{json,md}.
+Results: benchmarks/results/agents_{tools,frozenlake,peers,peers_env}.{json,md}.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ RESULTS = HERE / "results"
 MODEL = ROOT / "runs" / "smollm2-135m-instruct"
 OUT = ROOT / "runs" / "bench_agents"
 TOOL = f"{HERE / 'agents_tools.py'}:calculator"
+ENVIRONMENT = f"{HERE / 'agents_tools.py'}:CalculatorEnv"  # the calculator as a TRL environment_factory class
 REWARD = f"{HERE / 'agents_tools.py'}:answer_reward"  # ppo_rlhf.rewards:answer_match on the last model turn
 TRL_PYTHON = ROOT / ".venv-trl116" / "bin" / "python"
 HELD_OUT = 200
@@ -85,9 +90,12 @@ def qwen_template() -> str:
     return str(found[0])
 
 
-def evaluate(model: Path, prompts: str, out: Path, tool: bool, threads: int, template: str) -> dict:
-    """Held-out greedy accuracy (the mean 0/1 score) with the calculator or without it."""
-    extra = (["--tool", TOOL, "--chat-template-file", template, *EPISODE_EVAL] if tool else
+def evaluate(model: Path, prompts: str, out: Path, tool: bool, threads: int, template: str,
+             environment: str | None = None) -> dict:
+    """Held-out greedy accuracy (the mean 0/1 score) with the calculator or without it; with
+    ``environment``, playing that class (``--environment``) instead of the plain tool."""
+    episode = ["--environment", environment] if environment else ["--tool", TOOL]
+    extra = ([*episode, "--chat-template-file", template, *EPISODE_EVAL] if tool else
              ["--chat-template", "--max-new-tokens", 48, "--max-length", 512])
     seconds = ppo_rlhf("eval", "--model", model, "--prompts", prompts, "--reward-fn", REWARD, "--size", HELD_OUT,
                        "--out", out, "--overwrite", "--num-threads", threads, *extra, log=out.with_suffix(".log"))
@@ -150,7 +158,28 @@ def drawn_order(rows: list[dict], iterations: int, prompts_per_batch: int, seed:
             for i in torch.randint(len(rows), (prompts_per_batch,), generator=generator).tolist()]
 
 
+# The comparisons with TRL 1.16 (``peers``, ``peers-env``): GRPO with K samples of B/K prompts, one
+# optimizer step a batch, k3 KL in the loss; a completion's budget holds the model's and the tool's
+# tokens together, as TRL counts them.
+PEERS_WORK = {"k": 8, "batch_size": 32, "lr": 1e-4, "beta": 0.05, "temperature": 0.7, "max_episode_tokens": 144,
+              "max_turns": 3}
+
+
 def peers(args) -> dict:
+    """ppo-rlhf's ``--tool`` against TRL's ``tools=[calculator]``."""
+    return side_by_side(args, "peers", environment=False)
+
+
+def peers_env(args) -> dict:
+    """ppo-rlhf's ``--environment`` against TRL's ``environment_factory=``, both playing CalculatorEnv."""
+    return side_by_side(args, "peers_env", environment=True)
+
+
+def side_by_side(args, stem: str, environment: bool) -> dict:
+    """ppo-rlhf and TRL 1.16 from the ``tools`` SFT warm-up with PEERS_WORK's settings, the
+    calculator given as a tool or (``environment``) as the CalculatorEnv class; seconds per
+    iteration of each, then each adapter merged and scored by ``ppo-rlhf eval`` alike.  Outputs in
+    OUT/{stem}_*."""
     warm = OUT / "sft" / "checkpoints" / "sft"
     if not (warm / "config.json").is_file():
         raise SystemExit(f"no {warm}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
@@ -159,44 +188,59 @@ def peers(args) -> dict:
     template = qwen_template()
     rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
     eval_prompts = str(OUT / "held_out.jsonl")
-    work = {"k": 8, "batch_size": 32, "lr": 1e-4, "beta": 0.05, "temperature": 0.7, "max_episode_tokens": 144,
-            "max_turns": 3}
+    work = dict(PEERS_WORK)
     result = {"work": work}
-    ours = OUT / "peers_ppo_rlhf"
-    ppo_rlhf("ppo", "--model", warm, "--prompts", OUT / "train.jsonl", "--tool", TOOL, "--chat-template-file", template,
+    episode = ["--environment", ENVIRONMENT] if environment else ["--tool", TOOL]
+    ours = OUT / f"{stem}_ppo_rlhf"
+    ppo_rlhf("ppo", "--model", warm, "--prompts", OUT / "train.jsonl", *episode, "--chat-template-file", template,
              "--reward-fn", REWARD, "--lora", "--estimator", "grpo", "--samples-per-prompt", work["k"],
              "--batch-size", work["batch_size"], "--mini-batch-size", work["batch_size"], "--ppo-epochs", 1,
              "--kl-in", "loss", "--kl-coef", work["beta"], "--lr", work["lr"], "--temperature", work["temperature"],
              "--max-new-tokens", work["max_episode_tokens"], "--max-episode-tokens", work["max_episode_tokens"],
              "--max-length", 512, "--max-turns", work["max_turns"], "--iterations", args.iterations,
              "--eval-every", 0, "--save-every", 0, "--seed", args.seed, "--out", ours, "--overwrite",
-             "--num-threads", args.threads, log=OUT / "peers_ppo_rlhf.log")
+             "--num-threads", args.threads, log=OUT / f"{stem}_ppo_rlhf.log")
     seconds = [json.loads(line)["time/iteration"] for line in (ours / "metrics.jsonl").read_text().splitlines()
                if "time/iteration" in line]
     result["ppo_rlhf"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2)}
-    trl = OUT / "peers_trl"
+    trl = OUT / f"{stem}_trl"
     trl.mkdir(exist_ok=True)
     ordered = agents_tools.write_jsonl(trl / "prompts.jsonl", drawn_order(rows, args.iterations,
                                                                           work["batch_size"] // work["k"], args.seed))
     settings = {"model": str(warm), "prompts": ordered, "chat_template": template, "out": str(trl), "seed": args.seed,
                 "threads": args.threads, "iterations": args.iterations, "work": work}
+    if environment:
+        settings["environment"] = ENVIRONMENT.rpartition(":")[2]  # the class trl_env.py takes from agents_tools
     (trl / "settings.json").write_text(json.dumps(settings, indent=2))
-    with open(OUT / "peers_trl.log", "w") as file:
-        done = subprocess.run([str(TRL_PYTHON), str(HERE / "peers" / "trl_tools.py"), "--settings",
-                               str(trl / "settings.json")], stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
+    runner = HERE / "peers" / ("trl_env.py" if environment else "trl_tools.py")
+    with open(OUT / f"{stem}_trl.log", "w") as file:
+        done = subprocess.run([str(TRL_PYTHON), str(runner), "--settings", str(trl / "settings.json")],
+                              stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
     if done.returncode:
-        raise SystemExit(f"TRL failed ({done.returncode}); see {OUT / 'peers_trl.log'}")
+        raise SystemExit(f"TRL failed ({done.returncode}); see {OUT / f'{stem}_trl.log'}")
     seconds = [json.loads(line)["time/iteration"] for line in (trl / "metrics.jsonl").read_text().splitlines()]
     result["trl"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2),
                      "train_log": json.loads((trl / "result.json").read_text())["train_log"]}
     for name, adapter in (("ppo_rlhf", ours / "checkpoints" / "actor"), ("trl", trl / "adapter")):
-        merged = OUT / f"peers_{name}_merged"
+        merged = OUT / f"{stem}_{name}_merged"
         ppo_rlhf("merge", "--adapter", adapter, "--out", merged, "--overwrite", log=OUT / "merge.log")
-        result[name]["held_out"] = evaluate(merged, eval_prompts, OUT / f"eval_peers_{name}", True, args.threads,
-                                            template)["accuracy"]
+        result[name]["held_out"] = evaluate(merged, eval_prompts, OUT / f"eval_{stem}_{name}", True, args.threads,
+                                            template, ENVIRONMENT if environment else None)["accuracy"]
     result["iteration_ratio"] = round(result["ppo_rlhf"]["seconds_per_iteration"] / result["trl"]["seconds_per_iteration"], 3)
     print(result, flush=True)
     return result
+
+
+# FrozenLake's PPO recipes (--recipe), on the SFT warm-up's model, LoRA, temperature 1, 32 episodes an
+# iteration: GRPO with the episode's reward (8 episodes of each of 4 maps: the group baseline compares
+# plays of one map), or PPO with a critic (GAE) crediting each move by the environment's per-turn
+# rewards, 32 maps an iteration.
+LAKE_RECIPES = {
+    "grpo": ["--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 16,
+             "--ppo-epochs", 1, "--kl-in", "loss", "--lr", 2e-4],
+    "ppo": ["--estimator", "gae", "--turn-rewards", "per-turn", "--batch-size", 32, "--mini-batch-size", 16,
+            "--ppo-epochs", 2, "--lr", 2e-4, "--critic-warmup", 1],
+}
 
 
 def frozenlake(args) -> dict:
@@ -221,46 +265,45 @@ def frozenlake(args) -> dict:
     rows = lambda descs: [{"prompt": instructions, "desc": desc} for desc in descs]  # noqa: E731
     prompts = agents_tools.write_jsonl(OUT / "lake_train.jsonl", rows(train))
     eval_prompts = OUT / "lake_held_out.jsonl"
-    held_out_before = eval_prompts.read_text() if eval_prompts.is_file() else None
     agents_tools.write_jsonl(eval_prompts, rows(held_out))
     traces = agents_tools.write_jsonl(OUT / "lake_traces.jsonl",
                                       [agents_tools.lake_trace(row) for row in rows(train[: args.traces])])
     del gym
     common = ["--environment", "gym:FrozenLake-v1", "--environment-config", "is_slippery=false", "--max-turns", 8,
               "--observation-text", f"{HERE / 'agents_tools.py'}:lake_view", "--max-new-tokens", 8, "--max-length", 512]
-
-    base = OUT / "lake_eval_base"
-    if (base / "summary.json").is_file() and held_out_before == eval_prompts.read_text():
-        # the same maps, and nothing else this script sets changes it: kept from an earlier run (7 minutes)
-        result = {"before": {"success": json.loads((base / "summary.json").read_text())["score"], "kept": True}}
-    else:
-        seconds = ppo_rlhf("eval", "--model", MODEL, "--prompts", eval_prompts, "--size", 100, *common, "--out", base,
-                           "--overwrite", "--num-threads", args.threads, log=base.with_suffix(".log"))
-        result = {"before": {"success": json.loads((base / "summary.json").read_text())["score"],
-                             "seconds": round(seconds, 1)}}
-    print("before:", result["before"], flush=True)
+    result = {}
+    # The SFT warm-up, kept from an earlier run with the same traces and settings (the recipes start from it).
     sft = OUT / "lake_sft"
-    result["sft_seconds"] = round(ppo_rlhf(
-        "sft", "--model", MODEL, "--data", traces, "--chat-template", "--steps", args.sft_steps, "--batch-size", 8,
-        "--lr", args.sft_lr, "--warmup-steps", 1, "--max-length", 512, "--eval-fraction", 0.05, "--eval-every", 0,
-        "--save-every", 0, "--out", sft, "--overwrite", "--num-threads", args.threads, log=OUT / "lake_sft.log"), 1)
-    result.update(traces=args.traces, sft_steps=args.sft_steps, sft_lr=args.sft_lr)
-    # PPO with a critic on the warm-up's model; its own evaluations (greedy, the same 100 maps with the
-    # same seeds) at iteration 0 -- the warm-up's success -- and at the last iteration.
-    ppo = OUT / "ppo_lake"
+    settings = {"traces": Path(traces).read_text(), "steps": args.sft_steps, "lr": args.sft_lr}
+    stamp = sft / "warm_up.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) == settings:
+        result["sft_seconds"] = json.loads((sft / "summary.json").read_text()).get("seconds")
+    else:
+        result["sft_seconds"] = round(ppo_rlhf(
+            "sft", "--model", MODEL, "--data", traces, "--chat-template", "--steps", args.sft_steps, "--batch-size", 8,
+            "--lr", args.sft_lr, "--warmup-steps", 1, "--max-length", 512, "--eval-fraction", 0.05, "--eval-every", 0,
+            "--save-every", 0, "--out", sft, "--overwrite", "--num-threads", args.threads, log=OUT / "lake_sft.log"), 1)
+        stamp.write_text(json.dumps(settings))
+    result.update(traces=args.traces, sft_steps=args.sft_steps, sft_lr=args.sft_lr, recipe=args.recipe,
+                  recipe_flags=[str(x) for x in LAKE_RECIPES[args.recipe]])
+    # PPO on the warm-up's model; its own evaluations (greedy, the same 100 maps with the same seeds) at
+    # iteration 0 -- the warm-up's success -- and every --eval-every iterations.
+    ppo = OUT / f"ppo_lake_{args.recipe}"
     result["ppo_seconds"] = round(ppo_rlhf(
         "ppo", "--model", sft / "checkpoints" / "sft", "--prompts", prompts, "--eval-prompts", eval_prompts,
-        "--eval-size", 100, *common, "--lora", "--estimator", "gae", "--turn-rewards", "per-turn", "--batch-size", 16,
-        "--mini-batch-size", 8, "--ppo-epochs", 2, "--lr", 1e-4, "--temperature", 1.0, "--iterations", args.iterations,
-        "--eval-every", args.eval_every or args.iterations, "--no-eval-sampled", "--save-every", 0,
-        "--save-rollouts", args.iterations, "--seed", args.seed, "--out", ppo, "--overwrite",
-        "--num-threads", args.threads, log=OUT / "ppo_lake.log"), 1)
+        "--eval-size", 100, *common, "--lora", *LAKE_RECIPES[args.recipe], "--temperature", 1.0,
+        "--iterations", args.iterations, "--eval-every", args.eval_every or args.iterations, "--no-eval-sampled",
+        "--save-every", 0, "--save-rollouts", args.iterations, "--seed", args.seed, "--out", ppo, "--overwrite",
+        "--num-threads", args.threads, log=OUT / f"ppo_lake_{args.recipe}.log"), 1)
     metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
-    result["curve"] = [{"iteration": m["step"], "seconds": round(m.get("time/elapsed", 0.0), 1),
+    trained = [m for m in metrics if "time/iteration" in m]
+    training_seconds = {m["step"]: sum(t["time/iteration"] for t in trained if t["step"] <= m["step"]) for m in trained}
+    result["curve"] = [{"iteration": m["step"], "seconds": round(training_seconds.get(m["step"], 0.0), 1),
                         "success": m["eval/score"]} for m in metrics if "eval/score" in m]
     result["sft"] = {"success": result["curve"][0]["success"]}
+    within = [c for c in result["curve"] if c["seconds"] <= BUDGET_SECONDS]
     result["after"] = {"success": result["curve"][-1]["success"], "iteration": result["curve"][-1]["iteration"]}
-    trained = [m for m in metrics if "time/iteration" in m]
+    result["best_within_budget"] = max(within, key=lambda c: c["success"])
     result["iteration_seconds"] = round(sum(m["time/iteration"] for m in trained) / len(trained), 2)
     result["training"] = [{key: round(m[key], 3) for key in ("step", "score", "episode/turns", "env/invalid_actions",
                                                               "explained_variance") if key in m} for m in trained]
@@ -273,8 +316,10 @@ def report(name: str, result: dict, args) -> None:
     result = {"benchmark": name, "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch "
               f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"), "seed": args.seed,
               "iterations": args.iterations, **result}
-    (RESULTS / f"agents_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"# Agents: {name}", "", f"`python benchmarks/bench_agents.py {name}` (seed {args.seed}, "
+    stem = f"agents_{name.replace('-', '_')}" + (f"_{args.recipe}" if name == "frozenlake" else "")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    command = f"{name} --recipe {args.recipe}" if name == "frozenlake" else name
+    lines = [f"# Agents: {command}", "", f"`python benchmarks/bench_agents.py {command}` (seed {args.seed}, "
              f"{args.iterations} iterations, {result['machine']}, {result['date']})", ""]
     if name == "tools":
         lines += ["| model | held-out accuracy with the calculator | without it |", "|---|---|---|"]
@@ -285,35 +330,44 @@ def report(name: str, result: dict, args) -> None:
         lines += ["", f"Seconds per PPO iteration: {result['iteration_seconds']}; last iteration: {result['training']}",
                   "", "Held-out accuracy with the tool during PPO: "
                   + ", ".join(f"{c['iteration']}: {c['accuracy']:.3f} ({c['seconds']:.0f} s)" for c in result["curve"])]
-    elif name == "peers":
+    elif name in ("peers", "peers-env"):
         work, ours, trl = result["work"], result["ppo_rlhf"], result["trl"]
+        played = ("", "held-out accuracy with the tool") if name == "peers" else (
+            " The calculator played as a TRL environment_factory class (agents_tools.CalculatorEnv: ppo-rlhf's "
+            "`--environment`, TRL's `environment_factory=`), scored by the same reward.",
+            "held-out success playing the class")
         lines += [f"Both from the SFT warm-up, LoRA, GRPO with {work['k']} samples of {work['batch_size'] // work['k']} "
                   f"prompts an iteration, lr {work['lr']:g}, k3 KL {work['beta']:g} in the loss, temperature "
                   f"{work['temperature']}, {work['max_episode_tokens']} tokens a completion (the tool's included), "
-                  f"{work['max_turns']} turns at most.", "",
-                  "| system | seconds per iteration | held-out accuracy with the tool |", "|---|---|---|",
+                  f"{work['max_turns']} turns at most.{played[0]}", "",
+                  f"| system | seconds per iteration | {played[1]} |", "|---|---|---|",
                   f"| ppo-rlhf | {ours['seconds_per_iteration']} | {ours['held_out']:.3f} |",
                   f"| TRL 1.16 GRPOTrainer | {trl['seconds_per_iteration']} | {trl['held_out']:.3f} |", "",
                   f"ppo-rlhf's iteration: {result['iteration_ratio']}x TRL's."]
     else:
-        lines += ["| model | success on 100 held-out maps (greedy, 8 moves at most) |", "|---|---|",
-                  f"| SmolLM2-135M-Instruct as it comes | {result['before']['success']:.3f} |",
+        best = result["best_within_budget"]
+        lines += [f"Recipe {result['recipe']}: `{' '.join(result['recipe_flags'])}`, LoRA, temperature 1.", "",
+                  "| model | success on 100 held-out maps (greedy, 8 moves at most) |", "|---|---|",
                   f"| after the SFT warm-up ({result['sft_steps']} steps of 8, {result['traces']} shortest-path traces, "
                   f"lr {result['sft_lr']:g}) | {result['sft']['success']:.3f} |",
-                  f"| after PPO ({args.iterations} iterations, {result['ppo_seconds'] / 60:.1f} min) | "
+                  f"| after PPO, best within {BUDGET_SECONDS // 60} minutes of training (iteration {best['iteration']}, "
+                  f"{best['seconds'] / 60:.1f} min) | {best['success']:.3f} |",
+                  f"| after PPO, the last evaluation (iteration {result['after']['iteration']}) | "
                   f"{result['after']['success']:.3f} |", "",
-                  f"Seconds per PPO iteration: {result['iteration_seconds']}.", "", "During PPO: "
+                  f"Seconds per PPO iteration: {result['iteration_seconds']} (the run, evaluations included: "
+                  f"{result['ppo_seconds'] / 60:.1f} min).", "",
+                  "During PPO (iteration: held-out success, training seconds so far): "
                   + ", ".join(f"{c['iteration']}: {c['success']:.3f} ({c['seconds']:.0f} s)" for c in result["curve"]),
                   "", "Training episodes, iteration by iteration: "
                   + "; ".join(f"{m['step']}: success {m.get('score', 0):.2f}, {m.get('episode/turns', 0):.1f} turns, "
                               f"{m.get('env/invalid_actions', 0):.2f} invalid" for m in result["training"])]
-    (RESULTS / f"agents_{name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", choices=("tools", "frozenlake", "peers"))
+    parser.add_argument("benchmark", choices=("tools", "frozenlake", "peers", "peers-env"))
     parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
     parser.add_argument("--eval-every", type=int, default=None, help="(tools 10, frozenlake: at the end only)")
     parser.add_argument("--traces", type=int, default=64, help="SFT warm-up traces")
@@ -322,14 +376,16 @@ def main() -> None:
                         help="SFT warm-up learning rate (tools 2.5e-5, frozenlake 5e-5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--recipe", choices=sorted(LAKE_RECIPES), default="grpo", help="frozenlake: the PPO recipe")
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
     args = parser.parse_args()
     if not (MODEL / "config.json").is_file():
         raise SystemExit(f"no {MODEL}: run `make smollm2` first")
     if args.iterations is None:
-        args.iterations = 2 if args.quick else {"tools": 24, "frozenlake": 12, "peers": 10}[args.benchmark]
+        args.iterations = 2 if args.quick else {"tools": 24, "frozenlake": 16, "peers": 10,
+                                                "peers-env": 10}[args.benchmark]
     if args.eval_every is None:
-        args.eval_every = args.iterations if args.benchmark == "frozenlake" else 10
+        args.eval_every = 4 if args.benchmark == "frozenlake" else 10
     if args.sft_steps is None:
         args.sft_steps = {"frozenlake": 8}.get(args.benchmark, 3)
     if args.sft_lr is None:
@@ -337,7 +393,7 @@ def main() -> None:
     if args.quick:
         global HELD_OUT
         HELD_OUT, args.eval_every, args.sft_steps, args.traces = 8, 0, 2, 16
-    result = {"tools": tools, "frozenlake": frozenlake, "peers": peers}[args.benchmark](args)
+    result = {"tools": tools, "frozenlake": frozenlake, "peers": peers, "peers-env": peers_env}[args.benchmark](args)
     report(args.benchmark, result, args)
 
 

@@ -50,3 +50,39 @@ def test_the_model_alone_times_every_stage_and_reads_the_iteration_timed_beside_
                             "alongside/generate", "alongside/train"}
     assert seconds["alongside/generate"] == 0.25 and seconds["alongside/train"] == 0.5
     assert all(value > 0 for value in seconds.values())
+
+
+def test_the_calculator_environment_class_offers_the_plain_tools_schema():
+    """``peers-env``'s class lists the same tool as ``tools``' function (so the prompts render as the
+    SFT warm-up's did) and nothing else: TRL's rule (every public method but reset / get_reward)."""
+    import agents_tools
+
+    from ppo_rlhf.envs.tools import tool_schema
+    from ppo_rlhf.envs.trl import tool_methods
+
+    methods = tool_methods(agents_tools.CalculatorEnv())
+    assert [method.__name__ for method in methods] == ["calculator"]
+    assert tool_schema(methods[0]) == tool_schema(agents_tools.calculator)
+
+
+def test_the_calculator_environment_class_plays_as_trl_shape_and_records_each_episode():
+    """Named as the benchmark names it (--environment FILE:CalculatorEnv): TRL's shape; reset gets
+    the row's columns, the model's call is answered by the class, which records it; the next
+    episode starts with an empty record."""
+    import agents_tools
+    from bench_agents import ENVIRONMENT
+
+    from ppo_rlhf.envs import environment_source
+
+    source = environment_source(ENVIRONMENT)
+    assert "TRL's environment_factory shape" in source.description and not source.pays
+    environment = source.environments(1)[0]
+    row = agents_tools.prompt_rows([(347, 29)])[0]
+    assert environment.reset(seed=0, options=row) == (None, {})
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
+    answers, reward, done, _, _ = environment.step(call)
+    assert [message["content"] for message in answers] == ["10063"] and not done
+    assert environment.instance.computed == [("347 * 29", "10063")]
+    assert environment.step("The answer is 10063.")[2]  # no call: the episode's answer
+    environment.reset(seed=0, options=row)
+    assert environment.instance.computed == []
