@@ -103,6 +103,15 @@ def evaluate(model: Path, prompts: str, out: Path, tool: bool, threads: int, tem
     return {"accuracy": summary["score"], "seconds": round(seconds, 1), "samples": summary["samples"][:3]}
 
 
+def tools_warm_up(args, traces, template: str) -> float:
+    """The tools benchmark's SFT warm-up on its calculator traces (OUT/sft); its seconds."""
+    return round(ppo_rlhf(
+        "sft", "--model", MODEL, "--data", traces, "--chat-template", "--chat-template-file", template,
+        "--steps", args.sft_steps, "--batch-size", 8, "--lr", args.sft_lr, "--warmup-steps", 2, "--max-length", 512,
+        "--eval-fraction", 0.05, "--eval-every", 0, "--save-every", 0, "--out", OUT / "sft", "--overwrite",
+        "--num-threads", args.threads, log=OUT / "sft.log"), 1)
+
+
 def tools(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     template = qwen_template()
@@ -114,15 +123,14 @@ def tools(args) -> dict:
     traces = agents_tools.write_jsonl(OUT / "traces.jsonl", [agents_tools.trace(a, b, schema)
                                                              for a, b in train[: args.traces]])
     result = {"traces": args.traces, "sft_steps": args.sft_steps}
+    if args.warm_up_only:  # the SFT warm-up the side-by-side and latency benchmarks start from, alone
+        tools_warm_up(args, traces, template)
+        raise SystemExit(f"warm-up only: {OUT / 'sft' / 'checkpoints' / 'sft'}")
     result["base"] = {"tool": evaluate(MODEL, eval_prompts, OUT / "eval_base_tool", True, args.threads, template),
                       "no_tool": evaluate(MODEL, eval_prompts, OUT / "eval_base", False, args.threads, template)}
     print("base:", {k: v["accuracy"] for k, v in result["base"].items()}, flush=True)
     sft = OUT / "sft"
-    result["sft_seconds"] = round(ppo_rlhf(
-        "sft", "--model", MODEL, "--data", traces, "--chat-template", "--chat-template-file", template,
-        "--steps", args.sft_steps, "--batch-size", 8, "--lr", args.sft_lr, "--warmup-steps", 2, "--max-length", 512,
-        "--eval-fraction", 0.05, "--eval-every", 0, "--save-every", 0, "--out", sft, "--overwrite",
-        "--num-threads", args.threads, log=OUT / "sft.log"), 1)
+    result["sft_seconds"] = tools_warm_up(args, traces, template)
     warm = sft / "checkpoints" / "sft"
     result["sft"] = {"tool": evaluate(warm, eval_prompts, OUT / "eval_sft_tool", True, args.threads, template),
                      "no_tool": evaluate(warm, eval_prompts, OUT / "eval_sft", False, args.threads, template)}
@@ -377,6 +385,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recipe", choices=sorted(LAKE_RECIPES), default="grpo", help="frozenlake: the PPO recipe")
+    parser.add_argument("--warm-up-only", action="store_true",
+                        help="tools: write the prompts and the SFT warm-up (what peers, peers-env and the latency "
+                             "benchmark start from), nothing else")
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
     args = parser.parse_args()
     if not (MODEL / "config.json").is_file():

@@ -17,7 +17,9 @@ evaluated on (the same task size, seed and generator settings).
 
 Students, each from the base model, LoRA, 32 sequences a batch (4 problems x 8 samples), one
 optimizer step a batch, lr 1e-4, temperature 0.7, 32 new tokens, held-out greedy accuracy every
-``--eval-every`` iterations against PPO seconds (evaluation excluded):
+``--eval-every`` iterations against PPO seconds (evaluation excluded).  GRPO's seed-0 student is
+the teacher's own run (the same recipe, start and seed), evaluated every ``--eval-every``
+iterations like the students; other seeds run again:
 
     grpo     the README's recipe again: the task's exact reward, k3 KL to the base in the loss
     distill  --teacher: -(log pi - log teacher) on every token the student wrote, the task's reward
@@ -96,9 +98,12 @@ def main() -> None:
     parser.add_argument("--model", default="runs/smollm2-135m-instruct", help="the student's start (and the teacher's)")
     parser.add_argument("--teacher", help="a teacher already trained (default: train the README's chain_sum run)")
     parser.add_argument("--out", default="runs/bench_distill")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--iterations", type=int, default=None, help="student iterations (default: the recipe's)")
     parser.add_argument("--eval-every", type=int, default=4, help="student iterations between held-out evaluations")
+    parser.add_argument("--distill-iterations", type=int, default=None,
+                        help="the distilled student's iterations (default: the recipe's; fewer where it reaches "
+                             "the target early)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model of the built-in task, a few iterations")
     parser.add_argument("--report-only", action="store_true", help="the results from the finished runs only")
     parser.add_argument("--num-threads", type=int, default=0)
@@ -116,18 +121,24 @@ def main() -> None:
     teacher_run = out / "teacher"
     teacher = args.teacher or str(teacher_run / "checkpoints" / "actor")
     if not args.teacher and not args.report_only and not (teacher_run / "summary.json").is_file():
-        print("teacher: the README's recipe", flush=True)
-        run_in_child({**recipe, "model": model, "seed": 0, "out": str(teacher_run), "eval_every": 0,
+        # The README's recipe from the students' start with seed 0 is also GRPO's seed-0 student: one
+        # run serves as both, evaluated as the students are.
+        print("teacher: the README's recipe (also GRPO's seed-0 student)", flush=True)
+        run_in_child({**recipe, "model": model, "seed": 0, "out": str(teacher_run), "eval_every": args.eval_every,
                       "overwrite": True}, log, args.num_threads)
     teacher_accuracy = teacher_accuracy_of(args.teacher, teacher_run, recipe, key, args.num_threads)
     runs: dict[str, list] = {"grpo": [], "distill": []}
     for seed in args.seeds:
         for name, extra in (("grpo", {}), ("distill", {**DISTILL, "teacher": teacher})):
             run_out = out / f"{name}-{seed}"
-            if not args.report_only:
+            if name == "grpo" and seed == 0 and not args.teacher and not args.iterations:
+                run_out = teacher_run  # the same run: the README's recipe, seed 0, from the same start
+            elif not args.report_only:
                 print(f"{name}, seed {seed}", flush=True)
+                iterations = (args.distill_iterations if name == "distill" else None) or args.iterations \
+                    or recipe["iterations"]
                 run_in_child({**recipe, **extra, "model": model, "seed": seed, "out": str(run_out),
-                              "iterations": args.iterations or recipe["iterations"], "eval_every": args.eval_every,
+                              "iterations": iterations, "eval_every": args.eval_every,
                               "overwrite": True}, log, args.num_threads)
             if (run_out / "summary.json").is_file():
                 runs[name].append({"seed": seed, **figures(run_out, key)})
