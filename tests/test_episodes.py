@@ -681,12 +681,14 @@ def test_an_environment_handing_back_what_none_may_is_named(qwen, environment, o
                                               "not know \\(X\\)"),
 ], ids=["observation-text-none", "unknown-tile"])
 def test_a_gym_environments_observation_that_cannot_be_read_is_named(options, says):
-    environment = environment_source("gym:FrozenLake-v1", **options).environments(1)[0]
-    runner = SimpleNamespace()
+    source = environment_source("gym:FrozenLake-v1", **options)
+    environment = source.environments(1)[0]
+    runner = SimpleNamespace(calls=source.calls)
     with pytest.raises(EnvironmentFailed, match=f"environment gym:FrozenLake-v1: {says}.*maps.jsonl:7"):
         from ppo_rlhf.rollout.episodes import EpisodeRunner
 
-        EpisodeRunner.call(runner, environment, "reset", {"_source": "maps.jsonl:7"}, seed=0, options={})
+        source.calls.run(EpisodeRunner.call(runner, environment, "reset", {"_source": "maps.jsonl:7"}, seed=0,
+                                            options={}))
 
 
 @pytest.mark.parametrize("arguments, says", [

@@ -135,6 +135,14 @@ class DrawsItsTarget:
         self.target = (random.randint(1, 10**6), int(numpy.random.randint(0, 10**6)))
         return f" (reach {self.target})"
 
+    def guess(self, number: int) -> str:
+        """Guess the target.
+
+        Args:
+            number: the guess
+        """
+        return "higher" if number < self.target[0] else "lower or right"
+
     def get_reward(self) -> float:
         return 0.0
 
