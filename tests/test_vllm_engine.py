@@ -688,6 +688,40 @@ def test_what_episodes_sample_on_the_engine_never_depends_on_when_their_turns_we
     assert torch.allclose(one.engine_logprobs, eight.engine_logprobs, atol=1e-4)
 
 
+@needs_vllm
+def test_two_processes_whose_episodes_end_apart_step_their_engines_together(tmp_path):
+    """Two processes with the engine, the second's episodes ending after one turn and the first's
+    after three: vLLM's data parallel coordinates every forward across the engines, so they step
+    together until every process's episodes have ended.  (Turn by turn, the second stopped calling
+    its engine while the first asked its own for more, and both waited for each other for ever.)"""
+    import signal
+    import subprocess
+    import sys
+
+    from zoo import PROMPTS, free_port, write_jsonl
+
+    chatml_model(tmp_path / "model")
+    args = ["ppo", "--model", tmp_path / "model", "--prompts", write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
+                                                                                              PROMPTS]),
+            "--environment", f"{Path(__file__).parent / 'toy_envs.py'}:ShortOnTheSecondProcess", "--rollout-engine",
+            "vllm", "--vllm-memory-utilization", 0.01, "--estimator", "reinforce++", "--batch-size", 4,
+            "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 128, "--iterations", 2,
+            "--save-rollouts", 1, "--eval-every", 0, "--save-every", 0, "--out", tmp_path / "two", *THREADS]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "-m", "ppo_rlhf.cli", *map(str, args)]
+    launched = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _, err = launched.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)  # the launcher and both processes
+        launched.communicate()
+        pytest.fail("two processes whose episodes ended apart never finished")
+    assert launched.returncode == 0, err[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "two" / "rollouts" / "iteration_0002.jsonl").open()]
+    assert [record["turns"] for record in records] == [3, 3, 1, 1]
+
+
 @pytest.fixture(scope="module")
 def vllm_sft_model_bf16(vllm_sft_model, tmp_path_factory):
     """The SFT model saved again in bf16, as most hub checkpoints are stored."""

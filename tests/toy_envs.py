@@ -390,6 +390,32 @@ class AsyncGame(LetterGame):
 ASYNC_ENVIRONMENTS = {"relay": Relay, "game": AsyncGame}
 
 
+class DrawsAcrossAwaits:
+    """TRL's shape with an ``async def`` reset taking no seed, drawing from Python's and numpy's
+    generators on both sides of an await: other episodes' resets run in between."""
+
+    async def reset(self, **kwargs) -> str:
+        import asyncio
+
+        import numpy
+
+        first = random.randint(1, 10**6)
+        await asyncio.sleep(0.01)
+        self.target = (first, random.randint(1, 10**6), int(numpy.random.randint(0, 10**6)))
+        return f" (reach {self.target})"
+
+    def guess(self, number: int) -> str:
+        """Guess the target.
+
+        Args:
+            number: the guess
+        """
+        return "higher" if number < self.target[0] else "lower or right"
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
 class StuckAfterATimeout:
     """TRL's shape: the 'slow' row's tool call sleeps until ``release`` is set, then writes to its
     object -- past --tool-timeout, on an object the next episode must not get."""
@@ -439,25 +465,53 @@ class FailsOnOneRow:
         return None, 0.0, True, False, {}
 
 
-def blocks_forever() -> str:
-    """Wait for an answer that never comes."""
-    threading.Event().wait()
-    return "never"
+class WaitsForever:
+    """TRL's shape whose tool, a plain def, never answers."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    def wait(self) -> str:
+        """Wait for an answer that never comes."""
+        threading.Event().wait()
+        return "never"
+
+    def get_reward(self) -> float:
+        return 0.0
 
 
-async def hogs_the_loop() -> str:
-    """An async tool that never awaits: it blocks the event loop."""
-    while True:
-        time.sleep(0.05)
+class HogsTheLoop:
+    """TRL's shape whose tool is an async def that never awaits: it blocks the event loop."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    async def hog(self) -> str:
+        """Work without ever awaiting."""
+        while True:
+            time.sleep(0.05)
+
+    def get_reward(self) -> float:
+        return 0.0
 
 
-def calls_blocks_forever(text: str):
+def calls_wait(text: str):
     from ppo_rlhf.envs.parsers import ToolCall
 
-    return [ToolCall("blocks_forever", {}, text=text)]
+    return [ToolCall("wait", {}, text=text)]
 
 
-def calls_hogs_the_loop(text: str):
+def calls_hog(text: str):
     from ppo_rlhf.envs.parsers import ToolCall
 
-    return [ToolCall("hogs_the_loop", {}, text=text)]
+    return [ToolCall("hog", {}, text=text)]
+
+
+class ShortOnTheSecondProcess(LetterGame):
+    """LetterGame of three turns, one in the second process of a launch (RANK 1): the processes'
+    episodes end apart."""
+
+    def __init__(self):
+        import os
+
+        super().__init__(turns=1 if os.environ.get("RANK") == "1" else 3)

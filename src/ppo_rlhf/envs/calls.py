@@ -142,7 +142,7 @@ class EnvironmentCalls:
             await asyncio.sleep(TICK)
 
     async def watched(self, coroutine):
-        beating = asyncio.ensure_future(self.heartbeat())
+        beating = asyncio.get_running_loop().create_task(self.heartbeat(), name="ppo-rlhf heartbeat")
         try:
             return await coroutine
         finally:
