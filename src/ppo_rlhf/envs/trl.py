@@ -21,6 +21,9 @@ word) would start the K episodes of a row differently.  Here ``reset`` gets the 
 ``seed=`` where it names that parameter; otherwise Python's ``random`` and numpy's global generator
 are seeded around the call and put back after it, so the K episodes of a row start alike and a
 resumed run replays them (a generator of the class's own, made without a seed, is beyond reach).
+The global generators are the process's, and episodes' calls run at once (envs/calls.py): such
+resets hold a lock and run one at a time, an ``async def`` one with its own generator states
+swapped in around each of its steps (``SeededSteps``).
 """
 
 from __future__ import annotations

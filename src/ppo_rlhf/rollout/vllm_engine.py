@@ -19,9 +19,13 @@ the actor's device:
 3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
 4. Layout: left-padded (B, P) prompts in, (B, T) responses out, row for row.
 5. Randomness: each response has its own seed, derived from the run seed, the process, the
-   number of rollouts drawn so far and the row, so a batch of copies of one prompt gives
-   different samples, and a resumed run (the count restored from the checkpoint through
-   ``rng``) draws what the straight run drew.
+   number of rollouts drawn so far and the row (and an episode's turn), so a batch of copies of
+   one prompt gives different samples, and a resumed run (the count restored from the checkpoint
+   through ``rng``) draws what the straight run drew.
+
+Multi-turn episodes are served by :class:`EngineRequests`: each episode's turn a request of its
+own, added the moment its environment answered, the engine stepped while it has work (continuous
+batching; docs/design.md, "The vLLM rollout engine").
 
 It also keeps the engine's log-probs of the sampled tokens (``last_logprobs``, (B, T), 0 on
 padding), which the trainer compares with its own (``rollout/logprob_diff_*``, ``is/*``) and turns
@@ -509,7 +513,8 @@ class VLLMGenerator:
     @contextlib.contextmanager
     def holding_weights(self, model):
         """A multi-turn rollout (rollout/episodes.py): the actor's weights synced once, and the
-        engine kept awake, for every turn's ``generate``; ``last_sync_seconds`` is that one sync."""
+        engine kept awake, for every turn's request (``requests``, or ``generate`` turn by turn);
+        ``last_sync_seconds`` is that one sync."""
         self.wake_up()
         syncs = self.syncs
         seconds = self.sync_weights(model)
