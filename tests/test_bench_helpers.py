@@ -50,3 +50,27 @@ def test_the_model_alone_times_every_stage_and_reads_the_iteration_timed_beside_
                             "alongside/generate", "alongside/train"}
     assert seconds["alongside/generate"] == 0.25 and seconds["alongside/train"] == 0.5
     assert all(value > 0 for value in seconds.values())
+
+
+def test_the_http_calculator_answers_as_the_local_one_through_both_clients(monkeypatch):
+    """benchmarks/agents_http.py: the latency benchmark's tool gives the calculator's answers and
+    errors, through the sync client and the async one, with the calculator's own schema."""
+    import asyncio
+
+    import pytest
+    from transformers.utils import get_json_schema
+
+    import agents_http
+    import agents_http_async
+    import agents_tools
+
+    with agents_http.LatencyServer(0.01) as server:
+        monkeypatch.setenv(agents_http.URL_VARIABLE, server.url)
+        assert agents_http.calculator("347 * 29") == agents_tools.calculator("347 * 29") == "10063"
+        assert asyncio.run(agents_http_async.calculator("(2 + 3) / 4")) == "1.25"
+        for client in (agents_http.calculator, lambda e: asyncio.run(agents_http_async.calculator(e))):
+            with pytest.raises(ValueError, match="SyntaxError"):  # as the local calculator raises
+                client("import os")
+        assert server.requests == 4
+    schema = get_json_schema(agents_tools.calculator)
+    assert get_json_schema(agents_http.calculator) == get_json_schema(agents_http_async.calculator) == schema

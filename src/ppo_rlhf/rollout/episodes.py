@@ -419,6 +419,8 @@ async def every_episode(coroutines: list, rows: list[dict]) -> list:
     others (cancelled: a call on a thread is left to finish, its environment retired by the caller)
     and is raised -- of several, the first row's."""
     tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    if not tasks:
+        return []
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:
