@@ -515,3 +515,13 @@ class ShortOnTheSecondProcess(LetterGame):
         import os
 
         super().__init__(turns=1 if os.environ.get("RANK") == "1" else 3)
+
+
+class NoTools:
+    """TRL's shape (reset takes no seed= / options=) with no tool: only reset and get_reward."""
+
+    def reset(self, **kwargs) -> str:
+        return " (answer in one turn)"
+
+    def get_reward(self) -> float:
+        return 1.0
