@@ -254,6 +254,7 @@ def test_sapo_records_no_clip_range_and_a_clip_range_given_with_it_is_refused(tm
 
 
 def test_a_tool_that_changes_its_arguments_leaves_the_record_as_the_model_wrote_it():
+    from ppo_rlhf.envs.calls import EnvironmentCalls
     from ppo_rlhf.envs.parsers import ToolCall
     from ppo_rlhf.envs.tools import ToolBox
 
@@ -267,7 +268,8 @@ def test_a_tool_that_changes_its_arguments_leaves_the_record_as_the_model_wrote_
         return len(items)
 
     call = ToolCall(name="append_one", arguments={"items": [5, 6]}, text="")
-    answer = ToolBox([append_one], timeout=5.0).answer(call)
+    calls = EnvironmentCalls(workers=1)
+    answer = calls.run(ToolBox([append_one], timeout=5.0).answer(call, calls))
     assert answer.message["content"] == "3" and call.arguments == {"items": [5, 6]}
 
 

@@ -78,11 +78,35 @@ def test_the_calculator_environment_class_plays_as_trl_shape_and_records_each_ep
     assert "TRL's environment_factory shape" in source.description and not source.pays
     environment = source.environments(1)[0]
     row = agents_tools.prompt_rows([(347, 29)])[0]
-    assert environment.reset(seed=0, options=row) == (None, {})
+    assert source.calls.run(environment.reset(seed=0, options=row)) == (None, {})  # awaited on the run's loop
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
     answers, reward, done, _, _ = environment.step(call)
     assert [message["content"] for message in answers] == ["10063"] and not done
     assert environment.instance.computed == [("347 * 29", "10063")]
     assert environment.step("The answer is 10063.")[2]  # no call: the episode's answer
-    environment.reset(seed=0, options=row)
+    source.calls.run(environment.reset(seed=0, options=row))
     assert environment.instance.computed == []
+
+
+def test_the_http_calculator_answers_as_the_local_one_through_both_clients(monkeypatch):
+    """benchmarks/agents_http.py: the latency benchmark's tool gives the calculator's answers and
+    errors, through the sync client and the async one, with the calculator's own schema."""
+    import asyncio
+
+    import pytest
+    from transformers.utils import get_json_schema
+
+    import agents_http
+    import agents_http_async
+    import agents_tools
+
+    with agents_http.LatencyServer(0.01) as server:
+        monkeypatch.setenv(agents_http.URL_VARIABLE, server.url)
+        assert agents_http.calculator("347 * 29") == agents_tools.calculator("347 * 29") == "10063"
+        assert asyncio.run(agents_http_async.calculator("(2 + 3) / 4")) == "1.25"
+        for client in (agents_http.calculator, lambda e: asyncio.run(agents_http_async.calculator(e))):
+            with pytest.raises(ValueError, match="SyntaxError"):  # as the local calculator raises
+                client("import os")
+        assert server.requests == 4
+    schema = get_json_schema(agents_tools.calculator)
+    assert get_json_schema(agents_http.calculator) == get_json_schema(agents_http_async.calculator) == schema

@@ -210,6 +210,16 @@ def test_an_environment_that_cannot_play_is_refused_at_start(environment, says):
         environment_source(environment)
 
 
+def test_a_trl_class_with_no_tools_is_refused_at_start_unless_tools_are_given():
+    """Its model could call nothing: every episode would end at its first turn (issue 47's options
+    that do nothing).  With --tool functions it has tools to call."""
+    with pytest.raises(ConfigError, match="environment toy_envs:NoTools: a class of TRL's environment_factory shape "
+                                          "with no tools .* and no --tool: the model could call nothing.*give it "
+                                          "tool methods .*or --tool functions.*gymnasium's shape"):
+        environment_source("toy_envs:NoTools")
+    assert [t["function"]["name"] for t in environment_source("toy_envs:NoTools", tools=[add]).tools] == ["add"]
+
+
 @pytest.mark.parametrize("tool, says", [("toy_envs:no_hints", "type hint"), ("toy_envs:no_docstring", "docstring")])
 def test_a_tool_without_type_hints_or_docstring_is_refused_by_name(tool, says):
     with pytest.raises(ConfigError, match=f"tool {tool.split(':')[1]}:.*{says}"):
@@ -681,12 +691,14 @@ def test_an_environment_handing_back_what_none_may_is_named(qwen, environment, o
                                               "not know \\(X\\)"),
 ], ids=["observation-text-none", "unknown-tile"])
 def test_a_gym_environments_observation_that_cannot_be_read_is_named(options, says):
-    environment = environment_source("gym:FrozenLake-v1", **options).environments(1)[0]
-    runner = SimpleNamespace()
+    source = environment_source("gym:FrozenLake-v1", **options)
+    environment = source.environments(1)[0]
+    runner = SimpleNamespace(calls=source.calls)
     with pytest.raises(EnvironmentFailed, match=f"environment gym:FrozenLake-v1: {says}.*maps.jsonl:7"):
         from ppo_rlhf.rollout.episodes import EpisodeRunner
 
-        EpisodeRunner.call(runner, environment, "reset", {"_source": "maps.jsonl:7"}, seed=0, options={})
+        source.calls.run(EpisodeRunner.call(runner, environment, "reset", {"_source": "maps.jsonl:7"}, seed=0,
+                                            options={}))
 
 
 @pytest.mark.parametrize("arguments, says", [

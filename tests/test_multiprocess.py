@@ -102,7 +102,9 @@ def test_two_processes_train_like_one(sft_model, tmp_path, variant):
 def test_two_processes_keep_each_episode_with_its_row_and_train_like_one(tmp_path):
     """Episodes (docs/agents.md) of TRL's environment shape, K = 2 samples of each row: each row's
     reset() appends its own target to the prompt, and its get_reward() pays reaching it.  Greedy,
-    so a process draws what one process would; the saved rollouts must be the same, row for row."""
+    so a process draws what one process would; the saved rollouts must be the same, row for row.
+    Its tool answers after random waits, its calls one at a time in one process and at once in two
+    (envs/calls.py): the order calls finish in changes nothing."""
     from test_default_learning import users_tiny_model
 
     # The tool template's prompt is ~470 tokens in the tiny vocabulary: room for it and two turns.
@@ -111,12 +113,12 @@ def test_two_processes_keep_each_episode_with_its_row_and_train_like_one(tmp_pat
     rows = [{"prompt": f"count {i}", "target": 1 + i % 2} for i in range(8)]
     prompts = tmp_path / "rows.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["ppo", "--model", tmp_path / "model", "--prompts", prompts, "--environment", f"{toy}:Counter",
+    args = ["ppo", "--model", tmp_path / "model", "--prompts", prompts, "--environment", f"{toy}:SlowCounter",
             "--tool-parser", f"{toy}:calls_increment", "--chat-template-file", tool_template(), "--max-turns", 2,
             "--estimator", "reinforce++", "--samples-per-prompt", 2, "--batch-size", 8, "--mini-batch-size", 4,
             "--ppo-epochs", 1, "--max-new-tokens", 4, "--max-length", 1024, "--no-do-sample", "--lr", 1e-3, "--adam-eps", 1e-5,
             "--iterations", 2, "--save-rollouts", 1, "--eval-every", 0, "--save-every", 0, "--num-threads", 1]
-    assert main([str(a) for a in args + ["--out", tmp_path / "one"]]) == 0
+    assert main([str(a) for a in args + ["--env-workers", 1, "--out", tmp_path / "one"]]) == 0
     result = launch(args + ["--out", tmp_path / "two"], processes=2)
     assert result.returncode == 0, result.stderr[-3000:]
     for iteration in (1, 2):

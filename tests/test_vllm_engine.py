@@ -589,28 +589,37 @@ def test_eval_with_the_vllm_engine_answers_as_the_torch_engine(vllm_sft_model, t
     assert summaries["vllm"]["exact_match"] == summaries["torch"]["exact_match"]
 
 
-@needs_vllm
-def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, monkeypatch):
-    """Multi-turn episodes (docs/agents.md) generate turn by turn on the engine: one call per turn,
-    the actor's weights synced once for all of them; the engine's log-probs on the model's tokens."""
+def chatml_model(folder: Path) -> Path:
+    """A tiny Qwen2 (ChatML turn tokens and a chat template) whose heads vLLM's CPU attention takes, saved."""
     from transformers import Qwen2Config
 
-    from ppo_rlhf.rollout import vllm_engine
-    from ppo_rlhf.runlog import read_metrics
-    from zoo import PROMPTS, write_jsonl
-
-    tokenizer = make_tokenizer("qwen2")  # ChatML turn tokens and a chat template
+    tokenizer = make_tokenizer("qwen2")
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    syncs, turns = [], []
-    sync, generate = vllm_engine.VLLMGenerator.sync_weights, vllm_engine.VLLMGenerator.generate
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@needs_vllm
+def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, monkeypatch):
+    """Multi-turn episodes (docs/agents.md) on the engine: each episode's turn its own request
+    (continuous batching), the actor's weights synced once for all of a rollout's turns, the probe
+    checked once; the engine's log-probs on the model's tokens."""
+    from ppo_rlhf.rollout import vllm_engine
+    from ppo_rlhf.runlog import read_metrics
+    from zoo import PROMPTS, write_jsonl
+
+    chatml_model(tmp_path / "model")
+    syncs, turns, probes = [], [], []
+    sync, add, check = (vllm_engine.VLLMGenerator.sync_weights, vllm_engine.EngineRequests.add,
+                        vllm_engine.VLLMGenerator.check_weights)
     monkeypatch.setattr(vllm_engine.VLLMGenerator, "sync_weights", lambda self, model: syncs.append(1) or sync(self, model))
-    monkeypatch.setattr(vllm_engine.VLLMGenerator, "generate",
-                        lambda self, *args, **kwargs: turns.append(1) or generate(self, *args, **kwargs))
+    monkeypatch.setattr(vllm_engine.EngineRequests, "add", lambda self, *args: turns.append(args[:2]) or add(self, *args))
+    monkeypatch.setattr(vllm_engine.VLLMGenerator, "check_weights",
+                        lambda self, *args: probes.append(1) or check(self, *args))
     run(["ppo", "--model", tmp_path / "model", "--prompts", write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
                                                                                             PROMPTS]),
          "--environment", f"{Path(__file__).parent / 'toy_envs.py'}:LetterGame", "--rollout-engine", "vllm",
@@ -618,8 +627,99 @@ def test_episodes_on_the_engine_receive_the_weights_once_per_rollout(tmp_path, m
          "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 128, "--iterations", 2,
          "--eval-every", 0, "--save-every", 0, "--out", tmp_path / "run", *THREADS])
     last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
-    assert last["episode/turns"] == 2.0 and len(turns) == 4 and len(syncs) == 2  # two turns a rollout, one sync
+    # two rollouts of 4 episodes of two turns: 16 requests, each (row, turn) once a rollout; one sync and one probe each
+    assert last["episode/turns"] == 2.0 and sorted(turns) == sorted([(r, t) for r in range(4) for t in (0, 1)] * 2)
+    assert len(syncs) == 2 and len(probes) == 2 and last["rollout/probe_gap"] < 1e-5
     assert last["rollout/logprob_diff_max"] < LOGPROB_TOLERANCE  # read on the model's tokens only
+
+
+def vllm_episodes(folder: Path, source, rows: int = 4, seeds=None, max_turns: int = 3):
+    """``rows`` episodes of ``source`` rolled out on a vLLM engine, sampled."""
+    from transformers import AutoTokenizer
+
+    from ppo_rlhf.rollout.episodes import EpisodeLimits, roll_out
+    from ppo_rlhf.rollout.vllm_engine import VLLMGenerator
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    generator = VLLMGenerator(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, 6, do_sample=True,
+                              temperature=TEMPERATURE, seed=3, max_model_len=128, memory_utilization=0.01, max_rows=8)
+    rows = [{"prompt": f"play {i}", "id": i, "_source": f"rows.jsonl:{i + 1}"} for i in range(rows)]
+    try:
+        return roll_out(model, tokenizer, generator, rows, [row["prompt"] for row in rows],
+                        EpisodeLimits(64, 128, max_turns=max_turns, chat_template=True), source,
+                        seeds or [0] * len(rows))
+    finally:
+        generator.close()
+
+
+@needs_vllm
+def test_episodes_on_the_engine_never_wait_for_each_other(tmp_path, monkeypatch):
+    """Each episode's next turn goes to the engine as soon as its own environment has answered: the
+    first row's first step waits until every other episode has played all its turns and ended --
+    which, were the episodes batched turn by turn, they never could (its wait would run out)."""
+    import toy_envs
+    from ppo_rlhf.envs import environment_source
+
+    monkeypatch.setattr(toy_envs.WaitsForTheOthers, "state", toy_envs.WaitState(others=3))
+    episodes = vllm_episodes(chatml_model(tmp_path / "model"), environment_source(toy_envs.WaitsForTheOthers))
+    state = toy_envs.WaitsForTheOthers.state
+    assert state.waited_for_the_others  # the others ended while the first row's environment was still answering
+    assert sorted(state.order) == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3 and state.order[-2:] == [0, 0]
+    assert episodes.turns == [3, 3, 3, 3] and episodes.engine_logprobs is not None
+
+
+@needs_vllm
+def test_what_episodes_sample_on_the_engine_never_depends_on_when_their_turns_were_asked(tmp_path, monkeypatch):
+    """Each request's seed is its own (run seed, process, draw, row, turn): episodes whose
+    environments answer after random waits, one call at a time or eight, sample the same tokens."""
+    import toy_envs
+    from ppo_rlhf.envs import environment_source
+
+    folder = chatml_model(tmp_path / "model")
+    runs = []
+    for workers, delay_seed in ((1, 0), (8, 1)):
+        monkeypatch.setattr(toy_envs.SleepsAtRandom, "delays", __import__("random").Random(delay_seed))
+        source = environment_source(toy_envs.SleepsAtRandom, env_workers=workers)
+        runs.append(vllm_episodes(folder, source, rows=6, seeds=[5, 5, 6, 6, 7, 7]))
+    one, eight = runs
+    assert torch.equal(one.sequences.response_ids, eight.sequences.response_ids)
+    assert torch.equal(one.sequences.loss_mask, eight.sequences.loss_mask) and one.step_rewards == eight.step_rewards
+    # the batches the engine ran differed: its log-probs may differ by round-off (docs/design.md)
+    assert torch.allclose(one.engine_logprobs, eight.engine_logprobs, atol=1e-4)
+
+
+@needs_vllm
+def test_two_processes_whose_episodes_end_apart_step_their_engines_together(tmp_path):
+    """Two processes with the engine, the second's episodes ending after one turn and the first's
+    after three: vLLM's data parallel coordinates every forward across the engines, so they step
+    together until every process's episodes have ended.  (Turn by turn, the second stopped calling
+    its engine while the first asked its own for more, and both waited for each other for ever.)"""
+    import signal
+    import subprocess
+    import sys
+
+    from zoo import PROMPTS, free_port, write_jsonl
+
+    chatml_model(tmp_path / "model")
+    args = ["ppo", "--model", tmp_path / "model", "--prompts", write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
+                                                                                              PROMPTS]),
+            "--environment", f"{Path(__file__).parent / 'toy_envs.py'}:ShortOnTheSecondProcess", "--rollout-engine",
+            "vllm", "--vllm-memory-utilization", 0.01, "--estimator", "reinforce++", "--batch-size", 4,
+            "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 128, "--iterations", 2,
+            "--save-rollouts", 1, "--eval-every", 0, "--save-every", 0, "--out", tmp_path / "two", *THREADS]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "-m", "ppo_rlhf.cli", *map(str, args)]
+    launched = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _, err = launched.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)  # the launcher and both processes
+        launched.communicate()
+        pytest.fail("two processes whose episodes ended apart never finished")
+    assert launched.returncode == 0, err[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "two" / "rollouts" / "iteration_0002.jsonl").open()]
+    assert [record["turns"] for record in records] == [3, 3, 1, 1]
 
 
 @pytest.fixture(scope="module")
@@ -664,7 +764,7 @@ def test_an_episode_with_a_tool_on_a_bf16_model_passes_the_probe(tmp_path):
 
     tokenizer = make_tokenizer("qwen2")
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path / "model")
@@ -675,8 +775,8 @@ def test_an_episode_with_a_tool_on_a_bf16_model_passes_the_probe(tmp_path):
          "--environment", f"{envs}:Counter", "--tool-parser", f"{envs}:calls_increment", "--max-turns", 2,
          "--chat-template-file", tool_template_path(), "--rollout-engine", "vllm", "--vllm-memory-utilization", 0.01,
          "--estimator", "grpo", "--samples-per-prompt", 2, "--batch-size", 4, "--mini-batch-size", 4,
-         "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 256, "--iterations", 2, "--eval-every", 0,
-         "--save-every", 0, "--out", tmp_path / "run", *THREADS])
+         "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 512, "--iterations", 2, "--eval-every", 0,
+         "--save-every", 0, "--out", tmp_path / "run", *THREADS])  # the tools listed: a 455-token prompt, kept whole
     records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
     assert all(r["tools/calls"] > 0 and r["rollout/probe_gap"] < 1e-4 for r in records), records
 

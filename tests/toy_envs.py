@@ -5,6 +5,7 @@ and the broken ones a user might write."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 
@@ -135,6 +136,14 @@ class DrawsItsTarget:
         self.target = (random.randint(1, 10**6), int(numpy.random.randint(0, 10**6)))
         return f" (reach {self.target})"
 
+    def guess(self, number: int) -> str:
+        """Guess the target.
+
+        Args:
+            number: the guess
+        """
+        return "higher" if number < self.target[0] else "lower or right"
+
     def get_reward(self) -> float:
         return 0.0
 
@@ -239,3 +248,280 @@ def says_nothing(observation, env):
 
 # TRL's dict form, named on the command line as --environment toy_envs:ENVIRONMENTS.
 ENVIRONMENTS = {"count": Counter, "walk": ToolsNamedLikeGym}
+
+
+# ---------------------------------------------------------------- concurrent environments (envs/calls.py)
+class WaitState:
+    """What the episodes of WaitsForTheOthers saw: the order of their steps, whether the first row
+    waited for the others to end."""
+
+    def __init__(self, others: int):
+        self.others, self.ended, self.order = others, 0, []
+        self.lock, self.all_ended = threading.Lock(), threading.Event()
+        self.waited_for_the_others = None
+
+
+class WaitsForTheOthers:
+    """gymnasium's shape, three turns.  The episode of the row whose 'id' is 0 waits in its first
+    step until every other episode has ended (its reward() read): with turns batched across
+    episodes they never could, and the wait runs out."""
+
+    state = WaitState(others=3)
+
+    def reset(self, *, seed=None, options=None):
+        self.id, self.turn = options["id"], 0
+        return None, {}
+
+    def step(self, action: str):
+        self.turn += 1
+        with self.state.lock:
+            self.state.order.append(self.id)
+        if self.id == 0 and self.turn == 1:
+            self.state.waited_for_the_others = self.state.all_ended.wait(timeout=60)
+        done = self.turn >= 3
+        return (None if done else "go on"), 0.0, done, False, {}
+
+    def reward(self) -> float:
+        if self.id != 0:
+            with self.state.lock:
+                self.state.ended += 1
+                if self.state.ended == self.state.others:
+                    self.state.all_ended.set()
+        return 0.0
+
+
+class SleepsAtRandom(LetterGame):
+    """LetterGame over three turns whose steps answer after a random wait (up to 50 ms, drawn from
+    ``delays``): which episode answers first changes from run to run, what it answers never does."""
+
+    delays = random.Random(0)
+    lock = threading.Lock()
+
+    def __init__(self):
+        super().__init__(turns=3)
+
+    def step(self, action: str):
+        with self.lock:
+            wait = self.delays.uniform(0, 0.05)
+        time.sleep(wait)
+        return super().step(action)
+
+
+TOOL_DELAYS = random.Random(0)
+
+
+def slow_add(a: int, b: int) -> int:
+    """Add two integers, after a random wait.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    time.sleep(TOOL_DELAYS.uniform(0, 0.03))
+    return a + b
+
+
+def calls_slow_add(text: str):
+    """A parser reading one call of slow_add in every turn, its numbers from the turn's length."""
+    from ppo_rlhf.envs.parsers import ToolCall
+
+    return [ToolCall("slow_add", {"a": len(text), "b": 1}, text=text)]
+
+
+class SlowCounter(Counter):
+    """Counter whose tool answers after a random wait (up to 20 ms)."""
+
+    def increment(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        time.sleep(TOOL_DELAYS.uniform(0, 0.02))
+        return super().increment(by)
+
+
+class AsyncState:
+    """What Relay and AsyncGame did, in the order they finished (one per test: monkeypatched)."""
+
+    def __init__(self):
+        self.finished: list[str] = []
+        self.event = None
+
+    def game_stepped(self):
+        import asyncio
+
+        if self.event is None:  # made on the loop that awaits it
+            self.event = asyncio.Event()
+        return self.event
+
+
+ASYNC_STATE = AsyncState()
+
+
+class Relay:
+    """TRL's shape with an ``async def`` tool that answers only once an AsyncGame episode's
+    ``async def`` step has answered: both must be awaited at once, on one event loop."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    async def relay(self) -> str:
+        """Pass the word on."""
+        import asyncio
+
+        await asyncio.wait_for(ASYNC_STATE.game_stepped().wait(), timeout=30)
+        ASYNC_STATE.finished.append("tool")
+        return "passed"
+
+
+class AsyncGame(LetterGame):
+    """LetterGame whose step is an ``async def``."""
+
+    async def step(self, action: str):
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        ASYNC_STATE.finished.append("step")
+        ASYNC_STATE.game_stepped().set()
+        return super().step(action)
+
+
+ASYNC_ENVIRONMENTS = {"relay": Relay, "game": AsyncGame}
+
+
+class DrawsAcrossAwaits:
+    """TRL's shape with an ``async def`` reset taking no seed, drawing from Python's and numpy's
+    generators on both sides of an await: other episodes' resets run in between."""
+
+    async def reset(self, **kwargs) -> str:
+        import asyncio
+
+        import numpy
+
+        first = random.randint(1, 10**6)
+        await asyncio.sleep(0.01)
+        self.target = (first, random.randint(1, 10**6), int(numpy.random.randint(0, 10**6)))
+        return f" (reach {self.target})"
+
+    def guess(self, number: int) -> str:
+        """Guess the target.
+
+        Args:
+            number: the guess
+        """
+        return "higher" if number < self.target[0] else "lower or right"
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+class StuckAfterATimeout:
+    """TRL's shape: the 'slow' row's tool call sleeps until ``release`` is set, then writes to its
+    object -- past --tool-timeout, on an object the next episode must not get."""
+
+    release = threading.Event()
+
+    def reset(self, slow: bool = False, **kwargs) -> None:
+        self.slow, self.log = slow, []
+
+    def work(self) -> str:
+        """Do the work."""
+        if self.slow:
+            self.release.wait(timeout=60)
+        self.log.append("worked")
+        return "done"
+
+
+class FailState:
+    def __init__(self):
+        self.cancelled, self.finished = [], []
+
+
+class FailsOnOneRow:
+    """gymnasium's shape with an async step: the row whose 'id' is 2 raises in it; the row whose 'id'
+    is 1 answers at once, the others wait long enough to be cancelled."""
+
+    state = FailState()
+
+    def reset(self, *, seed=None, options=None):
+        self.id = options["id"]
+        return None, {}
+
+    async def step(self, action: str):
+        import asyncio
+
+        if self.id == 2:
+            await asyncio.sleep(0.05)
+            raise ConnectionError("the sandbox died")
+        if self.id == 1:
+            self.state.finished.append(self.id)
+            return None, 0.0, True, False, {}
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.state.cancelled.append(self.id)
+            raise
+        return None, 0.0, True, False, {}
+
+
+class WaitsForever:
+    """TRL's shape whose tool, a plain def, never answers."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    def wait(self) -> str:
+        """Wait for an answer that never comes."""
+        threading.Event().wait()
+        return "never"
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+class HogsTheLoop:
+    """TRL's shape whose tool is an async def that never awaits: it blocks the event loop."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    async def hog(self) -> str:
+        """Work without ever awaiting."""
+        while True:
+            time.sleep(0.05)
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+def calls_wait(text: str):
+    from ppo_rlhf.envs.parsers import ToolCall
+
+    return [ToolCall("wait", {}, text=text)]
+
+
+def calls_hog(text: str):
+    from ppo_rlhf.envs.parsers import ToolCall
+
+    return [ToolCall("hog", {}, text=text)]
+
+
+class ShortOnTheSecondProcess(LetterGame):
+    """LetterGame of three turns, one in the second process of a launch (RANK 1): the processes'
+    episodes end apart."""
+
+    def __init__(self):
+        import os
+
+        super().__init__(turns=1 if os.environ.get("RANK") == "1" else 3)
+
+
+class NoTools:
+    """TRL's shape (reset takes no seed= / options=) with no tool: only reset and get_reward."""
+
+    def reset(self, **kwargs) -> str:
+        return " (answer in one turn)"
+
+    def get_reward(self) -> float:
+        return 1.0

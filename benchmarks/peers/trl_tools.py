@@ -7,6 +7,9 @@ calculator and score with the same check.
 
     .venv-trl116/bin/python benchmarks/peers/trl_tools.py --settings RUN.json
 
+``bench_agents_latency.py trl`` runs it with the calculator served over HTTP after a wait (settings
+``"tool": "http"`` or ``"http-async"``: the sync or the async client).
+
 The model is the benchmark's SFT warm-up, its tokenizer given TRL's Qwen 2.5 chat template (the one
 TRL parses tool calls from; ppo-rlhf's side renders with the same file) and TRL's response parser.
 Each iteration is one generation batch (K samples of B/K prompts, tool calls run between turns)
@@ -29,6 +32,24 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # agents_tools
 sys.path.insert(0, str(HERE.parents[1] / "src"))  # ppo_rlhf.rewards, for the shared check
+
+
+def tool(settings: dict):
+    """The calculator the settings name: the local function (``calculator``, the default), or the one
+    served over HTTP by benchmarks/bench_agents_latency.py through its sync client (``http``) or its
+    async one (``http-async``), each with the calculator's name, signature and docstring."""
+    chosen = settings.get("tool", "calculator")
+    if chosen == "http":
+        import agents_http
+
+        return agents_http.calculator
+    if chosen == "http-async":
+        import agents_http_async
+
+        return agents_http_async.calculator
+    import agents_tools
+
+    return agents_tools.calculator
 
 
 def main() -> None:
@@ -70,7 +91,7 @@ def main() -> None:
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     model = AutoModelForCausalLM.from_pretrained(settings["model"], dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=agents_tools.answer_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, peft_config=peft_config, tools=[agents_tools.calculator])
+                          processing_class=tokenizer, peft_config=peft_config, tools=[tool(settings)])
     log = open(out / "metrics.jsonl", "w")
 
     class Timer(TrainerCallback):

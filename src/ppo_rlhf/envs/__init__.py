@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.envs.calls import ENV_WORKERS, EnvironmentCalls
 from ppo_rlhf.envs.parsers import load_parser, parse_hermes
 from ppo_rlhf.envs.protocol import (Adapter, EnvironmentFailed, TextEnvironment, as_messages, check_environment,
                                     describe, users_object)
@@ -53,10 +54,14 @@ class EnvironmentSource:
     ``kinds``: by name, the ways of making them; one unnamed kind (None) for a single environment,
     several (TRL's dict form) chosen per row by its ``environment`` column, each row's prompt listing
     only its environment's tools.  The tool-call parser (``--tool-parser``) and the chat template the
-    episodes render with are set once the tokenizer is known (envs/chat.py, ``prepare_episode_chat``)."""
+    episodes render with are set once the tokenizer is known (envs/chat.py, ``prepare_episode_chat``).
+    ``calls``: the run's environment calls (envs/calls.py), through which every call of its
+    environments runs: ``env_workers`` plain-def calls at once, async ones awaited together; an
+    async def holding the loop past ``stall_limit`` seconds (--tool-timeout) stops the run."""
 
-    def __init__(self, kinds: dict, tool_parser="auto"):
+    def __init__(self, kinds: dict, tool_parser="auto", env_workers: int = ENV_WORKERS, stall_limit: float = 10.0):
         self.kinds, self.routed = kinds, None not in kinds
+        self.calls = EnvironmentCalls(env_workers, stall_limit)
         self.parser = load_parser(tool_parser)  # "auto" until prepared
         self.parser_name = tool_parser if isinstance(tool_parser, str) else getattr(tool_parser, "__name__", "given")
         self.chat_template: str | None = None  # the template episodes render with, where not the tokenizer's own
@@ -87,13 +92,24 @@ class EnvironmentSource:
 
     def take(self, kind: EnvironmentKind, index: int):
         while len(kind.pool) <= index:
+            kind.pool.append(None)
+        if kind.pool[index] is None:  # never made, or retired
             environment = kind.make()
             check_environment(environment, kind.description)
-            kind.pool.append(environment)
+            kind.pool[index] = environment
         environment = kind.pool[index]
-        if isinstance(environment, ToolUse) and not isinstance(self.parser, str):
-            environment.parser = self.parser
+        if isinstance(environment, ToolUse):
+            environment.calls = self.calls
+            if not isinstance(self.parser, str):
+                environment.parser = self.parser
         return environment
+
+    def retire(self, environments: list) -> None:
+        """Take ``environments`` out of the pool: a call that may still be running changes them (a
+        tool past --tool-timeout, a rollout stopped midway), so the next episodes get fresh ones."""
+        retired = {id(environment) for environment in environments}
+        for kind in self.kinds.values():
+            kind.pool = [None if id(environment) in retired else environment for environment in kind.pool]
 
     def kind_name(self, row: dict):
         """The name of the kind that plays ``row`` (None with a single environment); DataError naming the
@@ -139,8 +155,8 @@ def parse_config_values(text: str | None) -> dict:
 
 def environment_source(environment=None, tools: list | None = None, *, tool_parser="auto",
                        tool_timeout: float = 10.0, environment_config: str | dict | None = None,
-                       action_names: list[str] | None = None, observation_text: str | Callable | None = None
-                       ) -> EnvironmentSource | None:
+                       action_names: list[str] | None = None, observation_text: str | Callable | None = None,
+                       env_workers: int = ENV_WORKERS) -> EnvironmentSource | None:
     """What to play episodes with, from the CLI's strings or the Python API's objects; None for
     neither (single-turn rollouts).  ``environment``: a class or any callable making one environment
     (a lambda, a ``functools.partial``), TRL's dict of them (chosen per row by an ``environment``
@@ -180,7 +196,7 @@ def environment_source(environment=None, tools: list | None = None, *, tool_pars
     else:
         kinds = {None: environment_kind(environment, given_as, tools, tool_timeout, make_kwargs, action_names,
                                         observation_text, tool_options, key=None)}
-    source = EnvironmentSource(kinds, tool_parser)
+    source = EnvironmentSource(kinds, tool_parser, env_workers, stall_limit=tool_timeout)
     for kind in kinds.values():
         source.first(kind)  # made once now: a class that cannot be built, or has no reset, says so at start
     return source
@@ -267,6 +283,15 @@ def class_kind(factory: Callable, name: str, tools: list, tool_timeout: float, m
         raise ConfigError(f"environment {name}: a {type(first).__name__} has no reset() method; a class of TRL's "
                           f"environment_factory shape needs reset() (and its public methods are the tools), a "
                           f"gymnasium-style one reset(seed=, options=) and step()")
+    from ppo_rlhf.envs.trl import tool_methods
+
+    if not tools and not tool_methods(first):
+        raise ConfigError(f"environment {name}: a class of TRL's environment_factory shape with no tools (no public "
+                          f"method but reset and get_reward) and no --tool: the model could call nothing, so every "
+                          f"episode would end at its first turn; give it tool methods (type hints and a docstring), "
+                          f"or --tool functions, or, for an environment that answers each turn itself, gymnasium's "
+                          f"shape: reset(self, *, seed=None, options=None) -> (observation, info) and step(self, text) "
+                          f"-> (observation, reward, terminated, truncated, info)")
     made = [first]
 
     def make_factory_environment():

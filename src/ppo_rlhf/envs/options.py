@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
-from ppo_rlhf.config import EPISODES, ConfigError, above, any_number, check, option
+from ppo_rlhf.config import EPISODES, ConfigError, above, any_number, at_least, check, option
+from ppo_rlhf.envs.calls import ENV_WORKERS
 
 TURN_REWARDS = ("sum", "per-turn")
 # --max-length left empty: a single turn's prompt and answer, or an episode's prompt (its tools
@@ -31,6 +32,12 @@ class EnvironmentOptions:
                                                   "leaves after the prompt", range=above(0))
     tool_timeout: float = option(10.0, "seconds a tool call may take; past it the model is told the tool timed out",
                                  range=above(0))
+    env_workers: int = option(ENV_WORKERS, "with --environment or --tool: how many plain-def environment calls (reset, step, "
+                                  "tools, get_reward) of different episodes run at once, each on a thread; async def "
+                                  "ones are awaited together whatever this is.  64: the tools agents call mostly wait "
+                                  "(a server, a sandbox, a database), and a waiting thread costs little and holds no "
+                                  "core, so a batch's waits overlap; 1 runs them one after another, for an "
+                                  "environment that is not thread-safe", range=at_least(1))
     tool_parser: str = option("auto", "how tool calls are read from the model's text: auto (the tokenizer's "
                                       "response_template where it has one, else by the chat template's family: "
                                       "hermes, llama3-json or gpt-oss), hermes (<tool_call>{\"name\": ..., "

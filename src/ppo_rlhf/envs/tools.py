@@ -19,12 +19,12 @@ import asyncio
 import copy
 import inspect
 import json
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
 from ppo_rlhf.config import ConfigError
+from ppo_rlhf.envs.calls import CallTimedOut, EnvironmentCalls
 from ppo_rlhf.envs.parsers import ToolCall, ToolCallParser, parse_hermes
 from ppo_rlhf.envs.protocol import Adapter
 
@@ -68,10 +68,14 @@ class ToolAnswer:
 
 
 class ToolBox:
-    """Named tools, each call run in a thread of its own that may take ``timeout`` seconds.
+    """Named tools, each call run through the run's environment calls (envs/calls.py) with at most
+    ``timeout`` seconds: a plain def on a worker thread, an ``async def`` awaited.
 
-    A call past its time is answered with an error and left to finish in the background (a
-    thread cannot be stopped from outside; it holds no lock of the run's)."""
+    A call past its time is answered with an error.  An async one is cancelled; a thread cannot be
+    stopped from outside, so it is left to finish in the background (a daemon: it holds no lock of
+    the run's, nor the process open at exit), and ``abandoned`` says so: the source retires the
+    environment it belongs to, whose object that thread may still change, and makes a fresh one
+    for the next episode."""
 
     def __init__(self, functions: list[Callable], timeout: float):
         self.functions = {}
@@ -84,12 +88,13 @@ class ToolBox:
             self.functions[name] = function
         self.schemas = [tool_schema(function) for function in self.functions.values()]
         self.timeout = timeout
+        self.abandoned = False  # a call past its time may still be running
 
     def __bool__(self) -> bool:
         return bool(self.functions)
 
-    def answer(self, call: ToolCall) -> ToolAnswer:
-        """Run one parsed call; the tool message the model reads next, and how it went."""
+    async def answer(self, call: ToolCall, calls: EnvironmentCalls) -> ToolAnswer:
+        """Run one parsed call through ``calls``; the tool message the model reads next, and how it went."""
         name = call.name or "unknown"
         if call.error is not None:
             return self.error(name, call.error)
@@ -100,27 +105,17 @@ class ToolBox:
             inspect.signature(function).bind(**call.arguments)
         except TypeError as error:
             return self.error(name, f"wrong arguments for {call.name}: {error}")
-        outcome: dict = {}
-
-        def run() -> None:
-            try:
-                result = function(**copy.deepcopy(call.arguments))  # the call's record keeps what the model wrote
-                if inspect.isawaitable(result):
-                    result = asyncio.run(result)
-                outcome["result"] = result
-            except BaseException as error:  # noqa: BLE001 -- a tool's exception is its answer to the model
-                outcome["error"] = error
-
-        thread = threading.Thread(target=run, daemon=True, name=f"tool-{name}")
-        thread.start()
-        thread.join(self.timeout)
-        if thread.is_alive():
+        try:  # a copy of the arguments: the call's record keeps what the model wrote
+            result = await calls.call(function, kwargs=copy.deepcopy(call.arguments), timeout=self.timeout,
+                                      name=f"tool {name}")
+        except CallTimedOut as timed_out:
+            self.abandoned |= timed_out.still_running
             return ToolAnswer(tool_message(name, f"Error: {name} did not answer within {self.timeout:g} seconds"),
                               "timeout")
-        if "error" in outcome:
-            error = outcome["error"]
+        except asyncio.CancelledError:  # the rollout stopped: not the tool's answer
+            raise
+        except BaseException as error:  # noqa: BLE001 -- a tool's exception is its answer to the model
             return self.error(name, f"{name} raised {type(error).__name__}: {error}")
-        result = outcome["result"]
         return ToolAnswer(tool_message(name, tool_result_text(result)), "ok",
                           result if isinstance(result, list) else None)
 
@@ -138,19 +133,30 @@ class ToolParserFailed(RuntimeError):
     the environment or the model): the run stops, naming the parser."""
 
 
+# The calls of an environment used on its own, outside a run (its ``step`` called directly): one at a time.
+STANDALONE_CALLS = EnvironmentCalls(workers=1)
+
+
 class ToolUse:
     """The part of an environment that reads a turn's tool calls and answers them: shared by the
     environment of tools alone and by TRL's environment classes (envs/trl.py).  ``parser``: how
-    calls are read (envs/parsers.py); the run's source sets the one ``--tool-parser`` resolved to."""
+    calls are read (envs/parsers.py); the run's source sets the one ``--tool-parser`` resolved to,
+    and ``calls``, the run's environment calls (envs/calls.py), through which the tools run."""
 
     def __init__(self, toolbox: ToolBox, parser: ToolCallParser = parse_hermes):
         self.toolbox, self.parser = toolbox, parser
+        self.calls = STANDALONE_CALLS
         self.tool_stats: Counter = Counter()  # calls, errors, timeouts of the current episode
         self.tool_log: list[dict] = []  # each call and its answer, for --save-rollouts
 
     @property
     def tools(self) -> list[dict]:
         return self.toolbox.schemas
+
+    @property
+    def abandoned(self) -> bool:
+        """A tool call past its time may still be running on this object (envs/calls.py)."""
+        return self.toolbox.abandoned
 
     def start_episode(self) -> None:
         self.tool_stats, self.tool_log = Counter(), []
@@ -175,11 +181,12 @@ class ToolUse:
             content = content.replace(call.text, "", 1) if call.text else content
         return content.strip(), list(calls)
 
-    def answer(self, calls: list[ToolCall]) -> list[ToolAnswer]:
-        """Run the turn's calls, in order; each one's answer, counted."""
+    async def answer(self, calls: list[ToolCall]) -> list[ToolAnswer]:
+        """Run the turn's calls, one after another in the order written (a later call may read what
+        an earlier one did); each one's answer, counted."""
         answers = []
         for call in calls:
-            answer = self.toolbox.answer(call)
+            answer = await self.toolbox.answer(call, self.calls)
             self.tool_stats["calls"] += 1
             if answer.outcome != "ok":
                 self.tool_stats[answer.outcome + "s"] += 1  # errors, timeouts
@@ -191,7 +198,7 @@ class ToolUse:
     def answer_calls(self, text: str) -> list[dict] | None:
         """The tool messages answering every call in ``text``; None when it makes no call."""
         calls = self.read_turn(text)[1]
-        return [answer.message for answer in self.answer(calls)] if calls else None
+        return [answer.message for answer in self.calls.run(self.answer(calls))] if calls else None
 
 
 class ToolEnvironment(ToolUse, Adapter):

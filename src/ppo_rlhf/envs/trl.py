@@ -21,6 +21,9 @@ word) would start the K episodes of a row differently.  Here ``reset`` gets the 
 ``seed=`` where it names that parameter; otherwise Python's ``random`` and numpy's global generator
 are seeded around the call and put back after it, so the K episodes of a row start alike and a
 resumed run replays them (a generator of the class's own, made without a seed, is beyond reach).
+The global generators are the process's, and episodes' calls run at once (envs/calls.py): such
+resets hold a lock and run one at a time, an ``async def`` one with its own generator states
+swapped in around each of its steps (``SeededSteps``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
+import threading
 from typing import Callable
 
+from ppo_rlhf.envs.calls import EnvironmentCalls, is_async
 from ppo_rlhf.envs.parsers import ToolCallParser, parse_hermes
 from ppo_rlhf.envs.protocol import Adapter, EnvironmentFailed, describe
 from ppo_rlhf.envs.tools import ToolBox, ToolUse
@@ -61,35 +66,97 @@ def reset_arguments(reset: Callable, row: dict) -> dict:
     return columns if takes_all else {key: value for key, value in columns.items() if key in named}
 
 
-@contextlib.contextmanager
-def seeded_generators(seed: int):
-    """Python's ``random`` and numpy's global generator seeded with ``seed`` inside, as they were after."""
-    state = random.getstate()
+# Python's ``random`` and numpy's global generator are the process's: one seeded stretch of code at a time.
+GLOBAL_GENERATORS = threading.Lock()
+
+
+def generator_states() -> tuple:
+    """(Python's random state, numpy's global generator's state or None without numpy)."""
     try:
         import numpy
     except ImportError:  # numpy is a dependency of torch's wheels, but a user's class need not use it
-        numpy = None
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    random.seed(seed)
-    if numpy is not None:
-        numpy.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
-        random.setstate(state)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
+        return random.getstate(), None
+    return random.getstate(), numpy.random.get_state()
 
 
-def seeded_reset(reset: Callable, arguments: dict, seed: int | None):
-    """``reset(**arguments)``, seeded (module docstring): ``seed=`` where reset names it and the row
-    gives none of its own, else the global generators seeded around the call."""
+def set_generator_states(states: tuple) -> None:
+    random.setstate(states[0])
+    if states[1] is not None:
+        import numpy
+
+        numpy.random.set_state(states[1])
+
+
+def seeded_states(seed: int) -> tuple:
+    """The generators' states once seeded with ``seed`` (the process's left as they were)."""
+    with GLOBAL_GENERATORS:
+        outside = generator_states()
+        random.seed(seed)
+        if outside[1] is not None:
+            import numpy
+
+            numpy.random.seed(seed % 2**32)
+        states = generator_states()
+        set_generator_states(outside)
+    return states
+
+
+@contextlib.contextmanager
+def generators_at(states: list):
+    """Python's ``random`` and numpy's global generator in ``states[0]`` inside (no other seeded
+    stretch meanwhile), their states after it kept in ``states[0]``, and as they were outside."""
+    with GLOBAL_GENERATORS:
+        outside = generator_states()
+        set_generator_states(states[0])
+        try:
+            yield
+        finally:
+            states[0] = generator_states()
+            set_generator_states(outside)
+
+
+def seeded_call(reset: Callable, arguments: dict, seed: int):
+    """``reset(**arguments)`` with the global generators seeded with ``seed`` around it (a worker thread's call)."""
+    with generators_at([seeded_states(seed)]):
+        return reset(**arguments)
+
+
+class SeededSteps:
+    """A coroutine awaited with the global generators in states of its own during each of its steps,
+    seeded with ``seed`` before the first: other episodes' coroutines run between its steps on the
+    same loop, and neither sees the other's draws."""
+
+    def __init__(self, coroutine, seed: int):
+        self.coroutine, self.states = coroutine, [seeded_states(seed)]
+
+    def __await__(self):
+        send, value = self.coroutine.send, None
+        while True:
+            with generators_at(self.states):
+                try:
+                    waiting_on = send(value)
+                except StopIteration as done:
+                    return done.value
+            try:
+                value, send = (yield waiting_on), self.coroutine.send
+            except BaseException as error:  # noqa: BLE001 -- handed to the coroutine, as an await hands it
+                value, send = error, self.coroutine.throw
+
+
+async def seeded_reset(calls: EnvironmentCalls, reset: Callable, arguments: dict, seed: int | None, name: str):
+    """``reset(**arguments)`` through the run's ``calls``, seeded (module docstring): ``seed=`` where
+    reset names it and the row gives none of its own, else the global generators seeded around the
+    call (an ``async def`` reset: around each of its steps)."""
     if seed is None:
-        return reset(**arguments)
+        return await calls.call(reset, kwargs=arguments, name=name)
     if "seed" in named_parameters(reset)[0] and "seed" not in arguments:
-        return reset(**arguments, seed=seed)
-    with seeded_generators(seed):
-        return reset(**arguments)
+        return await calls.call(reset, kwargs={**arguments, "seed": seed}, name=name)
+    if is_async(reset):
+        async def stepped():
+            return await SeededSteps(reset(**arguments), seed)
+
+        return await calls.call(stepped, name=name)
+    return await calls.call(seeded_call, (reset, arguments, seed), name=name)
 
 
 class FactoryEnvironment(ToolUse, Adapter):
@@ -106,11 +173,13 @@ class FactoryEnvironment(ToolUse, Adapter):
         super().__init__(ToolBox(tools + tool_methods(self.instance), timeout), parser)
         self.row: dict = {}
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str | None, dict]:
+    async def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str | None, dict]:
         self.start_episode()
         self.row = options or {}
         try:
-            observation = seeded_reset(self.instance.reset, reset_arguments(self.instance.reset, self.row), seed)
+            observation = await seeded_reset(self.calls, self.instance.reset,
+                                             reset_arguments(self.instance.reset, self.row), seed,
+                                             f"environment {self.name}: reset()")
         except Exception as error:  # noqa: BLE001 -- the environment's bug, named
             raise EnvironmentFailed(self.instance, "reset", self.row, error) from error
         if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
@@ -128,17 +197,12 @@ class FactoryEnvironment(ToolUse, Adapter):
         answers = self.answer_calls(action)
         return answers, 0.0, answers is None, False, {}
 
-    def reward(self) -> float | None:
-        """``get_reward()`` of the finished episode (None for a class without one)."""
+    async def reward(self) -> float | None:
+        """``get_reward()`` of the finished episode (None for a class without one), awaited if async."""
         get_reward = getattr(self.instance, "get_reward", None)
         if get_reward is None:
             return None
         try:
-            value = get_reward()
-            if inspect.isawaitable(value):
-                from ppo_rlhf.rollout.reward import run_coroutine
-
-                value = run_coroutine(value)
+            return await self.calls.call(get_reward, name=f"environment {self.name}: get_reward()")
         except Exception as error:  # noqa: BLE001
             raise EnvironmentFailed(self.instance, "get_reward", self.row, error) from error
-        return value

@@ -13,13 +13,21 @@ calls, the same tensors).  With one, each episode goes on:
 
 The model's tokens are never decoded and re-encoded: what it sampled is what trains.  Only what
 the environment adds is tokenized, once, as the chat template continues a conversation after an
-assistant turn (envs/chat.py, ``ChatContinuation``).  Episodes of a batch advance turn by turn
-together: each turn is one ``generator.generate`` call on the episodes still running, each asking
-for no more than the room its episode has left.
+assistant turn (envs/chat.py, ``ChatContinuation``).
+
+Each episode of a batch is a coroutine of its own, from its reset to its reward, so one episode's
+environment calls never wait for another's: they run at once through the run's environment calls
+(envs/calls.py: plain defs on worker threads, async defs awaited on one event loop).  Each model
+turn is asked of a turn server on the trainer's thread (rollout/turns.py): with the torch loop,
+one ``generator.generate`` call on every episode still running once all have asked; with an
+engine taking requests one at a time (vLLM), each as soon as its episode's environment answered.
+Each asks for no more than the room its episode has left.  Every episode's tokens, calls and
+answers are its own, so what a batch holds never depends on which call finished first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -29,13 +37,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ppo_rlhf.envs.calls import CALLS_ON
 from ppo_rlhf.envs.chat import ChatContinuation, too_long_for_its_tools
-from ppo_rlhf.envs.protocol import EnvironmentFailed, as_messages, checked_result, takes_keyword, users_object
+from ppo_rlhf.envs.protocol import (EnvironmentFailed, as_messages, checked_result, describe, takes_keyword,
+                                    users_object)
 from ppo_rlhf.envs.tools import ToolParserFailed, ToolUse
 from ppo_rlhf.rollout.generation import Generator
 from ppo_rlhf.rollout.reward import ScoringBatch, refuse_unscored, weighted_sum
 from ppo_rlhf.rollout.responses import encode_prompts, generate_responses
 from ppo_rlhf.rollout.sequences import Sequences, is_stop, pad_columns
+from ppo_rlhf.rollout.turns import ContinuousTurns, TurnBatches
 
 
 @dataclass
@@ -148,6 +159,8 @@ class Play:
     contexts: list[list[int]]  # each episode's prompt ids
     budgets: list[int]  # tokens each episode may hold after its prompt
     seeds: list
+    prompt_ids: torch.Tensor  # (b, P) the prompts, left-padded
+    prompt_mask: torch.Tensor  # (b, P)
     tokens: list[list[int]] = field(default_factory=list)  # ids after the prompt
     owned: list[list[int]] = field(default_factory=list)  # 1: the model wrote it
     engine: list[list[float]] = field(default_factory=list)  # the engine's log-prob of each model token (else 0)
@@ -157,12 +170,13 @@ class Play:
     finished: list[bool] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    episode_rewards: list = field(default_factory=list)  # the environment's reward() at the end (None: none)
 
     def __post_init__(self) -> None:
         b = len(self.rows)
         for name in ("tokens", "owned", "engine", "turn_ends", "step_rewards", "conversations"):
             setattr(self, name, [[] for _ in range(b)])
-        self.finished, self.truncated, self.texts = [False] * b, [False] * b, [""] * b
+        self.finished, self.truncated, self.texts, self.episode_rewards = [False] * b, [False] * b, [""] * b, [None] * b
 
     def room(self, row: int) -> int:
         return self.budgets[row] - len(self.tokens[row])
@@ -180,11 +194,13 @@ class Play:
 
 
 class EpisodeRunner:
-    """Episodes of one batch, run turn by turn (module docstring).  Every call of an environment goes
-    through :meth:`call`."""
+    """Episodes of one batch (module docstring): each a coroutine of its own on the run's event loop
+    (envs/calls.py), from its reset to its reward, its model turns served on this thread
+    (rollout/turns.py).  Every call of an environment goes through :meth:`call`."""
 
     def __init__(self, model, tokenizer, generator: Generator, limits: EpisodeLimits, source):
         self.model, self.tokenizer, self.generator, self.limits, self.source = model, tokenizer, generator, limits, source
+        self.calls = source.calls
         self.stop_ids = torch.as_tensor(generator.stop_token_ids)
         self.pad = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
@@ -193,10 +209,14 @@ class EpisodeRunner:
         # Generation asks each row for at most the room its episode has left, where the engine takes that.
         self.row_limits = takes_keyword(generator.generate, "max_new_tokens")
 
-    def call(self, environment, method: str, row: dict, *args, **kwargs):
-        """``environment.method(...)``, its exception turned into EnvironmentFailed naming it and the row."""
+    progress = None  # called with (turns played, episodes still going): eval's progress bar
+
+    async def call(self, environment, method: str, row: dict, *args, **kwargs):
+        """``environment.method(...)`` through the run's calls (a worker thread, or awaited); its
+        exception turned into EnvironmentFailed naming it and the row, what it handed back checked."""
         try:
-            result = getattr(environment, method)(*args, **kwargs)
+            result = await self.calls.call(getattr(environment, method), args, kwargs,
+                                           name=f"environment {describe(environment)}: {method}()")
         except (EnvironmentFailed, ToolParserFailed):
             raise
         except Exception as error:  # noqa: BLE001 -- the environment's bug: named, and the run stops
@@ -214,11 +234,31 @@ class EpisodeRunner:
     def run(self, rows: list[dict], prompts: list, seeds: list[int] | None) -> Episodes:
         environments = self.source.environments(rows)
         seeds = seeds if seeds is not None else [None] * len(rows)
-        episode_prompts = []
-        for row, prompt, environment, seed in zip(rows, prompts, environments, seeds):
-            observation, _ = self.call(environment, "reset", row, seed=seed, options=row)
-            episode_prompts.append(first_messages(prompt, observation, getattr(environment, "observation_role", "user"),
-                                                  getattr(environment, "prompt_separator", "")))
+        try:
+            play = self.start(rows, prompts, environments, seeds)
+            # An engine holding weights of its own (vLLM) receives the actor's once for all the turns.
+            with getattr(self.generator, "holding_weights", lambda model: contextlib.nullcontext())(self.model):
+                turns = self.turn_server(len(rows))
+                self.calls.run(every_episode([self.play(play, r, turns) for r in range(len(rows))], rows), turns)
+                turns.close()
+        except BaseException:
+            self.source.retire(environments)  # a call of the stopped rollout may still be running on any of them
+            raise
+        self.source.retire([environment for environment in environments if getattr(environment, "abandoned", False)])
+        return self.episodes(play)
+
+    def start(self, rows: list[dict], prompts: list, environments: list, seeds: list) -> "Play":
+        """Each episode's environment reset (all at once), and its prompt: the row's with what reset
+        observed, rendered by the chat template and encoded."""
+        async def reset(environment, row, seed):
+            CALLS_ON.set(where(row))
+            return await self.call(environment, "reset", row, seed=seed, options=row)
+
+        observations = self.calls.run(every_episode([reset(environment, row, seed) for row, environment, seed
+                                                     in zip(rows, environments, seeds)], rows))
+        episode_prompts = [first_messages(prompt, observation, getattr(environment, "observation_role", "user"),
+                                          getattr(environment, "prompt_separator", ""))
+                           for prompt, (observation, _), environment in zip(prompts, observations, environments)]
         rendered = [self.continuation(environment).render(messages, add_generation_prompt=True)
                     for messages, environment in zip(episode_prompts, environments)]
         self.refuse_cutting_tools(rows, rendered, environments)
@@ -228,17 +268,7 @@ class EpisodeRunner:
         budgets = [self.limits.max_length - len(c) for c in contexts]
         if self.limits.max_episode_tokens is not None:
             budgets = [min(budget, self.limits.max_episode_tokens) for budget in budgets]
-        play = Play(rows, environments, episode_prompts, contexts, budgets, seeds)
-        # An engine holding weights of its own (vLLM) receives the actor's once for all the turns.
-        with getattr(self.generator, "holding_weights", lambda model: contextlib.nullcontext())(self.model):
-            active = list(range(len(rows)))
-            for turn in range(self.limits.max_turns):
-                if not active:
-                    break
-                active = self.turn(play, active, last=turn == self.limits.max_turns - 1)
-                if self.progress is not None:
-                    self.progress(turn + 1, len(active))
-        return self.episodes(play, prompt_ids, prompt_mask)
+        return Play(rows, environments, episode_prompts, contexts, budgets, seeds, prompt_ids, prompt_mask)
 
     def refuse_cutting_tools(self, rows: list[dict], rendered: list[str], environments: list) -> None:
         """DataError for an episode's prompt that lists tools and is too long to keep them whole (a
@@ -252,63 +282,93 @@ class EpisodeRunner:
                 where = f"the prompt of {row.get('_source', 'a row')}, with what its environment's reset() added,"
                 raise DataError(too_long_for_its_tools(where, length, self.limits.max_prompt_length))
 
-    progress = None  # called after each turn with (turns played, episodes still going): eval's progress bar
+    def turn_server(self, episodes: int):
+        """What serves the model's turns (rollout/turns.py): an engine that takes requests one at a
+        time serves each as it comes; any other generator, every episode's turn in one call."""
+        if hasattr(self.generator, "requests"):
+            self.has_engine_logprobs = True
+            return ContinuousTurns(self.generator.requests(self.model), episodes, self.progress)
+        return TurnBatches(self.generate, episodes, self.progress)
 
-    def generate(self, play: Play, active: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One turn of the episodes ``active``, each allowed at most the room its episode has left (a
-        later turn never runs past --max-length: a model with learned positions has no more)."""
-        batch = [play.contexts[r] + play.tokens[r] for r in active]
-        width = max(len(ids) for ids in batch)
-        ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in batch], device=self.device)
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=self.device)
-        if not self.row_limits:
-            return self.generator.generate(self.model, ids, mask)
-        ceiling = getattr(self.generator, "max_new_tokens", None)
-        limits = [play.room(r) if ceiling is None else min(ceiling, play.room(r)) for r in active]
-        return self.generator.generate(self.model, ids, mask, max_new_tokens=limits)
-
-    def turn(self, play: Play, active: list[int], last: bool) -> list[int]:
-        """One turn of the episodes still running: the model writes, each environment answers;
-        returns the episodes that go on.  The calls of a turn that ends its episode (the last turn,
-        or one that used up the episode's tokens) are not run, as TRL runs none: the model would
-        never read their answers, and their side effects would reach get_reward()."""
-        response_ids, response_mask = self.generate(play, active)
+    def generate(self, contexts: list[list[int]], limits: list[int] | None) -> list[tuple[list[int], list | None]]:
+        """One turn of several episodes in one ``generate`` call, left-padded, each row's ids so far
+        ``contexts``, each asking for at most its ``limits`` (None: the generator's own); each row's
+        new ids up to its first stop id, and the engine's log-probs of them (None without)."""
+        width = max(len(ids) for ids in contexts)
+        ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in contexts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in contexts], device=self.device)
+        if limits is None:
+            response_ids, response_mask = self.generator.generate(self.model, ids, mask)
+        else:
+            response_ids, response_mask = self.generator.generate(self.model, ids, mask, max_new_tokens=limits)
         logprobs = getattr(self.generator, "last_logprobs", None)
         self.has_engine_logprobs = logprobs is not None
-        going_on = []
-        for j, r in enumerate(active):
-            room = play.room(r)
-            new = response_ids[j][response_mask[j].bool()].tolist()[:room]
-            play.add(r, new, model=True, logprobs=logprobs[j][:len(new)].tolist() if logprobs is not None else None)
-            play.turn_ends[r].append(play.last_model_token(r))
-            stopped = bool(new) and bool(is_stop(torch.tensor(new[-1:]), self.stop_ids).item())
-            play.finished[r] = stopped
-            # What the model wrote, less its stop token, special tokens kept (a template's tool-call tags may be ones).
-            text = self.tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=False)
-            play.texts[r] = text
-            environment, row = play.environments[r], play.rows[r]
-            cut = len(new) >= room and not stopped  # the episode's budget ends inside this turn
-            final = last or len(new) >= room
-            if isinstance(environment, ToolUse):
-                said, answer, reward, terminated, truncated = self.tool_turn(play, r, new, text, final)
-            else:
-                play.conversations[r].append({"role": "assistant", "content": text})
-                observation, reward, terminated, truncated, _ = self.call(environment, "step", row, text)
-                said = answer = as_messages(observation, getattr(environment, "observation_role", "user"))
-            play.step_rewards[r].append(float(reward))
-            if terminated or truncated or final:
-                play.truncated[r] = cut or bool(truncated) or (final and not terminated)
-                continue
-            following = self.continuation(environment).ids(answer, new[-1] if new else None, stopped) if answer else []
-            if len(following) + 1 > play.room(r):  # no room left for the model to answer
-                play.truncated[r] = True
-                continue
-            play.conversations[r] += said
-            play.add(r, following, model=False)
-            going_on.append(r)
-        return going_on
+        responses = []
+        for j in range(len(contexts)):
+            new = response_ids[j][response_mask[j].bool()].tolist()
+            responses.append((new, logprobs[j][:len(new)].tolist() if logprobs is not None else None))
+        return responses
 
-    def tool_turn(self, play: Play, r: int, new: list[int], text: str, final: bool) -> tuple:
+    def turn_limit(self, play: "Play", r: int) -> int | None:
+        """The most tokens episode ``r``'s next turn may ask for: the room its episode has left (a
+        later turn never runs past --max-length: a model with learned positions has no more), no more
+        than the engine's own limit; None where the engine takes no limit per row."""
+        if not self.row_limits:
+            return None
+        ceiling = getattr(self.generator, "max_new_tokens", None)
+        return play.room(r) if ceiling is None else min(ceiling, play.room(r))
+
+    async def play(self, play: "Play", r: int, turns) -> None:
+        """Episode ``r`` from its first model turn to its reward: each turn asked of ``turns`` as soon
+        as its environment has answered the one before."""
+        environment, row = play.environments[r], play.rows[r]
+        CALLS_ON.set(where(row))
+        try:
+            for turn in range(self.limits.max_turns):
+                new, logprobs = await turns.ask(r, play.contexts[r] + play.tokens[r], self.turn_limit(play, r))
+                if not await self.answer(play, r, new, logprobs, last=turn == self.limits.max_turns - 1):
+                    break
+        finally:
+            turns.ended(r)
+        reward = getattr(environment, "reward", None)
+        play.episode_rewards[r] = await self.call(environment, "reward", row) if callable(reward) else None
+
+    async def answer(self, play: "Play", r: int, new: list[int], logprobs: list[float] | None, last: bool) -> bool:
+        """Episode ``r``'s model turn ``new`` kept, and its environment's answer; whether it goes on.
+        The calls of a turn that ends its episode (the last turn, or one that used up the episode's
+        tokens) are not run, as TRL runs none: the model would never read their answers, and their
+        side effects would reach get_reward()."""
+        room = play.room(r)
+        new = new[:room]
+        play.add(r, new, model=True, logprobs=logprobs[:len(new)] if logprobs is not None else None)
+        play.turn_ends[r].append(play.last_model_token(r))
+        stopped = bool(new) and bool(is_stop(torch.tensor(new[-1:]), self.stop_ids).item())
+        play.finished[r] = stopped
+        # What the model wrote, less its stop token, special tokens kept (a template's tool-call tags may be ones).
+        text = self.tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=False)
+        play.texts[r] = text
+        environment, row = play.environments[r], play.rows[r]
+        cut = len(new) >= room and not stopped  # the episode's budget ends inside this turn
+        final = last or len(new) >= room
+        if isinstance(environment, ToolUse):
+            said, answer, reward, terminated, truncated = await self.tool_turn(play, r, new, text, final)
+        else:
+            play.conversations[r].append({"role": "assistant", "content": text})
+            observation, reward, terminated, truncated, _ = await self.call(environment, "step", row, text)
+            said = answer = as_messages(observation, getattr(environment, "observation_role", "user"))
+        play.step_rewards[r].append(float(reward))
+        if terminated or truncated or final:
+            play.truncated[r] = cut or bool(truncated) or (final and not terminated)
+            return False
+        following = self.continuation(environment).ids(answer, new[-1] if new else None, stopped) if answer else []
+        if len(following) + 1 > play.room(r):  # no room left for the model to answer
+            play.truncated[r] = True
+            return False
+        play.conversations[r] += said
+        play.add(r, following, model=False)
+        return True
+
+    async def tool_turn(self, play: "Play", r: int, new: list[int], text: str, final: bool) -> tuple:
         """A turn of an environment whose tools answer it: the calls read (the assistant message
         carries them, as TRL's completions do), then run unless the turn is ``final``.  Returns (the
         messages for the conversation, the messages for the template, reward, terminated, truncated)."""
@@ -316,7 +376,7 @@ class EpisodeRunner:
         prefix = ""
         if hasattr(environment.parser, "read"):  # a response template reads the turn with the prompt before it
             prefix = self.tokenizer.decode(play.contexts[r] + play.tokens[r][:len(play.tokens[r]) - len(new)])
-        content, calls = self.call(environment, "read_turn", row, text, prefix)
+        content, calls = await self.call(environment, "read_turn", row, text, prefix)
         message = {"role": "assistant", "content": content}
         read = [call.as_message_call() for call in calls if call.error is None]
         if read:
@@ -324,30 +384,53 @@ class EpisodeRunner:
         play.conversations[r].append(message)
         if not calls or final:
             return [], [], 0.0, not calls, False
-        answers = self.call(environment, "answer", row, calls)
+        answers = await self.call(environment, "answer", row, calls)
         return [answer.given for answer in answers], [answer.message for answer in answers], 0.0, False, False
 
-    def episodes(self, play: Play, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> Episodes:
+    def episodes(self, play: "Play") -> Episodes:
         """The played batch as tensors: responses right-padded, the loss mask on the model's tokens."""
         width = max(1, max(len(t) for t in play.tokens))
 
         def padded(lists: list[list], fill, dtype=None) -> torch.Tensor:
             return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=dtype, device=self.device)
 
-        sequences = Sequences(prompt_ids, prompt_mask, padded(play.tokens, self.pad),
+        sequences = Sequences(play.prompt_ids, play.prompt_mask, padded(play.tokens, self.pad),
                               padded([[1] * len(t) for t in play.tokens], 0), padded(play.owned, 0))
-        stats, tool_logs, episode_rewards = Counter(), [], []
-        for environment, row in zip(play.environments, play.rows):
+        stats = Counter()
+        for environment in play.environments:
             stats.update(getattr(environment, "tool_stats", None) or {})
-            tool_logs.append(list(getattr(environment, "tool_log", [])))
-            reward = getattr(environment, "reward", None)
-            episode_rewards.append(self.call(environment, "reward", row) if callable(reward) else None)
         return Episodes(sequences, play.prompts, play.texts, play.finished,
                         padded(play.engine, 0.0, torch.float32) if self.has_engine_logprobs else None,
                         turns=[len(ends) for ends in play.turn_ends], truncated=play.truncated,
-                        step_rewards=play.step_rewards, turn_ends=play.turn_ends, episode_rewards=episode_rewards,
-                        conversations=play.conversations, environments=list(play.environments), tool_logs=tool_logs,
+                        step_rewards=play.step_rewards, turn_ends=play.turn_ends,
+                        episode_rewards=play.episode_rewards, conversations=play.conversations,
+                        environments=list(play.environments),
+                        tool_logs=[list(getattr(environment, "tool_log", [])) for environment in play.environments],
                         seeds=list(play.seeds), stats=stats)
+
+
+def where(row: dict) -> str:
+    """A row as messages name it."""
+    return row.get("_source", "a prompt row") if isinstance(row, dict) else "a prompt row"
+
+
+async def every_episode(coroutines: list, rows: list[dict]) -> list:
+    """Each episode's coroutine run at once; their results in row order.  One that raises stops the
+    others (cancelled: a call on a thread is left to finish, its environment retired by the caller)
+    and is raised -- of several, the first row's."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()  # a no-op for a finished one
+        await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [task for task in tasks if not task.cancelled() and task.exception() is not None]
+    if failed:
+        raise failed[0].exception()
+    return [task.result() for task in tasks]
 
 
 def environment_rewards(episodes: Episodes) -> torch.Tensor | None:

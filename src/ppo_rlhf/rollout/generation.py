@@ -56,6 +56,12 @@ class Generator(Protocol):
        aligned with them, row for row, T the longest response of the batch.
     5. Randomness: with a seed, the same prompts give the same responses (resume and the
        multi-process parity test rely on it).
+
+    An engine that takes requests one at a time may also offer ``requests(model)``: one rollout's
+    session whose ``add(row, turn, ids, limit)`` submits an episode's turn the moment it is asked
+    and whose ``step()`` hands back the finished ones, for episodes that never wait for each other
+    (rollout/turns.py, ``ContinuousTurns``; the vLLM engine's ``EngineRequests``).  Without it an
+    episode's turns are batched, one ``generate`` call per turn.
     """
 
     stop_token_ids: list[int]  # the ids that end a response

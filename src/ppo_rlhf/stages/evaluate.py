@@ -127,7 +127,8 @@ def run_eval(config: EvalConfig) -> dict:
     task = make_task(config, config.seed)
     config.check_episode_options_used()
     environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
-                                      tool_timeout=config.tool_timeout, environment_config=config.environment_config,
+                                      tool_timeout=config.tool_timeout, env_workers=config.env_workers,
+                                      environment_config=config.environment_config,
                                       action_names=config.action_names or None,
                                       observation_text=config.observation_text)
     if config.prompts:

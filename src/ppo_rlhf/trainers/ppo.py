@@ -204,7 +204,8 @@ def environments_of(config: PPOConfig, environment=None, tools: list | None = No
     config.check_episode_options_used()
     environment, tools = episode_objects(config, environment, tools)
     return environment_source(environment, tools, tool_parser=config.tool_parser,
-                              tool_timeout=config.tool_timeout, environment_config=config.environment_config,
+                              tool_timeout=config.tool_timeout, env_workers=config.env_workers,
+                              environment_config=config.environment_config,
                               action_names=config.action_names or None, observation_text=config.observation_text)
 
 

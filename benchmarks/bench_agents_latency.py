@@ -1,0 +1,323 @@
+"""Agents at the speed of their tools (issue 48; docs/agents.md, "Tools that wait"): seconds per
+PPO iteration with a calculator tool that answers over HTTP after a wait, against the same tool
+answering at once.  SmolLM2-135M-Instruct after the SFT warm-up of ``bench_agents.py tools``.
+
+    python benchmarks/bench_agents.py tools                       # once: the SFT warm-up (and make smollm2)
+    python benchmarks/bench_agents_latency.py torch               # ppo-rlhf, torch engine
+    python benchmarks/bench_agents_latency.py vllm                # ppo-rlhf, vLLM engine (make vllm-venv)
+    python benchmarks/bench_agents_latency.py trl                 # ppo-rlhf and TRL 1.16 (make trl116-venv)
+    python benchmarks/bench_agents_latency.py torch --smoke       # a minute, to see it run (SmolLM2 as it comes)
+
+The tool is the benchmarks' calculator (agents_tools.calculator) served by a local HTTP server the
+benchmark starts (agents_http.LatencyServer: a thread per request, so waits overlap as a real
+service's do), called by one of two clients with the calculator's own name, signature and
+docstring, so the prompt shows the schema the warm-up taught: a plain ``def`` using urllib
+(agents_http.calculator) and an ``async def`` using asyncio's streams (agents_http_async.calculator).
+
+``torch``: the tools benchmark's GRPO recipe (LoRA, 8 samples of 4 prompts: 32 episodes an
+iteration, up to 3 turns of 48 tokens, the torch engine), each client with no latency and with
+0.5 s a call; and, for scale, the 0.5 s tool with ``--env-workers 1`` (one call at a time, as every
+call ran before issue 48).  Target: the 0.5 s iteration at most 1.15x the one without.  The runs
+draw the same prompts and sample the same episodes whatever the latency (results do not depend on
+when a call answers): the report says whether the first iteration's saved episodes are equal.
+
+``vllm``: the same recipe on the vLLM engine (run by .venv-vllm's python), a latency drawn per call
+from 0.1-2 s, episodes turn by turn (the engine's ``generate`` once per turn on every episode
+still going, as before issue 48) against episodes that never wait for each other (each turn its
+own request, continuous batching); and both with no latency.
+
+``trl``: TRL 1.16's GRPOTrainer (``tools=[calculator]``: the sync client, then the async one)
+against ppo-rlhf on the settings of ``bench_agents.py peers`` (benchmarks/peers/trl_tools.py), each
+with no latency and with 0.5 s.  Targets: the seconds the 0.5 s tool adds to ppo-rlhf's iteration at
+most a tenth of what it adds to TRL's, and ppo-rlhf's whole iteration no slower than TRL's.
+
+Every run is a process of its own, one after another; results in
+benchmarks/results/agents_latency_{torch,vllm,trl}.{json,md}.  Run on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import agents_tools  # noqa: E402
+from agents_http import URL_VARIABLE, LatencyServer  # noqa: E402
+
+RESULTS = HERE / "results"
+OUT = ROOT / "runs" / "bench_agents"
+MODEL = ROOT / "runs" / "smollm2-135m-instruct"
+WARM = OUT / "sft" / "checkpoints" / "sft"
+TRL_PYTHON = ROOT / ".venv-trl116" / "bin" / "python"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+CLIENTS = {"sync": f"{HERE / 'agents_http.py'}:calculator", "async": f"{HERE / 'agents_http_async.py'}:calculator"}
+# bench_agents.py's PPO_TOOLS: LoRA, GRPO with 8 samples of 4 prompts, one optimizer step a batch,
+# lr 1e-4, temperature 0.7, k3 KL in the loss; 48 new tokens a turn, 3 turns at most.
+RECIPE = ["--lora", "--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 32,
+          "--ppo-epochs", 1, "--kl-in", "loss", "--lr", 1e-4, "--temperature", 0.7, "--max-new-tokens", 48,
+          "--max-length", 512, "--max-turns", 3]
+SMOKE = ["--lora", "--estimator", "grpo", "--samples-per-prompt", 2, "--batch-size", 4, "--mini-batch-size", 4,
+         "--ppo-epochs", 1, "--max-new-tokens", 8, "--max-length", 512, "--max-turns", 2]
+HALF_SECOND, RANDOM = 0.5, (0.1, 2.0)
+
+
+def child_env(server: LatencyServer) -> dict:
+    """The environment of a run: the server's address for the tool's client, this folder importable
+    (the clients import agents_tools), one OpenMP thread pool as the runs ask."""
+    paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, URL_VARIABLE: server.url, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def timed(command: list, log: Path, env: dict) -> float:
+    start = time.perf_counter()
+    with open(log, "w") as file:
+        done = subprocess.run([str(part) for part in command], stdout=file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    if done.returncode:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command))}; see {log}")
+    return time.perf_counter() - start
+
+
+def iteration_figures(folder: Path) -> dict:
+    """Seconds per iteration (mean and median of ``time/iteration``) and what the episodes did."""
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in metrics if "time/iteration" in m]
+    seconds = [m["time/iteration"] for m in trained]
+    figures = {"seconds_per_iteration": round(statistics.mean(seconds), 2),
+               "median_seconds": round(statistics.median(seconds), 2), "iterations": len(seconds)}
+    for key in ("time/generate", "episode/turns", "tools/calls", "tools/errors", "tools/timeouts", "score"):
+        values = [m[key] for m in trained if key in m]
+        if values:
+            figures[key] = round(statistics.mean(values), 3)
+    return figures
+
+
+def setup(args) -> tuple[Path, Path, str, list]:
+    """(model, prompts, chat template, the run's extra arguments): the warm-up's model, or in a
+    smoke run SmolLM2 as it comes with a parser that reads a calculator call in every turn."""
+    from ppo_rlhf.envs.options import tool_template_path
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        if not (MODEL / "config.json").is_file():
+            raise SystemExit(f"no {MODEL}: run `make smollm2` first")
+        prompts = agents_tools.write_jsonl(OUT / "latency_smoke.jsonl",
+                                           agents_tools.prompt_rows(agents_tools.problems(16, seed=2)))
+        return MODEL, Path(prompts), str(tool_template_path()), [
+            *SMOKE, "--tool-parser", f"{HERE / 'agents_http.py'}:calls_calculator"]
+    if not (WARM / "config.json").is_file():
+        raise SystemExit(f"no {WARM}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
+    import bench_agents
+
+    return WARM, OUT / "train.jsonl", bench_agents.qwen_template(), RECIPE
+
+
+def ppo_rlhf_run(name: str, args, latency, client: str, extra: list, python: str = sys.executable) -> dict:
+    """One ``ppo-rlhf ppo`` run with the HTTP calculator at ``latency``; its figures."""
+    model, prompts, template, recipe = setup(args)
+    out = OUT / f"latency_{name}"
+    command = [python, "-m", "ppo_rlhf.cli", "ppo", "--model", model, "--prompts", prompts, "--tool", CLIENTS[client],
+               "--chat-template-file", template, "--reward-fn", f"{HERE / 'agents_tools.py'}:answer_reward", *recipe,
+               "--iterations", args.iterations, "--eval-every", 0, "--save-every", 0, "--save-rollouts", 1,
+               "--seed", args.seed, "--num-threads", args.threads, "--out", out, "--overwrite", *extra]
+    with LatencyServer(latency, seed=args.seed) as server:
+        wall = timed(command, OUT / f"latency_{name}.log", child_env(server))
+        calls = server.requests
+    print(f"{name}: {wall:.0f} s, {calls} calls", flush=True)
+    return {"latency": latency, "client": client, "extra": [str(e) for e in extra], "calls": calls,
+            **iteration_figures(out)}
+
+
+def first_episodes(name: str) -> list:
+    path = OUT / f"latency_{name}" / "rollouts" / "iteration_0001.jsonl"
+    return [json.loads(line)["response_ids"] for line in path.read_text().splitlines()]
+
+
+def torch_engine(args) -> dict:
+    runs = {}
+    for client in ("sync", "async"):
+        runs[f"{client}_none"] = ppo_rlhf_run(f"{client}_none", args, 0.0, client, [])
+        runs[f"{client}_half_second"] = ppo_rlhf_run(f"{client}_half_second", args, HALF_SECOND, client, [])
+    if args.serial_iterations:
+        serial = argparse.Namespace(**{**vars(args), "iterations": args.serial_iterations})
+        runs["sync_half_second_one_worker"] = ppo_rlhf_run("sync_half_second_one_worker", serial, HALF_SECOND, "sync",
+                                                           ["--env-workers", 1])
+    for client in ("sync", "async"):
+        runs[f"{client}_ratio"] = round(runs[f"{client}_half_second"]["seconds_per_iteration"]
+                                        / runs[f"{client}_none"]["seconds_per_iteration"], 3)
+        runs[f"{client}_same_episodes"] = first_episodes(f"{client}_none") == first_episodes(f"{client}_half_second")
+    return runs
+
+
+def vllm_engine(args) -> dict:
+    if not VLLM_PYTHON.is_file():
+        raise SystemExit("no .venv-vllm: run `make vllm-venv` first")
+    runs = {}
+    for latency, label in ((0.0, "none"), (RANDOM, "random")):
+        for mode in ("turn_by_turn", "independent"):
+            name = f"vllm_{label}_{mode}"
+            runs[name] = ppo_rlhf_vllm_run(name, args, latency, mode)
+    runs["random_ratio"] = round(runs["vllm_random_independent"]["seconds_per_iteration"]
+                                 / runs["vllm_random_turn_by_turn"]["seconds_per_iteration"], 3)
+    return runs
+
+
+def ppo_rlhf_vllm_run(name: str, args, latency, mode: str) -> dict:
+    """A run on the vLLM engine through the Python API (so that turn by turn can be asked for: the
+    engine without its ``requests``), in .venv-vllm."""
+    model, prompts, template, recipe = setup(args)
+    out = OUT / f"latency_{name}"
+    settings = {"argv": [str(a) for a in [
+        "--model", model, "--prompts", prompts, "--tool", CLIENTS["sync"], "--chat-template-file", template,
+        "--reward-fn", f"{HERE / 'agents_tools.py'}:answer_reward", *recipe, "--rollout-engine", "vllm",
+        "--iterations", args.iterations, "--eval-every", 0, "--save-every", 0, "--seed", args.seed,
+        "--num-threads", args.threads, "--out", out, "--overwrite"]], "turn_by_turn": mode == "turn_by_turn"}
+    settings_file = OUT / f"latency_{name}.json"
+    settings_file.write_text(json.dumps(settings))
+    with LatencyServer(latency, seed=args.seed) as server:
+        wall = timed([VLLM_PYTHON, Path(__file__), "vllm-run", "--settings", settings_file],
+                     OUT / f"latency_{name}.log", child_env(server))
+        calls = server.requests
+    print(f"{name}: {wall:.0f} s, {calls} calls", flush=True)
+    return {"latency": latency, "mode": mode, "calls": calls, **iteration_figures(out)}
+
+
+class TurnByTurn:
+    """The run's vLLM engine without ``requests``: an episode's turns batched, one ``generate`` call
+    per turn on every episode still going (rollout/turns.py, TurnBatches), as before issue 48."""
+
+    def __init__(self, engine):
+        self.__dict__["engine"] = engine
+
+    def __getattr__(self, name):
+        if name == "requests":
+            raise AttributeError(name)
+        return getattr(self.__dict__["engine"], name)
+
+    def __setattr__(self, name, value):
+        setattr(self.__dict__["engine"], name, value)
+
+
+def vllm_run(settings_file: str) -> None:
+    """In .venv-vllm: ``ppo-rlhf ppo`` with the settings' arguments, its engine turn by turn if asked
+    (the engine the trainer builds, wrapped as it is made)."""
+    from ppo_rlhf import cli
+    from ppo_rlhf.trainers import ppo_setup
+
+    settings = json.loads(Path(settings_file).read_text())
+    if settings["turn_by_turn"]:
+        make_engine = ppo_setup.make_engine
+        ppo_setup.make_engine = lambda *a, **k: TurnByTurn(make_engine(*a, **k))
+    raise SystemExit(cli.main(["ppo", *settings["argv"]]))
+
+
+def trl_side_by_side(args) -> dict:
+    if not TRL_PYTHON.is_file():
+        raise SystemExit("no .venv-trl116: run `make trl116-venv` first")
+    import bench_agents
+
+    if not (WARM / "config.json").is_file():
+        raise SystemExit(f"no {WARM}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
+    template = bench_agents.qwen_template()
+    rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
+    work = {"k": 8, "batch_size": 32, "lr": 1e-4, "beta": 0.05, "temperature": 0.7, "max_episode_tokens": 144,
+            "max_turns": 3}  # bench_agents.py peers' settings
+    ours = ["--lora", "--estimator", "grpo", "--samples-per-prompt", work["k"], "--batch-size", work["batch_size"],
+            "--mini-batch-size", work["batch_size"], "--ppo-epochs", 1, "--kl-in", "loss", "--kl-coef", work["beta"],
+            "--lr", work["lr"], "--temperature", work["temperature"], "--max-new-tokens", work["max_episode_tokens"],
+            "--max-episode-tokens", work["max_episode_tokens"], "--max-length", 512, "--max-turns", work["max_turns"]]
+    runs = {"work": work}
+    for client in ("sync", "async"):
+        for latency, label in ((0.0, "none"), (HALF_SECOND, "half_second")):
+            name = f"peers_{client}_{label}"
+            out = OUT / f"latency_{name}"
+            command = [sys.executable, "-m", "ppo_rlhf.cli", "ppo", "--model", WARM, "--prompts", OUT / "train.jsonl",
+                       "--tool", CLIENTS[client], "--chat-template-file", template, "--reward-fn",
+                       f"{HERE / 'agents_tools.py'}:answer_reward", *ours, "--iterations", args.iterations,
+                       "--eval-every", 0, "--save-every", 0, "--seed", args.seed, "--num-threads", args.threads,
+                       "--out", out, "--overwrite"]
+            with LatencyServer(latency, seed=args.seed) as server:
+                timed(command, OUT / f"latency_{name}.log", child_env(server))
+                runs[f"ppo_rlhf_{client}_{label}"] = {"calls": server.requests, **iteration_figures(out)}
+            trl = OUT / f"latency_trl_{client}_{label}"
+            trl.mkdir(exist_ok=True)
+            ordered = agents_tools.write_jsonl(trl / "prompts.jsonl", bench_agents.drawn_order(
+                rows, args.iterations, work["batch_size"] // work["k"], args.seed))
+            settings = {"model": str(WARM), "prompts": ordered, "chat_template": template, "out": str(trl),
+                        "seed": args.seed, "threads": args.threads, "iterations": args.iterations, "work": work,
+                        "tool": {"sync": "http", "async": "http-async"}[client]}
+            (trl / "settings.json").write_text(json.dumps(settings, indent=2))
+            with LatencyServer(latency, seed=args.seed) as server:
+                timed([TRL_PYTHON, HERE / "peers" / "trl_tools.py", "--settings", trl / "settings.json"],
+                      OUT / f"latency_trl_{client}_{label}.log", child_env(server))
+                runs[f"trl_{client}_{label}"] = {"calls": server.requests, **iteration_figures(trl)}
+            print(name, runs[f"ppo_rlhf_{client}_{label}"], runs[f"trl_{client}_{label}"], flush=True)
+    for client in ("sync", "async"):
+        added = {system: runs[f"{system}_{client}_half_second"]["seconds_per_iteration"]
+                 - runs[f"{system}_{client}_none"]["seconds_per_iteration"] for system in ("ppo_rlhf", "trl")}
+        runs[f"{client}_added_seconds"] = {system: round(value, 2) for system, value in added.items()}
+        runs[f"{client}_added_ratio"] = round(added["ppo_rlhf"] / added["trl"], 3) if added["trl"] > 0 else None
+    return runs
+
+
+def report(name: str, result: dict, args) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    result = {"benchmark": f"agents_latency_{name}", "machine": f"{platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} cores, {args.threads} torch threads", "date": time.strftime("%Y-%m-%d"),
+              "seed": args.seed, "iterations": args.iterations, "smoke": args.smoke, **result}
+    stem = f"agents_latency_{name}" + ("_smoke" if args.smoke else "")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# Agents at the speed of their tools: {name}", "",
+             f"`python benchmarks/bench_agents_latency.py {name}{' --smoke' if args.smoke else ''}` (seed {args.seed}, "
+             f"{args.iterations} iterations a run, {result['machine']}, {result['date']})", "",
+             "| run | latency a call | seconds per iteration (mean / median) | tool calls an episode | turns |",
+             "|---|---|---|---|---|"]
+    for key, run in result.items():
+        if isinstance(run, dict) and "seconds_per_iteration" in run:
+            latency = run.get("latency")
+            shown = ("0.1-2 s" if isinstance(latency, (list, tuple)) else f"{latency:g} s") if latency is not None \
+                else ("0.5 s" if key.endswith("half_second") else "0 s")
+            lines.append(f"| {key} | {shown} | {run['seconds_per_iteration']} / {run['median_seconds']} | "
+                         f"{run.get('tools/calls', '-')} | {run.get('episode/turns', '-')} |")
+    lines.append("")
+    for key, value in result.items():
+        if key.endswith(("_ratio", "_same_episodes", "_added_seconds")):
+            lines.append(f"- {key}: {value}")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("benchmark", choices=("torch", "vllm", "trl", "vllm-run"))
+    parser.add_argument("--iterations", type=int, default=None, help="PPO iterations a run (torch 5, vllm 4, trl 3)")
+    parser.add_argument("--serial-iterations", type=int, default=2,
+                        help="torch: iterations of the 0.5 s tool with --env-workers 1 (0: leave that run out)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="SmolLM2 as it comes, 4 episodes, 1 iteration: to see it run")
+    parser.add_argument("--settings", help=argparse.SUPPRESS)  # vllm-run: the run's settings
+    args = parser.parse_args()
+    if args.benchmark == "vllm-run":
+        vllm_run(args.settings)
+        return
+    if args.iterations is None:
+        args.iterations = 1 if args.smoke else {"torch": 5, "vllm": 4, "trl": 3}[args.benchmark]
+    if args.smoke:
+        args.serial_iterations = min(args.serial_iterations, 1)
+    result = {"torch": torch_engine, "vllm": vllm_engine, "trl": trl_side_by_side}[args.benchmark](args)
+    report(args.benchmark, result, args)
+
+
+if __name__ == "__main__":
+    main()
