@@ -94,7 +94,10 @@ def iteration_figures(folder: Path) -> dict:
     trained = [m for m in metrics if "time/iteration" in m]
     seconds = [m["time/iteration"] for m in trained]
     figures = {"seconds_per_iteration": round(statistics.mean(seconds), 2),
-               "median_seconds": round(statistics.median(seconds), 2), "iterations": len(seconds)}
+               "median_seconds": round(statistics.median(seconds), 2), "iterations": len(seconds),
+               "seconds_each": [round(value, 2) for value in seconds]}
+    if len(seconds) > 1:  # the first iteration also holds the run's one-time checks (the first batch's pass check)
+        figures["seconds_after_first"] = round(statistics.mean(seconds[1:]), 2)
     for key in ("time/generate", "episode/turns", "tools/calls", "tools/errors", "tools/timeouts", "score"):
         values = [m[key] for m in trained if key in m]
         if values:
@@ -119,7 +122,11 @@ def setup(args) -> tuple[Path, Path, str, list]:
         raise SystemExit(f"no {WARM}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
     import bench_agents
 
-    return WARM, OUT / "train.jsonl", bench_agents.qwen_template(), RECIPE
+    # --calls every-turn: the warm-up's model calls its tool in 9-31% of the episodes of its first
+    # iterations, which would leave the waits mostly out of what is measured; the load measured is
+    # every turn calling the tool (3 turns, 96 calls an iteration), the model's text kept as written.
+    every_turn = ["--tool-parser", f"{HERE / 'agents_http.py'}:calls_calculator"] if args.calls == "every-turn" else []
+    return WARM, OUT / "train.jsonl", bench_agents.qwen_template(), RECIPE + every_turn
 
 
 def ppo_rlhf_run(name: str, args, latency, client: str, extra: list, python: str = sys.executable) -> dict:
@@ -143,19 +150,29 @@ def first_episodes(name: str) -> list:
     return [json.loads(line)["response_ids"] for line in path.read_text().splitlines()]
 
 
+def steady(run: dict) -> float:
+    """Seconds per iteration without the first's one-time checks, where the run has more than one."""
+    return run.get("seconds_after_first", run["seconds_per_iteration"])
+
+
 def torch_engine(args) -> dict:
     runs = {}
-    for client in ("sync", "async"):
+    for client in args.clients:
         runs[f"{client}_none"] = ppo_rlhf_run(f"{client}_none", args, 0.0, client, [])
         runs[f"{client}_half_second"] = ppo_rlhf_run(f"{client}_half_second", args, HALF_SECOND, client, [])
     if args.serial_iterations:
         serial = argparse.Namespace(**{**vars(args), "iterations": args.serial_iterations})
         runs["sync_half_second_one_worker"] = ppo_rlhf_run("sync_half_second_one_worker", serial, HALF_SECOND, "sync",
                                                            ["--env-workers", 1])
-    for client in ("sync", "async"):
-        runs[f"{client}_ratio"] = round(runs[f"{client}_half_second"]["seconds_per_iteration"]
-                                        / runs[f"{client}_none"]["seconds_per_iteration"], 3)
+    for client in args.clients:
+        runs[f"{client}_ratio"] = round(steady(runs[f"{client}_half_second"]) / steady(runs[f"{client}_none"]), 3)
+        runs[f"{client}_added_seconds"] = round(steady(runs[f"{client}_half_second"]) - steady(runs[f"{client}_none"]), 2)
         runs[f"{client}_same_episodes"] = first_episodes(f"{client}_none") == first_episodes(f"{client}_half_second")
+    if args.serial_iterations and "sync" in args.clients:  # the first iteration of each, alike in its one-time checks
+        runs["one_worker_added_seconds_first_iteration"] = round(
+            runs["sync_half_second_one_worker"]["seconds_each"][0] - runs["sync_none"]["seconds_each"][0], 2)
+        runs["workers_added_seconds_first_iteration"] = round(
+            runs["sync_half_second"]["seconds_each"][0] - runs["sync_none"]["seconds_each"][0], 2)
     return runs
 
 
@@ -276,22 +293,25 @@ def report(name: str, result: dict, args) -> None:
               f"{os.cpu_count()} cores, {args.threads} torch threads", "date": time.strftime("%Y-%m-%d"),
               "seed": args.seed, "iterations": args.iterations, "smoke": args.smoke, **result}
     stem = f"agents_latency_{name}" + ("_smoke" if args.smoke else "")
+    if args.append and (RESULTS / f"{stem}.json").is_file():  # the runs measured before, kept beside these
+        result = {**json.loads((RESULTS / f"{stem}.json").read_text()), **result}
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Agents at the speed of their tools: {name}", "",
              f"`python benchmarks/bench_agents_latency.py {name}{' --smoke' if args.smoke else ''}` (seed {args.seed}, "
              f"{args.iterations} iterations a run, {result['machine']}, {result['date']})", "",
-             "| run | latency a call | seconds per iteration (mean / median) | tool calls an episode | turns |",
-             "|---|---|---|---|---|"]
+             "| run | latency a call | seconds per iteration (mean / median) | each iteration | tool calls an episode | turns |",
+             "|---|---|---|---|---|---|"]
     for key, run in result.items():
         if isinstance(run, dict) and "seconds_per_iteration" in run:
             latency = run.get("latency")
             shown = ("0.1-2 s" if isinstance(latency, (list, tuple)) else f"{latency:g} s") if latency is not None \
                 else ("0.5 s" if key.endswith("half_second") else "0 s")
             lines.append(f"| {key} | {shown} | {run['seconds_per_iteration']} / {run['median_seconds']} | "
+                         f"{', '.join(map(str, run.get('seconds_each', [])))} | "
                          f"{run.get('tools/calls', '-')} | {run.get('episode/turns', '-')} |")
     lines.append("")
     for key, value in result.items():
-        if key.endswith(("_ratio", "_same_episodes", "_added_seconds")):
+        if key.endswith(("_ratio", "_same_episodes", "_added_seconds", "_first_iteration")):
             lines.append(f"- {key}: {value}")
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -306,6 +326,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="SmolLM2 as it comes, 4 episodes, 1 iteration: to see it run")
+    parser.add_argument("--calls", choices=("every-turn", "model"), default="every-turn",
+                        help="torch, vllm: a calculator call read in every turn (the waits measured), or only the "
+                             "calls the warm-up's model writes")
+    parser.add_argument("--clients", default="sync,async", type=lambda text: text.split(","),
+                        help="torch: the clients run, each with no latency and with 0.5 s")
+    parser.add_argument("--append", action="store_true", help="keep the runs of the results file that these do not measure again")
     parser.add_argument("--settings", help=argparse.SUPPRESS)  # vllm-run: the run's settings
     args = parser.parse_args()
     if args.benchmark == "vllm-run":

@@ -35,6 +35,7 @@ def users_tiny_model(folder, seed: int = 0, arch: str = "llama", positions: int 
     tokenizer.save_pretrained(folder)
 
 
+@pytest.mark.slow  # about 40 s of training on 2 cores: make test-slow, which CI runs
 @pytest.mark.learning
 def test_the_readme_command_learns_with_default_settings(tmp_path, monkeypatch, capsys, learning_seed, record_outcome):
     monkeypatch.chdir(tmp_path)

@@ -143,6 +143,7 @@ def tool_template() -> str:
     return str(tool_template_path())
 
 
+@pytest.mark.slow  # a resume in two processes and a straight run, about a minute on 2 cores: make test-slow, which CI runs
 def test_a_resume_in_two_processes_ends_where_a_straight_run_does_and_one_process_is_refused(sft_model, tmp_path):
     straight = launch(ppo_args(sft_model, tmp_path / "straight", "--iterations", 4, "--save-every", 2), processes=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -233,6 +234,7 @@ def launch_fsdp(args: list, processes: int = 2, timeout: int = 240) -> subproces
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # two processes sharded (FSDP2), a minute a case on 2 cores: make test-slow, which CI runs
 def test_sft_sharded_over_two_processes_trains_like_one_and_resumes(tmp_path):
     assert main([str(a) for a in sft_args(tmp_path / "one")]) == 0
     # Half the steps, then a resume from the sharded checkpoint (whole weights and AdamW moments,
@@ -250,6 +252,7 @@ def test_sft_sharded_over_two_processes_trains_like_one_and_resumes(tmp_path):
     assert result.returncode != 0 and "trained with an FSDP config" in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # two processes sharded (FSDP2), a minute a case on 2 cores: make test-slow, which CI runs
 def test_a_pairwise_reward_model_sharded_over_two_processes_trains_like_one(sft_model, tmp_path):
     assert main([str(a) for a in rm_args(sft_model, tmp_path / "one")]) == 0
     result = launch_fsdp(rm_args(sft_model, tmp_path / "two", "--save-every", 6))
@@ -270,6 +273,7 @@ def style_reward_model(sft_model, tmp_path_factory):
     return out / "checkpoints" / "reward"
 
 
+@pytest.mark.slow  # two processes sharded (FSDP2), a minute a case on 2 cores: make test-slow, which CI runs
 @pytest.mark.parametrize("critic", ["shared", "separate"])
 def test_ppo_sharded_over_two_processes_trains_like_one_and_resumes(sft_model, style_reward_model, tmp_path, critic):
     """Actor (and a separate critic) sharded, and the frozen reference (and reward model) too;
@@ -302,6 +306,7 @@ def test_eval_under_an_fsdp_launch_is_refused_by_name(sft_model, tmp_path):
     assert "distributed_type FSDP shards the models" in result.stderr and "gpus_ddp.yaml" in result.stderr
 
 
+@pytest.mark.slow  # two processes sharded (FSDP2), a minute a case on 2 cores: make test-slow, which CI runs
 def test_a_bf16_llama_sharded_over_two_processes_trains_on_user_data_like_one(zoo, tmp_path):
     """A hub-like checkpoint (untied head, stored in bf16): sft on the user's rows, then a pairwise
     reward model on it, each sharded over 2 processes, against 1 process."""
