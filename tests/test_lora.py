@@ -341,3 +341,36 @@ def test_a_reward_adapter_is_not_taken_for_a_policy(zoo, reward_adapters, tmp_pa
 def test_rm_lora_needs_a_base(tmp_path, capsys):
     err = run_failing(["rm", "--lora", "--out", tmp_path], capsys)
     assert "lora" in err and "--model" in err
+
+
+def test_an_adapter_on_a_bf16_base_is_merged_where_its_update_is_kept(zoo, tmp_path):
+    """An adapter trained on a base stored in bf16 holds float32 weights; its update, under half a
+    bf16 ulp of most weights, is rounded away by a bf16 merge.  At --dtype auto, eval merges it in
+    float32 (adapter_merge_dtype), and the merged model computes what the unmerged one does; a
+    dtype given by name is kept."""
+    from peft import LoraConfig, get_peft_model
+
+    from ppo_rlhf.models import adapter_merge_dtype
+
+    base = AutoModelForCausalLM.from_pretrained(zoo["llama_bf16"], dtype=torch.bfloat16)
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    for name, parameter in peft.named_parameters():
+        if "lora_" in name:  # float32, as training keeps them; the update about 1e-5: under half a bf16 ulp of most weights
+            parameter.data = torch.randn_like(parameter, dtype=torch.float32) * 0.002
+    peft.save_pretrained(tmp_path / "adapter")
+    merged_base = AutoModelForCausalLM.from_pretrained(zoo["llama_bf16"], dtype=torch.float32)  # bf16 read exactly
+
+    assert adapter_merge_dtype(tmp_path / "adapter", "auto") == torch.float32
+    assert adapter_merge_dtype(tmp_path / "adapter", torch.bfloat16) == torch.bfloat16  # as asked
+    assert adapter_merge_dtype(zoo["llama_bf16"], "auto") == "auto"  # a full model: as stored
+    faithful = load_causal_lm(tmp_path / "adapter", adapter_merge_dtype(tmp_path / "adapter", "auto"))
+    rounded = load_causal_lm(tmp_path / "adapter", "auto")
+    assert faithful.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+    q = "model.layers.0.self_attn.q_proj.weight"
+    moved = (faithful.state_dict()[q] != merged_base.state_dict()[q]).float().mean()
+    kept_in_bf16 = (rounded.state_dict()[q].float() != merged_base.state_dict()[q]).float().mean()
+    assert moved > 0.99 and kept_in_bf16 < 0.5  # the bf16 merge drops most of the update
+    layer = peft.base_model.model.model.layers[0].self_attn.q_proj
+    update = layer.scaling["default"] * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+    torch.testing.assert_close(faithful.state_dict()[q], merged_base.state_dict()[q] + update, rtol=0, atol=1e-6)

@@ -346,6 +346,22 @@ def _is_causal_lm(architecture: str) -> bool:
     return known or architecture.endswith(("ForCausalLM", "LMHeadModel"))  # or remote code named as usual
 
 
+def adapter_merge_dtype(path: str | Path, dtype: torch.dtype | str | None) -> torch.dtype | str | None:
+    """The dtype to load ``path`` in for it to compute what training computed.  A LoRA adapter
+    trained on a base stored in 16 bits keeps its own weights in float32, and the trained policy
+    is the 16-bit base plus a float32 update: merged into that base in 16 bits, every change under
+    half a 16-bit ulp of its weight is rounded away (docs/design.md, "The weight probe's tolerance":
+    84% of SmolLM2's adapted weights after one iteration).  So at ``"auto"`` (the stored dtype) such
+    an adapter is merged in float32; a dtype given by name is kept, as asked."""
+    if dtype not in (None, "auto") or not is_adapter_only(path):
+        return dtype
+    base = adapter_base_path(path)
+    stored = getattr(_model_config(base, "the adapter's base") if (base / "config.json").is_file() else None,
+                     "dtype", None)
+    stored = getattr(torch, stored, None) if isinstance(stored, str) else stored
+    return torch.float32 if stored in (torch.bfloat16, torch.float16) else dtype
+
+
 def load_causal_lm(path: str | Path, dtype: torch.dtype | str | None = None):
     """A causal LM folder; anything else is refused rather than loaded with a fresh random head
     (AutoModelForCausalLM would happily wrap a BERT encoder or a reward model's trunk)."""

@@ -14,7 +14,7 @@ from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.hardware import HardwareOptions
-from ppo_rlhf.models import load_causal_lm, load_tokenizer
+from ppo_rlhf.models import adapter_merge_dtype, load_causal_lm, load_tokenizer
 from ppo_rlhf.rollout.engines import RolloutEngineOptions, make_engine, require_engine
 from ppo_rlhf.rollout.reward import RewardOptions, check_columns
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -152,7 +152,11 @@ def run_eval(config: EvalConfig) -> dict:
         lengths = episode_prompt_lengths(early, environments, rows[: config.size], config.prompt_field,
                                          config.max_length - config.max_new_tokens)
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
-    model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
+    dtype = adapter_merge_dtype(config.model, config.load_dtype)
+    if dtype != config.load_dtype and rank() == 0:
+        print(f"note: {config.model} is a LoRA adapter on a base stored in 16 bits; it is merged in float32, where its "
+              f"update is not rounded away (--dtype bfloat16 merges it in bf16, in half the memory)", flush=True)
+    model, tokenizer = load_causal_lm(config.model, dtype), load_tokenizer(config.model)
     apply_chat_template_file(tokenizer, config.chat_template_file)
     accelerator = config.accelerator()
     model.to(accelerator.device)
