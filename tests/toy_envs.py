@@ -390,8 +390,8 @@ class AsyncGame(LetterGame):
 ASYNC_ENVIRONMENTS = {"relay": Relay, "game": AsyncGame}
 
 
-class DrawsAcrossAwaits:
-    """TRL's shape with an ``async def`` reset taking no seed, drawing from Python's and numpy's
+class DrawsAcrossAwaits(DrawsItsTarget):
+    """DrawsItsTarget with an ``async def`` reset taking no seed, drawing from Python's and numpy's
     generators on both sides of an await: other episodes' resets run in between."""
 
     async def reset(self, **kwargs) -> str:
@@ -403,17 +403,6 @@ class DrawsAcrossAwaits:
         await asyncio.sleep(0.01)
         self.target = (first, random.randint(1, 10**6), int(numpy.random.randint(0, 10**6)))
         return f" (reach {self.target})"
-
-    def guess(self, number: int) -> str:
-        """Guess the target.
-
-        Args:
-            number: the guess
-        """
-        return "higher" if number < self.target[0] else "lower or right"
-
-    def get_reward(self) -> float:
-        return 0.0
 
 
 class StuckAfterATimeout:

@@ -52,6 +52,41 @@ def tool(settings: dict):
     return agents_tools.calculator
 
 
+def train_and_record(trainer, tokenizer, out: Path, **fields) -> None:
+    """Train, timing each optimizer step (wall and CPU seconds) into out/metrics.jsonl; save the
+    adapter; write out/result.json with the versions, TRL's own training log and ``fields``."""
+    import peft
+    import transformers
+    import trl
+    from transformers import TrainerCallback
+
+    log = open(out / "metrics.jsonl", "w")
+
+    class Timer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last, self.last_cpu = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            wall, cpu = time.perf_counter() - self.last, time.process_time() - self.last_cpu
+            log.write(json.dumps({"iteration": state.global_step, "time/iteration": wall, "cpu/iteration": cpu}) + "\n")
+            log.flush()
+            self.last, self.last_cpu = time.perf_counter(), time.process_time()
+
+    trainer.add_callback(Timer())
+    trainer.train()
+    log.close()
+    trainer.model.save_pretrained(out / "adapter")
+    tokenizer.save_pretrained(out / "adapter")
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    (out / "result.json").write_text(json.dumps({
+        "system": "trl", **fields,
+        "versions": {"torch": str(torch.__version__), "transformers": transformers.__version__,
+                     "trl": trl.__version__, "peft": peft.__version__},
+        "train_log": [{k: h[k] for k in ("step", "reward", "kl", "completions/mean_length", "tools/call_frequency",
+                                         "tools/failure_frequency") if k in h} for h in history],
+    }, indent=2, default=str) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", required=True)
@@ -62,7 +97,7 @@ def main() -> None:
 
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import add_response_schema
 
@@ -92,35 +127,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(settings["model"], dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=agents_tools.answer_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, peft_config=peft_config, tools=[tool(settings)])
-    log = open(out / "metrics.jsonl", "w")
-
-    class Timer(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.last, self.last_cpu = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            wall, cpu = time.perf_counter() - self.last, time.process_time() - self.last_cpu
-            log.write(json.dumps({"iteration": state.global_step, "time/iteration": wall, "cpu/iteration": cpu}) + "\n")
-            log.flush()
-            self.last, self.last_cpu = time.perf_counter(), time.process_time()
-
-    trainer.add_callback(Timer())
-    trainer.train()
-    log.close()
-    trainer.model.save_pretrained(out / "adapter")
-    tokenizer.save_pretrained(out / "adapter")
-    history = [h for h in trainer.state.log_history if "reward" in h]
-    import peft
-    import transformers
-    import trl
-
-    (out / "result.json").write_text(json.dumps({
-        "system": "trl", "versions": {"torch": str(torch.__version__), "transformers": transformers.__version__,
-                                      "trl": trl.__version__, "peft": peft.__version__},
-        "train_log": [{k: h[k] for k in ("step", "reward", "kl", "completions/mean_length", "tools/call_frequency",
-                                         "tools/failure_frequency") if k in h} for h in history],
-    }, indent=2, default=str) + "\n")
-
+    train_and_record(trainer, tokenizer, out)
 
 if __name__ == "__main__":
     main()
