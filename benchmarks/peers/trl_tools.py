@@ -8,7 +8,8 @@ calculator and score with the same check.
     .venv-trl116/bin/python benchmarks/peers/trl_tools.py --settings RUN.json
 
 ``bench_agents_latency.py trl`` runs it with the calculator served over HTTP after a wait (settings
-``"tool": "http"`` or ``"http-async"``: the sync or the async client).
+``"tool": "http"`` or ``"http-async"``: the sync or the async client; ``"every_turn_calls": true``
+reads a calculator call in every turn, as ppo-rlhf's side does with that benchmark's parser).
 
 The model is the benchmark's SFT warm-up, its tokenizer given TRL's Qwen 2.5 chat template (the one
 TRL parses tool calls from; ppo-rlhf's side renders with the same file) and TRL's response parser.
@@ -50,6 +51,23 @@ def tool(settings: dict):
     import agents_tools
 
     return agents_tools.calculator
+
+
+def every_turn_calls() -> None:
+    """One calculator call read in every turn, as ppo-rlhf's side reads it with
+    ``--tool-parser agents_http.py:calls_calculator`` (``bench_agents_latency.py trl --calls
+    every-turn``): TRL's response parser, wrapped where the trainer calls it, keeps the model's text
+    and adds the call, so every episode plays its turns and makes its calls whatever it wrote."""
+    from trl.trainer import grpo_trainer
+
+    parse = grpo_trainer.parse_response
+
+    def parse_with_a_call(*args, **kwargs):
+        message = parse(*args, **kwargs)
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "347 * 29"}}}
+        return {**message, "tool_calls": [call]}
+
+    grpo_trainer.parse_response = parse_with_a_call
 
 
 def train_and_record(trainer, tokenizer, out: Path, **fields) -> None:
@@ -103,6 +121,8 @@ def main() -> None:
 
     import agents_tools
 
+    if settings.get("every_turn_calls"):
+        every_turn_calls()
     out = Path(settings["out"])
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings["threads"])
