@@ -38,12 +38,16 @@ class LatencyServer:
     def __init__(self, latency: float | tuple[float, float], seed: int = 0):
         self.latency, self.draws, self.lock = latency, random.Random(seed), threading.Lock()
         self.requests = 0
+        self.intervals: list[tuple[float, float]] = []  # (start, end) of each request's wait
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 -- http.server's name
                 query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                start = time.monotonic()
                 time.sleep(server.wait())
+                with server.lock:
+                    server.intervals.append((start, time.monotonic()))
                 try:
                     status, body = 200, local_calculator(query.get("expression", [""])[0])
                 except Exception as error:  # noqa: BLE001 -- the calculator's error is the answer
@@ -67,6 +71,20 @@ class LatencyServer:
             if isinstance(self.latency, tuple):
                 return self.draws.uniform(*self.latency)
             return self.latency
+
+    def waiting_seconds(self) -> float:
+        """Seconds during which at least one call was waiting for its answer: the union of the
+        requests' waits.  Calls one after another add their waits; calls at once, the longest.
+        What the waits can add to a run's wall time, measured where they happen, with none of the
+        run-to-run variation of whole iterations."""
+        with self.lock:
+            intervals = sorted(self.intervals)
+        total, covered_to = 0.0, float("-inf")
+        for start, end in intervals:
+            if end > covered_to:
+                total += end - max(start, covered_to)
+                covered_to = end
+        return total
 
     @property
     def url(self) -> str:

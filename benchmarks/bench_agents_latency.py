@@ -139,10 +139,10 @@ def ppo_rlhf_run(name: str, args, latency, client: str, extra: list, python: str
                "--seed", args.seed, "--num-threads", args.threads, "--out", out, "--overwrite", *extra]
     with LatencyServer(latency, seed=args.seed) as server:
         wall = timed(command, OUT / f"latency_{name}.log", child_env(server))
-        calls = server.requests
+        calls, waiting = server.requests, server.waiting_seconds()
     print(f"{name}: {wall:.0f} s, {calls} calls", flush=True)
     return {"latency": latency, "client": client, "extra": [str(e) for e in extra], "calls": calls,
-            **iteration_figures(out)}
+            "waiting_seconds": round(waiting, 2), **iteration_figures(out)}
 
 
 def first_episodes(name: str) -> list:
@@ -209,9 +209,10 @@ def ppo_rlhf_vllm_run(name: str, args, latency, mode: str) -> dict:
     with LatencyServer(latency, seed=args.seed) as server:
         wall = timed([VLLM_PYTHON, Path(__file__), "vllm-run", "--settings", settings_file],
                      OUT / f"latency_{name}.log", child_env(server))
-        calls = server.requests
+        calls, waiting = server.requests, server.waiting_seconds()
     print(f"{name}: {wall:.0f} s, {calls} calls", flush=True)
-    return {"latency": latency, "mode": mode, "calls": calls, **iteration_figures(out)}
+    return {"latency": latency, "mode": mode, "calls": calls, "waiting_seconds": round(waiting, 2),
+            **iteration_figures(out)}
 
 
 class TurnByTurn:
@@ -281,7 +282,9 @@ def trl_side_by_side(args) -> dict:
         with LatencyServer(latency, seed=args.seed) as server:
             timed([TRL_PYTHON, HERE / "peers" / "trl_tools.py", "--settings", trl / "settings.json"],
                   OUT / f"latency_trl_{client}_{label}.log", child_env(server))
-            runs[f"trl_{client}_{label}"] = {"calls": server.requests, **iteration_figures(trl)}
+            runs[f"trl_{client}_{label}"] = {"calls": server.requests,
+                                             "waiting_seconds": round(server.waiting_seconds(), 2),
+                                             **iteration_figures(trl)}
         out = OUT / f"latency_{name}"
         command = [sys.executable, "-m", "ppo_rlhf.cli", "ppo", "--model", WARM, "--prompts", OUT / "train.jsonl",
                    "--tool", CLIENTS[client], "--chat-template-file", template, "--reward-fn",
@@ -290,7 +293,9 @@ def trl_side_by_side(args) -> dict:
                    "--out", out, "--overwrite"]
         with LatencyServer(latency, seed=args.seed) as server:
             timed(command, OUT / f"latency_{name}.log", child_env(server))
-            runs[f"ppo_rlhf_{client}_{label}"] = {"calls": server.requests, **iteration_figures(out)}
+            runs[f"ppo_rlhf_{client}_{label}"] = {"calls": server.requests,
+                                                  "waiting_seconds": round(server.waiting_seconds(), 2),
+                                                  **iteration_figures(out)}
         print(name, runs[f"ppo_rlhf_{client}_{label}"], runs[f"trl_{client}_{label}"], flush=True)
     baseline = args.clients[0]
     for client in args.clients:
@@ -301,6 +306,9 @@ def trl_side_by_side(args) -> dict:
             runs[f"{client}_added{figure}_ratio"] = round(added["ppo_rlhf"] / added["trl"], 3) if added["trl"] > 0 else None
             runs[f"{client}_iteration{figure}_ratio"] = round(  # ppo-rlhf's whole iteration over TRL's, with the wait
                 of(runs[f"ppo_rlhf_{client}_half_second"]) / of(runs[f"trl_{client}_half_second"]), 3)
+        if "waiting_seconds" in runs[f"trl_{client}_half_second"]:  # the waits measured at the server
+            waits = {system: runs[f"{system}_{client}_half_second"]["waiting_seconds"] for system in ("ppo_rlhf", "trl")}
+            runs[f"{client}_waiting_ratio"] = round(waits["ppo_rlhf"] / waits["trl"], 3) if waits["trl"] else None
         runs[f"{client}_ppo_rlhf_latency_ratio"] = round(  # the 1.15x target, on these settings
             steady(runs[f"ppo_rlhf_{client}_half_second"]) / steady(runs[f"ppo_rlhf_{baseline}_none"]), 3)
     return runs
@@ -318,8 +326,9 @@ def report(name: str, result: dict, args) -> None:
     lines = [f"# Agents at the speed of their tools: {name}", "",
              f"`python benchmarks/bench_agents_latency.py {name}{' --smoke' if args.smoke else ''}` (seed {args.seed}, "
              f"{args.iterations} iterations a run, {result['machine']}, {result['date']})", "",
-             "| run | latency a call | seconds per iteration (mean / median) | each iteration | tool calls an episode | turns |",
-             "|---|---|---|---|---|---|"]
+             "| run | latency a call | seconds per iteration (mean / median) | each iteration | tool calls an episode | turns "
+             "| calls | seconds with a call waiting |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, run in result.items():
         if isinstance(run, dict) and "seconds_per_iteration" in run:
             latency = run.get("latency")
@@ -327,7 +336,8 @@ def report(name: str, result: dict, args) -> None:
                 else ("0.5 s" if key.endswith("half_second") else "0 s")
             lines.append(f"| {key} | {shown} | {run['seconds_per_iteration']} / {run['median_seconds']} | "
                          f"{', '.join(map(str, run.get('seconds_each', [])))} | "
-                         f"{run.get('tools/calls', '-')} | {run.get('episode/turns', '-')} |")
+                         f"{run.get('tools/calls', '-')} | {run.get('episode/turns', '-')} | {run.get('calls', '-')} "
+                         f"| {run.get('waiting_seconds', '-')} |")
     lines.append("")
     for key, value in result.items():
         if key.endswith(("_ratio", "_same_episodes", "_added_seconds", "_after_first", "_first_iteration")):

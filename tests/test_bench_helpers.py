@@ -110,3 +110,18 @@ def test_the_http_calculator_answers_as_the_local_one_through_both_clients(monke
         assert server.requests == 4
     schema = get_json_schema(agents_tools.calculator)
     assert get_json_schema(agents_http.calculator) == get_json_schema(agents_http_async.calculator) == schema
+
+
+def test_the_latency_servers_waiting_seconds_are_the_union_of_its_calls_waits(monkeypatch):
+    """Calls one after another add their waits; calls at once count once (hand-worked intervals)."""
+    import agents_http
+
+    server = agents_http.LatencyServer(0.0)
+    server.intervals = [(3.0, 4.0), (0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (4.0, 4.5)]
+    assert server.waiting_seconds() == 3.5  # [0, 2] + [3, 4.5]
+    server.http.server_close()
+    with agents_http.LatencyServer(0.05) as served:
+        monkeypatch.setenv(agents_http.URL_VARIABLE, served.url)
+        agents_http.calculator("1 + 1")
+        agents_http.calculator("2 + 2")
+    assert served.requests == 2 and 0.1 <= served.waiting_seconds() < 1.0
