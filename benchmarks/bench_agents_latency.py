@@ -269,6 +269,8 @@ def trl_side_by_side(args) -> dict:
     # With no latency the client makes no difference (a call answered at once either way): one
     # baseline a system, run with the first client, serves both.
     plan = [(args.clients[0], 0.0, "none")] + [(client, HALF_SECOND, "half_second") for client in args.clients]
+    if args.waits_only:  # the 0.5 s runs again, for the seconds with a call waiting (saved beside the runs before)
+        plan, runs = [(client, HALF_SECOND, "waits") for client in args.clients], {}
     for client, latency, label in plan:
         name = f"peers_{client}_{label}"
         trl = OUT / f"latency_trl_{client}_{label}"
@@ -282,7 +284,7 @@ def trl_side_by_side(args) -> dict:
         with LatencyServer(latency, seed=args.seed) as server:
             timed([TRL_PYTHON, HERE / "peers" / "trl_tools.py", "--settings", trl / "settings.json"],
                   OUT / f"latency_trl_{client}_{label}.log", child_env(server))
-            runs[f"trl_{client}_{label}"] = {"calls": server.requests,
+            runs[f"trl_{client}_{label}"] = {"latency": latency, "calls": server.requests,
                                              "waiting_seconds": round(server.waiting_seconds(), 2),
                                              **iteration_figures(trl)}
         out = OUT / f"latency_{name}"
@@ -293,10 +295,15 @@ def trl_side_by_side(args) -> dict:
                    "--out", out, "--overwrite"]
         with LatencyServer(latency, seed=args.seed) as server:
             timed(command, OUT / f"latency_{name}.log", child_env(server))
-            runs[f"ppo_rlhf_{client}_{label}"] = {"calls": server.requests,
+            runs[f"ppo_rlhf_{client}_{label}"] = {"latency": latency, "calls": server.requests,
                                                   "waiting_seconds": round(server.waiting_seconds(), 2),
                                                   **iteration_figures(out)}
         print(name, runs[f"ppo_rlhf_{client}_{label}"], runs[f"trl_{client}_{label}"], flush=True)
+    if args.waits_only:
+        for client in args.clients:
+            waits = {system: runs[f"{system}_{client}_waits"]["waiting_seconds"] for system in ("ppo_rlhf", "trl")}
+            runs[f"{client}_waiting_ratio"] = round(waits["ppo_rlhf"] / waits["trl"], 3) if waits["trl"] else None
+        return runs
     baseline = args.clients[0]
     for client in args.clients:
         for figure, of in (("", lambda run: run["seconds_per_iteration"]), ("_after_first", steady)):
@@ -360,6 +367,8 @@ def main() -> None:
                              "alike), or only the calls the warm-up's model writes")
     parser.add_argument("--clients", default="sync,async", type=lambda text: text.split(","),
                         help="torch: the clients run, each with no latency and with 0.5 s")
+    parser.add_argument("--waits-only", action="store_true",
+                        help="trl: only the 0.5 s runs, for the seconds with a call waiting (with --append)")
     parser.add_argument("--append", action="store_true", help="keep the runs of the results file that these do not measure again")
     parser.add_argument("--settings", help=argparse.SUPPRESS)  # vllm-run: the run's settings
     args = parser.parse_args()
