@@ -301,8 +301,7 @@ def trl_side_by_side(args) -> dict:
         print(name, runs[f"ppo_rlhf_{client}_{label}"], runs[f"trl_{client}_{label}"], flush=True)
     if args.waits_only:
         for client in args.clients:
-            waits = {system: runs[f"{system}_{client}_waits"]["waiting_seconds"] for system in ("ppo_rlhf", "trl")}
-            runs[f"{client}_waiting_ratio"] = round(waits["ppo_rlhf"] / waits["trl"], 3) if waits["trl"] else None
+            runs[f"{client}_waiting_ratio"] = waiting_ratio(runs, f"{client}_waits")
         return runs
     baseline = args.clients[0]
     for client in args.clients:
@@ -313,12 +312,16 @@ def trl_side_by_side(args) -> dict:
             runs[f"{client}_added{figure}_ratio"] = round(added["ppo_rlhf"] / added["trl"], 3) if added["trl"] > 0 else None
             runs[f"{client}_iteration{figure}_ratio"] = round(  # ppo-rlhf's whole iteration over TRL's, with the wait
                 of(runs[f"ppo_rlhf_{client}_half_second"]) / of(runs[f"trl_{client}_half_second"]), 3)
-        if "waiting_seconds" in runs[f"trl_{client}_half_second"]:  # the waits measured at the server
-            waits = {system: runs[f"{system}_{client}_half_second"]["waiting_seconds"] for system in ("ppo_rlhf", "trl")}
-            runs[f"{client}_waiting_ratio"] = round(waits["ppo_rlhf"] / waits["trl"], 3) if waits["trl"] else None
+        runs[f"{client}_waiting_ratio"] = waiting_ratio(runs, f"{client}_half_second")
         runs[f"{client}_ppo_rlhf_latency_ratio"] = round(  # the 1.15x target, on these settings
             steady(runs[f"ppo_rlhf_{client}_half_second"]) / steady(runs[f"ppo_rlhf_{baseline}_none"]), 3)
     return runs
+
+
+def waiting_ratio(runs: dict, run: str) -> float | None:
+    """ppo-rlhf's seconds with a call waiting over TRL's, in the two systems' runs named ``run``."""
+    waits = [runs[f"{system}_{run}"]["waiting_seconds"] for system in ("ppo_rlhf", "trl")]
+    return round(waits[0] / waits[1], 3) if waits[1] else None
 
 
 def report(name: str, result: dict, args) -> None:
