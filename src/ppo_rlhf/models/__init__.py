@@ -2,9 +2,9 @@
 
 from ppo_rlhf.models.loading import (
     ModelError,
+    adapter_merge_dtype,
     build_causal_lm,
     build_sequence_classifier,
-    adapter_merge_dtype,
     load_causal_lm,
     load_sequence_classifier,
     load_tokenizer,
@@ -19,9 +19,9 @@ __all__ = [
     "ModelError",
     "SharedHeadCritic",
     "ValueHead",
+    "adapter_merge_dtype",
     "build_causal_lm",
     "build_sequence_classifier",
-    "adapter_merge_dtype",
     "load_causal_lm",
     "load_sequence_classifier",
     "load_tokenizer",
