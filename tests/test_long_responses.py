@@ -19,7 +19,7 @@ from ppo_rlhf.models.lora import LoraOptions, with_adapter
 from ppo_rlhf.models.value import ValueHead
 from ppo_rlhf.rollout.output_layer import KEPT_LOGITS_BYTES, OutputHead, chunk_positions, full_kl_stats, token_stats
 from ppo_rlhf.rollout.packing import first_fit_bins, pack
-from ppo_rlhf.rollout.passes import PassPlan, checked_plan, response_stats
+from ppo_rlhf.rollout.passes import CHECK_ROWS, PassPlan, checked_plan, response_stats, rows_to_check
 from ppo_rlhf.rollout.sequences import Sequences
 from ppo_rlhf.trainers.ppo import PPOTrainer, token_micro_batches
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -326,6 +326,36 @@ def test_the_first_batch_check_never_holds_more_than_one_rows_logits():
     assert plan.fused and plan.pack and plan.share_prompts and not warnings
     own = [shape for shape in logits_rows if shape[1] > 1]  # the fused passes keep one position
     assert len(own) == 6 and all(rows == 1 for rows, _ in own)
+
+
+def test_the_first_batch_check_takes_the_longest_and_shortest_rows_with_their_prompts_rows():
+    # Twelve rows, three prompts of four: row 5 is the longest, row 10 the shortest.
+    prompt_ids = torch.tensor([[1, 2], [3, 4], [5, 6]]).repeat(4, 1)  # row r answers prompt r % 3
+    lengths = torch.tensor([3, 4, 2, 3, 4, 9, 3, 2, 4, 3, 1, 2])
+    response_mask = (torch.arange(9)[None, :] < lengths[:, None]).long()
+    sequences = Sequences(prompt_ids, torch.ones_like(prompt_ids), response_mask * 7, response_mask)
+    rows = rows_to_check(sequences).tolist()
+    assert rows == [1, 2, 4, 5, 7, 8, 10, 11]  # 5 with 2, 8, 11 (its prompt); 10 with 1, 4, 7
+    assert rows_to_check(sequences.select(torch.arange(6))).tolist() == list(range(6))  # a small batch whole
+    assert len(rows_to_check(sequences, most=3)) == 3
+
+
+def test_the_first_batch_check_runs_on_at_most_its_rows_and_still_catches_a_wrong_way(monkeypatch):
+    model, tokenizer = tiny("granite")
+    sequences = Sequences.concat([uneven_batch(model.config.vocab_size, tokenizer.pad_token_id, seed=seed)
+                                  for seed in (1, 2, 3)], tokenizer.pad_token_id)  # 18 rows
+    own_rows = []
+    model.register_forward_hook(lambda module, args, output: own_rows.append(output.logits.shape[0])
+                                if output.logits.shape[1] > 1 else None)
+    wanted = dataclasses.replace(PACKED, pad_token_id=tokenizer.pad_token_id, share_prompts=True)
+    assert checked_plan(model, sequences, wanted) == (wanted, [])
+    assert own_rows == [1] * CHECK_ROWS  # the model's own padded pass, a row at a time, on 8 of the 18
+    monkeypatch.setattr(OutputHead, "__init__", lambda self, model, temperature=1.0: (  # Granite's scale left out
+        setattr(self, "layer", model.get_output_embeddings()), setattr(self, "scale", 1.0),
+        setattr(self, "softcap", None), setattr(self, "temperature", temperature),
+        setattr(self, "vocab_size", model.config.vocab_size)) and None)
+    plan, warnings = checked_plan(model, sequences, wanted)
+    assert not plan.fused and "the fused output layer off for this run" in warnings[0]
 
 
 def test_a_model_whose_fused_numbers_differ_falls_back_and_says_why(monkeypatch):
