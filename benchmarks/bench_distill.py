@@ -24,7 +24,10 @@ iterations like the students; other seeds run again:
     grpo     the README's recipe again: the task's exact reward, k3 KL to the base in the loss
     distill  --teacher: -(log pi - log teacher) on every token the student wrote, the task's reward
              weighted 0 (pure on-policy distillation), no KL to the base (the teacher is the anchor),
-             reinforce++: the teacher's reward per token, returns whitened over the batch
+             reinforce++ with --distill-gamma 0 (the default, as Thinking Machines' recipe): each
+             token's advantage its own teacher reward, whitened over the batch; --distill-gamma 1
+             sums the rewards to come (the return-to-go), a run of its own (distill-gamma1-SEED,
+             results distill_gamma1.*)
 
 Target: the distilled student reaches 90% of the teacher's held-out accuracy in at most 0.25x the
 training seconds GRPO takes to reach it.  Results: benchmarks/results/distill.{json,md,png}.
@@ -58,6 +61,13 @@ SMOKE = {"task": "doubling", "estimator": "grpo", "samples_per_prompt": 4, "batc
          "eval_size": 100, "eval_sampled": False, "save_every": 0, "sample_every": 0}
 # What turns the GRPO recipe into distillation (module docstring).
 DISTILL = {"estimator": "reinforce++", "reward_weights": [0.0], "kl_coef": 0.0, "kl_in": "reward"}
+
+
+def distill_settings(gamma: float) -> tuple[dict, str, str]:
+    """DISTILL with its discount, the run folder's prefix and the results' stem: gamma 0 (the
+    reference's) is ``distill``; another gamma names itself."""
+    name = "distill" if gamma == 0 else f"distill-gamma{gamma:g}"
+    return {**DISTILL, "gamma": gamma}, name, name.replace("-", "_")
 
 
 def accuracy_key(task: str) -> str:
@@ -104,6 +114,9 @@ def main() -> None:
     parser.add_argument("--distill-iterations", type=int, default=None,
                         help="the distilled student's iterations (default: the recipe's; fewer where it reaches "
                              "the target early)")
+    parser.add_argument("--distill-gamma", type=float, default=0.0,
+                        help="the distilled student's discount: 0 each token its own teacher reward (the reference's), "
+                             "1 the sum of those to come")
     parser.add_argument("--smoke", action="store_true", help="a tiny model of the built-in task, a few iterations")
     parser.add_argument("--report-only", action="store_true", help="the results from the finished runs only")
     parser.add_argument("--num-threads", type=int, default=0)
@@ -128,9 +141,10 @@ def main() -> None:
                       "overwrite": True}, log, args.num_threads)
     teacher_accuracy = teacher_accuracy_of(args.teacher, teacher_run, recipe, key, args.num_threads)
     runs: dict[str, list] = {"grpo": [], "distill": []}
+    distilled, distill_folder, _ = distill_settings(args.distill_gamma)
     for seed in args.seeds:
-        for name, extra in (("grpo", {}), ("distill", {**DISTILL, "teacher": teacher})):
-            run_out = out / f"{name}-{seed}"
+        for name, extra in (("grpo", {}), ("distill", {**distilled, "teacher": teacher})):
+            run_out = out / f"{name if name == 'grpo' else distill_folder}-{seed}"
             if name == "grpo" and seed == 0 and not args.teacher and not args.iterations:
                 run_out = teacher_run  # the same run: the README's recipe, seed 0, from the same start
             elif not args.report_only:
@@ -176,11 +190,12 @@ def report(args, recipe: dict, teacher: str, teacher_accuracy: float, runs: dict
     results = {"command": "python benchmarks/bench_distill.py " + " ".join(sys.argv[1:]),
                "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
                           f"{args.num_threads or torch.get_num_threads()} thread(s)",
-               "date": time.strftime("%Y-%m-%d"), "note": args.note, "recipe": recipe, "distill": DISTILL,
+               "date": time.strftime("%Y-%m-%d"), "note": args.note, "recipe": recipe, "distill": distill_settings(args.distill_gamma)[0],
                "teacher": teacher, "teacher_accuracy": teacher_accuracy, "threshold": threshold, "rows": rows,
                "runs": runs}
     # A smoke test's figures say nothing of the method: they stay in its run folder.
-    results_folder, stem = (out, "distill_smoke") if args.smoke else (RESULTS, "distill")
+    stem = distill_settings(args.distill_gamma)[2]
+    results_folder, stem = (out, f"{stem}_smoke") if args.smoke else (RESULTS, stem)
     results_folder.mkdir(exist_ok=True)
     (results_folder / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [f"# On-policy distillation against GRPO{' (smoke test)' if args.smoke else ''}", "",
@@ -189,6 +204,8 @@ def report(args, recipe: dict, teacher: str, teacher_accuracy: float, runs: dict
              f"Teacher {teacher}: held-out greedy accuracy {teacher_accuracy:.1%}; the target is "
              f"{TARGET_SHARE:.0%} of it, {threshold:.1%}, reached by the distilled student in at most "
              f"{TARGET_RATIO:g}x the PPO seconds GRPO takes.", "",
+             "Distillation: " + ", ".join(f"{k} {v}" for k, v in results["distill"].items()) + "; GRPO: the recipe's "
+             f"{recipe['estimator']} with the task's reward.", "",
              "| seed | GRPO s to target | distillation s to target | ratio | met | GRPO final | distillation final |",
              "|---|---|---|---|---|---|---|"]
 
