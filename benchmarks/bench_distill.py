@@ -187,14 +187,14 @@ def report(args, recipe: dict, teacher: str, teacher_accuracy: float, runs: dict
         rows.append({"seed": seed, "grpo_seconds": t_grpo, "distill_seconds": t_distill, "ratio": ratio,
                      "grpo_after": grpo["after"], "distill_after": distill["after"],
                      "met": ratio is not None and ratio <= TARGET_RATIO})
+    distilled, _, stem = distill_settings(args.distill_gamma)
     results = {"command": "python benchmarks/bench_distill.py " + " ".join(sys.argv[1:]),
                "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
                           f"{args.num_threads or torch.get_num_threads()} thread(s)",
-               "date": time.strftime("%Y-%m-%d"), "note": args.note, "recipe": recipe, "distill": distill_settings(args.distill_gamma)[0],
+               "date": time.strftime("%Y-%m-%d"), "note": args.note, "recipe": recipe, "distill": distilled,
                "teacher": teacher, "teacher_accuracy": teacher_accuracy, "threshold": threshold, "rows": rows,
                "runs": runs}
     # A smoke test's figures say nothing of the method: they stay in its run folder.
-    stem = distill_settings(args.distill_gamma)[2]
     results_folder, stem = (out, f"{stem}_smoke") if args.smoke else (RESULTS, stem)
     results_folder.mkdir(exist_ok=True)
     (results_folder / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
