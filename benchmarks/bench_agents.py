@@ -4,6 +4,7 @@ model cannot do in its head, and FrozenLake played in text.
     make smollm2                                        # once: the model as a folder
     python benchmarks/bench_agents.py tools             # SFT warm-up, then 30 minutes of GRPO
     python benchmarks/bench_agents.py frozenlake        # SFT warm-up, then PPO with a critic on 4x4 maps
+    python benchmarks/bench_agents.py frozenlake-probe  # after frozenlake: each policy's moves at set states
     python benchmarks/bench_agents.py tools --quick     # a few iterations, to see it run
 
 ``tools``: "What is 347 * 29?" (a 3-digit times a 2-digit number, 4-5 digit answers), scored 1 for
@@ -251,6 +252,11 @@ def side_by_side(args, stem: str, environment: bool) -> dict:
 # the move into a hole is the one blamed.  The value head learns at 1e-3 (at ``ppo``'s 2e-4 its
 # explained variance stayed at 0.1-0.2 through 13 iterations), the LoRA at 3e-4.  Measured: training
 # success 3% -> 25% in 9 iterations, held-out greedy 29% -> 29% (docs/benchmarks.md).
+# ``-cool`` recipes sample at temperature 0.7 (the flag after the default overrides it): at 1 the
+# warm-up wins 3% of its training games against 29% greedy, so the critic's values sit near 0 and a
+# move into a hole is barely worse than any other, and GRPO's groups of 8 mostly score all 0 and
+# give no signal; cooler sampling plays nearer the greedy policy that is evaluated, and wins more.
+# Measured (ppo-lambda-cool): the entropy fell 0.19 -> 0.05 a token, held-out 29% -> 26% in 9.
 LAKE_RECIPES = {
     "grpo": ["--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 16,
              "--ppo-epochs", 1, "--kl-in", "loss", "--lr", 2e-4],
@@ -259,6 +265,29 @@ LAKE_RECIPES = {
     "ppo-lambda": ["--estimator", "gae", "--turn-rewards", "per-turn", "--batch-size", 32, "--mini-batch-size", 16,
                    "--ppo-epochs", 2, "--lr", 3e-4, "--lam", 0.95, "--critic-lr", 1e-3, "--critic-warmup", 1],
 }
+LAKE_RECIPES["ppo-lambda-cool"] = [*LAKE_RECIPES["ppo-lambda"], "--temperature", 0.7]
+LAKE_RECIPES["grpo-cool"] = [*LAKE_RECIPES["grpo"], "--temperature", 0.7]
+# ``-hole`` recipes add a reward function that costs a fall into a hole (agents_tools.lake_hole, -1
+# on the episode's last move): FrozenLake pays 0 for a hole as for running out of moves, and the
+# warm-up's greedy policy loses by falling, not by wandering (3.6 moves a held-out game on average,
+# never the 8 allowed).  Success is still the goal reached (eval/episode/success, reward/environment).
+# Measured (ppo-hole): held-out 29% -> 39% -> 0% -> 29% at iterations 3, 6, 9 (at 6 it stalled).
+LAKE_HOLE = ["--reward-fn", "benchmarks/agents_tools.py:lake_hole"]
+LAKE_RECIPES["ppo-hole"] = [*LAKE_RECIPES["ppo-lambda"], *LAKE_HOLE]
+LAKE_RECIPES["grpo-hole"] = [*LAKE_RECIPES["grpo"], *LAKE_HOLE]
+# ``ppo-hole-edge``: a fall costs 1 and each move into an edge 0.25 (agents_tools.lake_hole_or_edge):
+# under ``ppo-hole`` the policy learned to stall against an edge, where running out of moves costs 0.
+LAKE_RECIPES["ppo-hole-edge"] = [*LAKE_RECIPES["ppo-lambda"], "--reward-fn",
+                                 "benchmarks/agents_tools.py:lake_hole_or_edge"]
+
+
+LAKE_INSTRUCTIONS = ("You are on a frozen lake. Reach the goal without stepping into a hole. Answer with one move: "
+                     "left, down, right or up.\n")
+
+
+def lake_temperature(flags: list[str]) -> str:
+    """The sampling temperature a recipe's flags set (the last --temperature), 1 where none."""
+    return next((flags[i + 1] for i in range(len(flags) - 1, -1, -1) if flags[i] == "--temperature"), "1")
 
 
 def frozenlake(args) -> dict:
@@ -266,8 +295,7 @@ def frozenlake(args) -> dict:
     from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
     OUT.mkdir(parents=True, exist_ok=True)
-    instructions = ("You are on a frozen lake. Reach the goal without stepping into a hole. Answer with one move: "
-                    "left, down, right or up.\n")
+    instructions = LAKE_INSTRUCTIONS
 
     def maps(count: int, seed: int, exclude=()) -> list[list[str]]:
         chosen, index = [], 0
@@ -309,7 +337,7 @@ def frozenlake(args) -> dict:
     ppo = OUT / f"ppo_lake_{args.recipe}"
     result["ppo_seconds"] = round(ppo_rlhf(
         "ppo", "--model", sft / "checkpoints" / "sft", "--prompts", prompts, "--eval-prompts", eval_prompts,
-        "--eval-size", 100, *common, "--lora", *LAKE_RECIPES[args.recipe], "--temperature", 1.0,
+        "--eval-size", 100, *common, "--lora", "--temperature", 1.0, *LAKE_RECIPES[args.recipe],
         "--iterations", args.iterations, "--eval-every", args.eval_every or args.iterations, "--no-eval-sampled",
         "--save-every", 0, "--save-rollouts", args.iterations, "--seed", args.seed, "--out", ppo, "--overwrite",
         "--num-threads", args.threads, log=OUT / f"ppo_lake_{args.recipe}.log"), 1)
@@ -317,29 +345,89 @@ def frozenlake(args) -> dict:
     trained = [m for m in metrics if "time/iteration" in m]
     training_seconds = {m["step"]: sum(t["time/iteration"] for t in trained if t["step"] <= m["step"]) for m in trained}
     result["curve"] = [{"iteration": m["step"], "seconds": round(training_seconds.get(m["step"], 0.0), 1),
-                        "success": m["eval/score"]} for m in metrics if "eval/score" in m]
+                        "success": m["eval/episode/success"]} for m in metrics if "eval/score" in m]
     result["sft"] = {"success": result["curve"][0]["success"]}
     within = [c for c in result["curve"] if c["seconds"] <= BUDGET_SECONDS]
     result["after"] = {"success": result["curve"][-1]["success"], "iteration": result["curve"][-1]["iteration"]}
     result["best_within_budget"] = max(within, key=lambda c: c["success"])
     result["iteration_seconds"] = round(sum(m["time/iteration"] for m in trained) / len(trained), 2)
-    result["training"] = [{key: round(m[key], 3) for key in ("step", "score", "episode/turns", "env/invalid_actions",
-                                                              "explained_variance") if key in m} for m in trained]
+    # Success is the environment's reward (1 at the goal): a recipe's own reward function (lake_hole)
+    # changes the score, not whether the goal was reached.
+    result["training"] = [{"success" if key == "reward/environment" else key: round(m[key], 3)
+                           for key in ("step", "reward/environment", "score", "episode/turns", "env/invalid_actions",
+                                       "explained_variance") if key in m} for m in trained]
     print("after:", result["after"], flush=True)
     return result
+
+
+# frozenlake-probe's states: (map, the moves that lead there, the move that wins from there).  Each
+# asks whether the policy reads what the observation says a move steps onto: the same square with a
+# hole on one side or the other, holes beside the bottom row, a dead end to back out of.
+LAKE_PROBES = [(["SFFF", "FFFF", "FFFF", "FFFG"], [], "down"),
+               (["SHFF", "FFFF", "FFFF", "FFFG"], [], "down"),
+               (["SFFF", "HFFF", "FFFF", "FFFG"], [], "right"),
+               (["SFFF", "FFFF", "FHFF", "FFFG"], ["down", "down"], "down"),
+               (["SFFF", "FFHF", "FFFF", "FFFG"], ["right", "down"], "down"),
+               (["SFFF", "FFFF", "FFFF", "FHFG"], ["down", "down", "down"], "up"),
+               (["SFFF", "FFFF", "FFFH", "FFFG"], ["right", "right", "right", "down"], "left")]
+
+
+def lake_probe(folder: Path) -> list[dict]:
+    """The policy in ``folder`` (a model, or a LoRA adapter on one) at each LAKE_PROBES state: the
+    probability of each move's first token after the chat template's generation prompt, the
+    conversation written as the episode runner writes it (the warm-up's traces alike)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ppo_rlhf.envs.gym_text import GymActionEnvironment
+    from ppo_rlhf.models.loading import adapter_base_path, is_adapter_folder
+    from ppo_rlhf.rollout.episodes import first_messages
+
+    adapter = is_adapter_folder(folder)
+    model = AutoModelForCausalLM.from_pretrained(adapter_base_path(folder) if adapter else folder)
+    model = (PeftModel.from_pretrained(model, folder) if adapter else model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    first_token = {move: tokenizer(move, add_special_tokens=False).input_ids[0] for move in agents_tools.LAKE_MOVES}
+    rows = []
+    for desc, moves, best in LAKE_PROBES:
+        environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False},
+                                           observation_text=agents_tools.lake_view)
+        observation, _ = environment.reset(seed=0, options={"desc": desc})
+        messages = first_messages(LAKE_INSTRUCTIONS, observation, "user", environment.prompt_separator)
+        for move in moves:
+            observation, *_ = environment.step(move)
+            messages += [{"role": "assistant", "content": move}, {"role": "user", "content": observation}]
+        environment.close()
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        with torch.no_grad():
+            logits = model(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, -1]
+        probabilities = logits.float().softmax(-1)
+        rows.append({"state": observation.splitlines()[-1], "best": best,
+                     "p": {move: round(probabilities[token].item(), 3) for move, token in first_token.items()}})
+    return rows
+
+
+def frozenlake_probe(args) -> dict:
+    """The warm-up's and each recipe's trained policy at the LAKE_PROBES states (after their runs)."""
+    torch.set_num_threads(args.threads)
+    folders = {"SFT warm-up": OUT / "lake_sft" / "checkpoints" / "sft"}
+    folders.update({f"PPO --recipe {recipe}": OUT / f"ppo_lake_{recipe}" / "checkpoints" / "actor"
+                    for recipe in LAKE_RECIPES if (OUT / f"ppo_lake_{recipe}" / "checkpoints" / "actor").is_dir()})
+    return {"policies": {name: lake_probe(folder) for name, folder in folders.items()}}
 
 
 def report(name: str, result: dict, args) -> None:
     RESULTS.mkdir(exist_ok=True)
     result = {"benchmark": name, "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch "
-              f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"), "seed": args.seed,
-              "iterations": args.iterations, **result}
+              f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
+              **({"seed": args.seed, "iterations": args.iterations} if name != "frozenlake-probe" else {}), **result}
     stem = f"agents_{name.replace('-', '_')}" + (f"_{args.recipe.replace('-', '_')}" if name == "frozenlake" else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     command = (f"{name} --recipe {args.recipe} --eval-every {args.eval_every}" if name == "frozenlake" else name) \
-        + f" --iterations {args.iterations}"  # the command as run, to rerun it
-    lines = [f"# Agents: {command}", "", f"`python benchmarks/bench_agents.py {command}` (seed {args.seed}, "
-             f"{args.iterations} iterations, {result['machine']}, {result['date']})", ""]
+        + (f" --iterations {args.iterations}" if name != "frozenlake-probe" else "")  # the command as run, to rerun it
+    trained = f"seed {args.seed}, {args.iterations} iterations, " if name != "frozenlake-probe" else ""
+    lines = [f"# Agents: {command}", "", f"`python benchmarks/bench_agents.py {command}` ({trained}"
+             f"{result['machine']}, {result['date']})", ""]
     if name == "tools":
         lines += ["| model | held-out accuracy with the calculator | without it |", "|---|---|---|"]
         for stage, label in (("base", "SmolLM2-135M-Instruct as it comes"),
@@ -363,9 +451,18 @@ def report(name: str, result: dict, args) -> None:
                   f"| ppo-rlhf | {ours['seconds_per_iteration']} | {ours['held_out']:.3f} |",
                   f"| TRL 1.16 GRPOTrainer | {trl['seconds_per_iteration']} | {trl['held_out']:.3f} |", "",
                   f"ppo-rlhf's iteration: {result['iteration_ratio']}x TRL's."]
+    elif name == "frozenlake-probe":
+        lines += ["The probability of each move's first token at hand-made states (greedy plays the likeliest). "
+                  "The best move is the one that wins from there.", ""]
+        for policy, rows in result["policies"].items():
+            lines += [f"**{policy}**", "", "| state | best | left | down | right | up |", "|---|---|---|---|---|---|"]
+            lines += [f"| {row['state']} | {row['best']} | " + " | ".join(f"{row['p'][m]:.3f}" for m in
+                                                                         agents_tools.LAKE_MOVES) + " |"
+                      for row in rows] + [""]
     else:
         best = result["best_within_budget"]
-        lines += [f"Recipe {result['recipe']}: `{' '.join(result['recipe_flags'])}`, LoRA, temperature 1.", "",
+        lines += [f"Recipe {result['recipe']}: `{' '.join(result['recipe_flags'])}`, LoRA, temperature "
+                  f"{lake_temperature(result['recipe_flags'])}.", "",
                   "| model | success on 100 held-out maps (greedy, 8 moves at most) |", "|---|---|",
                   f"| after the SFT warm-up ({result['sft_steps']} steps of 8, {result['traces']} shortest-path traces, "
                   f"lr {result['sft_lr']:g}) | {result['sft']['success']:.3f} |",
@@ -378,7 +475,7 @@ def report(name: str, result: dict, args) -> None:
                   "During PPO (iteration: held-out success, training seconds so far): "
                   + ", ".join(f"{c['iteration']}: {c['success']:.3f} ({c['seconds']:.0f} s)" for c in result["curve"]),
                   "", "Training episodes, iteration by iteration: "
-                  + "; ".join(f"{m['step']}: success {m.get('score', 0):.2f}, {m.get('episode/turns', 0):.1f} turns, "
+                  + "; ".join(f"{m['step']}: success {m.get('success', m.get('score', 0)):.2f}, {m.get('episode/turns', 0):.1f} turns, "
                               f"{m.get('env/invalid_actions', 0):.2f} invalid" for m in result["training"])]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -386,7 +483,7 @@ def report(name: str, result: dict, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", choices=("tools", "frozenlake", "peers", "peers-env"))
+    parser.add_argument("benchmark", choices=("tools", "frozenlake", "frozenlake-probe", "peers", "peers-env"))
     parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
     parser.add_argument("--eval-every", type=int, default=None, help="(tools 10, frozenlake: at the end only)")
     parser.add_argument("--traces", type=int, default=64, help="SFT warm-up traces")
@@ -405,7 +502,7 @@ def main() -> None:
         raise SystemExit(f"no {MODEL}: run `make smollm2` first")
     if args.iterations is None:
         args.iterations = 2 if args.quick else {"tools": 24, "frozenlake": 16, "peers": 10,
-                                                "peers-env": 10}[args.benchmark]
+                                                "peers-env": 10}.get(args.benchmark, 0)
     if args.eval_every is None:
         args.eval_every = 4 if args.benchmark == "frozenlake" else 10
     if args.sft_steps is None:
@@ -415,7 +512,8 @@ def main() -> None:
     if args.quick:
         global HELD_OUT
         HELD_OUT, args.eval_every, args.sft_steps, args.traces = 8, 0, 2, 16
-    result = {"tools": tools, "frozenlake": frozenlake, "peers": peers, "peers-env": peers_env}[args.benchmark](args)
+    result = {"tools": tools, "frozenlake": frozenlake, "frozenlake-probe": frozenlake_probe, "peers": peers,
+              "peers-env": peers_env}[args.benchmark](args)
     report(args.benchmark, result, args)
 
 
