@@ -198,21 +198,26 @@ def lake_path(desc: list[str]) -> list[str]:
     raise ValueError(f"no path on {desc}")
 
 
-def lake_trace(row: dict) -> dict:
-    """An SFT row: one map played along its shortest path, each board exactly as the episode runner
-    shows it (the gym adapter renders it, with ``lake_view``), each move one word."""
+def lake_conversation(prompt: str, desc: list[str], moves: list[str]) -> list[dict]:
+    """One map played with ``moves``, each board exactly as the episode runner shows it (the gym
+    adapter renders it with ``lake_view``; the prompt and the adapter's instructions a paragraph
+    each): the prompt, then each move and the board it leads to, until a move ends the game."""
     from ppo_rlhf.envs.gym_text import GymActionEnvironment
     from ppo_rlhf.rollout.episodes import first_messages
 
     environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False}, observation_text=lake_view)
-    observation, _ = environment.reset(seed=0, options=row)
-    # The prompt as the episode runner writes it (the adapter's instructions a paragraph of their own).
-    messages = first_messages(row["prompt"], observation, "user", environment.prompt_separator)
-    for move in lake_path(row["desc"]):
+    observation, _ = environment.reset(seed=0, options={"desc": desc})
+    messages = first_messages(prompt, observation, "user", environment.prompt_separator)
+    for move in moves:
         messages.append({"role": "assistant", "content": move})
         observation, _, terminated, _, _ = environment.step(move)
         if terminated:
             break
         messages.append({"role": "user", "content": observation})
     environment.close()
-    return {"messages": messages}
+    return messages
+
+
+def lake_trace(row: dict) -> dict:
+    """An SFT row: one map played along its shortest path, each move one word."""
+    return {"messages": lake_conversation(row["prompt"], row["desc"], lake_path(row["desc"]))}

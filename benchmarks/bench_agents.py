@@ -266,7 +266,7 @@ LAKE_RECIPES = {
                    "--ppo-epochs", 2, "--lr", 3e-4, "--lam", 0.95, "--critic-lr", 1e-3, "--critic-warmup", 1],
 }
 LAKE_RECIPES["ppo-lambda-cool"] = [*LAKE_RECIPES["ppo-lambda"], "--temperature", 0.7]
-LAKE_RECIPES["grpo-cool"] = [*LAKE_RECIPES["grpo"], "--temperature", 0.7]
+LAKE_RECIPES["grpo-cool"] = [*LAKE_RECIPES["grpo"], "--temperature", 0.7]  # not run yet
 # ``-hole`` recipes add a reward function that costs a fall into a hole (agents_tools.lake_hole, -1
 # on the episode's last move): FrozenLake pays 0 for a hole as for running out of moves, and the
 # warm-up's greedy policy loses by falling, not by wandering (3.6 moves a held-out game on average,
@@ -274,7 +274,7 @@ LAKE_RECIPES["grpo-cool"] = [*LAKE_RECIPES["grpo"], "--temperature", 0.7]
 # Measured (ppo-hole): held-out 29% -> 39% -> 0% -> 29% at iterations 3, 6, 9 (at 6 it stalled).
 LAKE_HOLE = ["--reward-fn", "benchmarks/agents_tools.py:lake_hole"]
 LAKE_RECIPES["ppo-hole"] = [*LAKE_RECIPES["ppo-lambda"], *LAKE_HOLE]
-LAKE_RECIPES["grpo-hole"] = [*LAKE_RECIPES["grpo"], *LAKE_HOLE]
+LAKE_RECIPES["grpo-hole"] = [*LAKE_RECIPES["grpo"], *LAKE_HOLE]  # not run yet
 # ``ppo-hole-edge``: a fall costs 1 and each move into an edge 0.25 (agents_tools.lake_hole_or_edge):
 # under ``ppo-hole`` the policy learned to stall against an edge, where running out of moves costs 0.
 LAKE_RECIPES["ppo-hole-edge"] = [*LAKE_RECIPES["ppo-lambda"], "--reward-fn",
@@ -295,7 +295,6 @@ def frozenlake(args) -> dict:
     from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
     OUT.mkdir(parents=True, exist_ok=True)
-    instructions = LAKE_INSTRUCTIONS
 
     def maps(count: int, seed: int, exclude=()) -> list[list[str]]:
         chosen, index = [], 0
@@ -308,7 +307,7 @@ def frozenlake(args) -> dict:
 
     held_out = maps(100, seed=1)
     train = maps(2000, seed=2, exclude=held_out)
-    rows = lambda descs: [{"prompt": instructions, "desc": desc} for desc in descs]  # noqa: E731
+    rows = lambda descs: [{"prompt": LAKE_INSTRUCTIONS, "desc": desc} for desc in descs]  # noqa: E731
     prompts = agents_tools.write_jsonl(OUT / "lake_train.jsonl", rows(train))
     eval_prompts = OUT / "lake_held_out.jsonl"
     agents_tools.write_jsonl(eval_prompts, rows(held_out))
@@ -379,9 +378,7 @@ def lake_probe(folder: Path) -> list[dict]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ppo_rlhf.envs.gym_text import GymActionEnvironment
     from ppo_rlhf.models.loading import adapter_base_path, is_adapter_folder
-    from ppo_rlhf.rollout.episodes import first_messages
 
     adapter = is_adapter_folder(folder)
     model = AutoModelForCausalLM.from_pretrained(adapter_base_path(folder) if adapter else folder)
@@ -390,19 +387,12 @@ def lake_probe(folder: Path) -> list[dict]:
     first_token = {move: tokenizer(move, add_special_tokens=False).input_ids[0] for move in agents_tools.LAKE_MOVES}
     rows = []
     for desc, moves, best in LAKE_PROBES:
-        environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False},
-                                           observation_text=agents_tools.lake_view)
-        observation, _ = environment.reset(seed=0, options={"desc": desc})
-        messages = first_messages(LAKE_INSTRUCTIONS, observation, "user", environment.prompt_separator)
-        for move in moves:
-            observation, *_ = environment.step(move)
-            messages += [{"role": "assistant", "content": move}, {"role": "user", "content": observation}]
-        environment.close()
+        messages = agents_tools.lake_conversation(LAKE_INSTRUCTIONS, desc, moves)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         with torch.no_grad():
             logits = model(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, -1]
         probabilities = logits.float().softmax(-1)
-        rows.append({"state": observation.splitlines()[-1], "best": best,
+        rows.append({"state": messages[-1]["content"].splitlines()[-1], "best": best,
                      "p": {move: round(probabilities[token].item(), 3) for move, token in first_token.items()}})
     return rows
 
