@@ -121,21 +121,36 @@ LAKE_MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 LAKE_CELLS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 
 
+def lake_square(observation, env) -> tuple[str, dict[str, str]]:
+    """Where the player stands and where the goal lies, in words, and what each move steps onto
+    (ice, hole, goal or edge)."""
+    desc = [[cell.decode() for cell in cells] for cells in env.unwrapped.desc]
+    size = len(desc)
+    row, column = divmod(int(observation), size)
+    goal = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "G")
+    around = {move: LAKE_CELLS[desc[row + dr][column + dc]] if 0 <= row + dr < size and 0 <= column + dc < size
+              else "edge" for move, (dr, dc) in LAKE_MOVES.items()}
+    return (f"You are at row {row + 1}, column {column + 1}; the goal is {goal[0] - row} down and "
+            f"{goal[1] - column} right."), around
+
+
 def lake_view(observation, env) -> str:
     """A FrozenLake position as the model reads it (``--observation-text``): where the player is,
     where the goal lies, and what each move steps onto.  A 135M model does not learn to read a
     drawn board from a few dozen examples (SFT on them left it moving down on every map); this says
     in words what the board shows, so the choice is local."""
-    desc = [[cell.decode() for cell in cells] for cells in env.unwrapped.desc]
-    size = len(desc)
-    row, column = divmod(int(observation), size)
-    goal = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "G")
-    around = []
-    for move, (dr, dc) in LAKE_MOVES.items():
-        r, c = row + dr, column + dc
-        around.append(f"{move}: {LAKE_CELLS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
-    return (f"You are at row {row + 1}, column {column + 1}; the goal is {goal[0] - row} down and "
-            f"{goal[1] - column} right. " + ", ".join(around) + ".")
+    where, around = lake_square(observation, env)
+    return where + " " + ", ".join(f"{move}: {cell}" for move, cell in around.items()) + "."
+
+
+def lake_safe_view(observation, env) -> str:
+    """``lake_view`` with the moves that stay on the lake named as a list, "Safe moves: down, right."
+    (never into a hole, never against an edge).  Measured (frozenlake-probe): after SFT on
+    ``lake_view``'s boards, SmolLM2-135M moves from the start with the same odds whether the hole is
+    below or to the right -- it does not bind "down: hole"; choosing a word from a list the text
+    gives is what small models do well."""
+    where, around = lake_square(observation, env)
+    return where + " Safe moves: " + ", ".join(move for move, cell in around.items() if cell in ("ice", "goal")) + "."
 
 
 def lake_hole(environments, **kwargs) -> list[float]:
@@ -198,14 +213,14 @@ def lake_path(desc: list[str]) -> list[str]:
     raise ValueError(f"no path on {desc}")
 
 
-def lake_conversation(prompt: str, desc: list[str], moves: list[str]) -> list[dict]:
+def lake_conversation(prompt: str, desc: list[str], moves: list[str], view=lake_view) -> list[dict]:
     """One map played with ``moves``, each board exactly as the episode runner shows it (the gym
     adapter renders it with ``lake_view``; the prompt and the adapter's instructions a paragraph
     each): the prompt, then each move and the board it leads to, until a move ends the game."""
     from ppo_rlhf.envs.gym_text import GymActionEnvironment
     from ppo_rlhf.rollout.episodes import first_messages
 
-    environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False}, observation_text=lake_view)
+    environment = GymActionEnvironment("FrozenLake-v1", {"is_slippery": False}, observation_text=view)
     observation, _ = environment.reset(seed=0, options={"desc": desc})
     messages = first_messages(prompt, observation, "user", environment.prompt_separator)
     for move in moves:
@@ -218,6 +233,26 @@ def lake_conversation(prompt: str, desc: list[str], moves: list[str]) -> list[di
     return messages
 
 
-def lake_trace(row: dict) -> dict:
-    """An SFT row: one map played along its shortest path, each move one word."""
-    return {"messages": lake_conversation(row["prompt"], row["desc"], lake_path(row["desc"]))}
+def lake_walk(desc: list[str], rng: random.Random, turns: int = 8) -> list[str]:
+    """A random walk on a FrozenLake map of at most ``turns`` moves, each drawn uniformly among the
+    moves that step onto ice or the goal (never into a hole, never against an edge), ending at the
+    goal if it gets there: moves that keep the rules and do not seek the goal (4% of such walks
+    reach it within 8 moves on the held-out maps)."""
+    size = len(desc)
+    (row, column), moves = divmod(next(i for i, cell in enumerate("".join(desc)) if cell == "S"), size), []
+    while len(moves) < turns and desc[row][column] != "G":
+        allowed = [move for move, (dr, dc) in LAKE_MOVES.items()
+                   if 0 <= row + dr < size and 0 <= column + dc < size and desc[row + dr][column + dc] != "H"]
+        move = rng.choice(allowed)
+        moves.append(move)
+        row, column = row + LAKE_MOVES[move][0], column + LAKE_MOVES[move][1]
+    return moves
+
+
+def lake_trace(row: dict, walk_seed: int | None = None, view=lake_view) -> dict:
+    """An SFT row: one map played along its shortest path, or with ``walk_seed`` a random walk that
+    keeps the rules (:func:`lake_walk`, drawn with that seed); each move one word, each board as
+    ``view`` writes it."""
+    moves = lake_path(row["desc"]) if walk_seed is None else lake_walk(row["desc"], random.Random(walk_seed))
+    messages = lake_conversation(row["prompt"], row["desc"], moves, view)
+    return {"messages": messages[:-1] if messages[-1]["role"] == "user" else messages}  # a walk out of moves

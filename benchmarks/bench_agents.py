@@ -290,6 +290,33 @@ def lake_temperature(flags: list[str]) -> str:
     return next((flags[i + 1] for i in range(len(flags) - 1, -1, -1) if flags[i] == "--temperature"), "1")
 
 
+# The warm-up's traces (--warm-up) and how a board reads (--view, agents_tools' observation functions);
+# the first of each is what the first six rounds ran, and names its folders and results as before.
+# Measured (docs/benchmarks.md, seventh round): on lake_view's boards neither warm-up taught the model
+# to read what a move steps onto; walks on lake_safe_view's boards, then --recipe ppo-lambda: held-out
+# 5% -> 81% in 4 iterations (15.5 min of PPO).
+LAKE_WARM_UPS = {"paths": "shortest-path traces", "walks": "random walks that keep the rules (lake_walk)"}
+LAKE_VIEWS = {"sides": "lake_view", "safe": "lake_safe_view"}
+
+
+def lake_variant(warm_up: str, view: str) -> str:
+    """The part of a FrozenLake run's folder and result names that says its warm-up and view."""
+    return "".join(f"_{name}" for name, first in ((warm_up, "paths"), (view, "sides")) if name != first)
+
+
+def lake_flags(warm_up: str, view: str) -> str:
+    return "".join(f" --{flag} {name}" for flag, name, first in (("warm-up", warm_up, "paths"), ("view", view, "sides"))
+                   if name != first)
+
+
+def lake_sft_folder(warm_up: str, view: str) -> str:
+    return "lake_sft" + lake_variant(warm_up, view)
+
+
+def lake_ppo_folder(warm_up: str, view: str, recipe: str) -> str:
+    return "ppo_lake" + lake_variant(warm_up, view) + "_" + recipe
+
+
 def frozenlake(args) -> dict:
     import gymnasium as gym
     from gymnasium.envs.toy_text.frozen_lake import generate_random_map
@@ -311,14 +338,17 @@ def frozenlake(args) -> dict:
     prompts = agents_tools.write_jsonl(OUT / "lake_train.jsonl", rows(train))
     eval_prompts = OUT / "lake_held_out.jsonl"
     agents_tools.write_jsonl(eval_prompts, rows(held_out))
-    traces = agents_tools.write_jsonl(OUT / "lake_traces.jsonl",
-                                      [agents_tools.lake_trace(row) for row in rows(train[: args.traces])])
+    # The warm-up's traces: each map's shortest path, or (--warm-up walks) a random walk that keeps the
+    # rules (never a hole, never an edge) and does not seek the goal, so what PPO adds is the way there.
+    walks, view = args.warm_up == "walks", getattr(agents_tools, LAKE_VIEWS[args.view])
+    traces = agents_tools.write_jsonl(OUT / f"lake_traces{lake_variant(args.warm_up, args.view)}.jsonl", [
+        agents_tools.lake_trace(row, index if walks else None, view) for index, row in enumerate(rows(train[: args.traces]))])
     del gym
     common = ["--environment", "gym:FrozenLake-v1", "--environment-config", "is_slippery=false", "--max-turns", 8,
-              "--observation-text", f"{HERE / 'agents_tools.py'}:lake_view", "--max-new-tokens", 8, "--max-length", 512]
+              "--observation-text", f"{HERE / 'agents_tools.py'}:{LAKE_VIEWS[args.view]}", "--max-new-tokens", 8, "--max-length", 512]
     result = {}
     # The SFT warm-up, kept from an earlier run with the same traces and settings (the recipes start from it).
-    sft = OUT / "lake_sft"
+    sft = OUT / lake_sft_folder(args.warm_up, args.view)
     settings = {"traces": Path(traces).read_text(), "steps": args.sft_steps, "lr": args.sft_lr}
     stamp = sft / "warm_up.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == settings:
@@ -327,19 +357,21 @@ def frozenlake(args) -> dict:
         result["sft_seconds"] = round(ppo_rlhf(
             "sft", "--model", MODEL, "--data", traces, "--chat-template", "--steps", args.sft_steps, "--batch-size", 8,
             "--lr", args.sft_lr, "--warmup-steps", 1, "--max-length", 512, "--eval-fraction", 0.05, "--eval-every", 0,
-            "--save-every", 0, "--out", sft, "--overwrite", "--num-threads", args.threads, log=OUT / "lake_sft.log"), 1)
+            "--save-every", 0, "--out", sft, "--overwrite", "--num-threads", args.threads, log=OUT / f"{sft.name}.log"), 1)
         stamp.write_text(json.dumps(settings))
-    result.update(traces=args.traces, sft_steps=args.sft_steps, sft_lr=args.sft_lr, recipe=args.recipe,
+    if args.warm_up_only:  # the warm-up alone (frozenlake-probe reads it)
+        raise SystemExit(f"warm-up only: {sft / 'checkpoints' / 'sft'}")
+    result.update(warm_up=args.warm_up, view=args.view, traces=args.traces, sft_steps=args.sft_steps, sft_lr=args.sft_lr, recipe=args.recipe,
                   recipe_flags=[str(x) for x in LAKE_RECIPES[args.recipe]])
     # PPO on the warm-up's model; its own evaluations (greedy, the same 100 maps with the same seeds) at
     # iteration 0 -- the warm-up's success -- and every --eval-every iterations.
-    ppo = OUT / f"ppo_lake_{args.recipe}"
+    ppo = OUT / lake_ppo_folder(args.warm_up, args.view, args.recipe)
     result["ppo_seconds"] = round(ppo_rlhf(
         "ppo", "--model", sft / "checkpoints" / "sft", "--prompts", prompts, "--eval-prompts", eval_prompts,
         "--eval-size", 100, *common, "--lora", "--temperature", 1.0, *LAKE_RECIPES[args.recipe],
         "--iterations", args.iterations, "--eval-every", args.eval_every or args.iterations, "--no-eval-sampled",
         "--save-every", 0, "--save-rollouts", args.iterations, "--seed", args.seed, "--out", ppo, "--overwrite",
-        "--num-threads", args.threads, log=OUT / f"ppo_lake_{args.recipe}.log"), 1)
+        "--num-threads", args.threads, log=OUT / f"{ppo.name}.log"), 1)
     metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if "time/iteration" in m]
     training_seconds = {m["step"]: sum(t["time/iteration"] for t in trained if t["step"] <= m["step"]) for m in trained}
@@ -371,7 +403,7 @@ LAKE_PROBES = [(["SFFF", "FFFF", "FFFF", "FFFG"], [], "down"),
                (["SFFF", "FFFF", "FFFH", "FFFG"], ["right", "right", "right", "down"], "left")]
 
 
-def lake_probe(folder: Path) -> list[dict]:
+def lake_probe(folder: Path, view) -> list[dict]:
     """The policy in ``folder`` (a model, or a LoRA adapter on one) at each LAKE_PROBES state: the
     probability of each move's first token after the chat template's generation prompt, the
     conversation written as the episode runner writes it (the warm-up's traces alike)."""
@@ -387,7 +419,7 @@ def lake_probe(folder: Path) -> list[dict]:
     first_token = {move: tokenizer(move, add_special_tokens=False).input_ids[0] for move in agents_tools.LAKE_MOVES}
     rows = []
     for desc, moves, best in LAKE_PROBES:
-        messages = agents_tools.lake_conversation(LAKE_INSTRUCTIONS, desc, moves)
+        messages = agents_tools.lake_conversation(LAKE_INSTRUCTIONS, desc, moves, view)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         with torch.no_grad():
             logits = model(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, -1]
@@ -400,10 +432,16 @@ def lake_probe(folder: Path) -> list[dict]:
 def frozenlake_probe(args) -> dict:
     """The warm-up's and each recipe's trained policy at the LAKE_PROBES states (after their runs)."""
     torch.set_num_threads(args.threads)
-    folders = {"SFT warm-up": OUT / "lake_sft" / "checkpoints" / "sft"}
-    folders.update({f"PPO --recipe {recipe}": OUT / f"ppo_lake_{recipe}" / "checkpoints" / "actor"
-                    for recipe in LAKE_RECIPES if (OUT / f"ppo_lake_{recipe}" / "checkpoints" / "actor").is_dir()})
-    return {"policies": {name: lake_probe(folder) for name, folder in folders.items()}}
+    policies = {}
+    for warm_up in LAKE_WARM_UPS:
+        for view in LAKE_VIEWS:
+            named = lake_flags(warm_up, view)
+            folders = {f"SFT warm-up{named}": OUT / lake_sft_folder(warm_up, view) / "checkpoints" / "sft"}
+            folders.update({f"PPO{named} --recipe {recipe}": OUT / lake_ppo_folder(warm_up, view, recipe) / "checkpoints"
+                            / "actor" for recipe in LAKE_RECIPES})
+            policies.update({name: lake_probe(folder, getattr(agents_tools, LAKE_VIEWS[view]))
+                             for name, folder in folders.items() if folder.is_dir()})
+    return {"policies": policies}
 
 
 def report(name: str, result: dict, args) -> None:
@@ -411,9 +449,10 @@ def report(name: str, result: dict, args) -> None:
     result = {"benchmark": name, "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch "
               f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
               **({"seed": args.seed, "iterations": args.iterations} if name != "frozenlake-probe" else {}), **result}
-    stem = f"agents_{name.replace('-', '_')}" + (f"_{args.recipe.replace('-', '_')}" if name == "frozenlake" else "")
+    lake_run = f"{lake_variant(args.warm_up, args.view)}_{args.recipe}".replace("-", "_")
+    stem = f"agents_{name.replace('-', '_')}" + (lake_run if name == "frozenlake" else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    command = (f"{name} --recipe {args.recipe} --eval-every {args.eval_every}" if name == "frozenlake" else name) \
+    command = (f"{name}{lake_flags(args.warm_up, args.view)} --recipe {args.recipe} --eval-every {args.eval_every}" if name == "frozenlake" else name) \
         + (f" --iterations {args.iterations}" if name != "frozenlake-probe" else "")  # the command as run, to rerun it
     trained = f"seed {args.seed}, {args.iterations} iterations, " if name != "frozenlake-probe" else ""
     lines = [f"# Agents: {command}", "", f"`python benchmarks/bench_agents.py {command}` ({trained}"
@@ -452,9 +491,9 @@ def report(name: str, result: dict, args) -> None:
     else:
         best = result["best_within_budget"]
         lines += [f"Recipe {result['recipe']}: `{' '.join(result['recipe_flags'])}`, LoRA, temperature "
-                  f"{lake_temperature(result['recipe_flags'])}.", "",
+                  f"{lake_temperature(result['recipe_flags'])}; boards as agents_tools.{LAKE_VIEWS[args.view]} writes them.", "",
                   "| model | success on 100 held-out maps (greedy, 8 moves at most) |", "|---|---|",
-                  f"| after the SFT warm-up ({result['sft_steps']} steps of 8, {result['traces']} shortest-path traces, "
+                  f"| after the SFT warm-up ({result['sft_steps']} steps of 8, {result['traces']} {LAKE_WARM_UPS[args.warm_up]}, "
                   f"lr {result['sft_lr']:g}) | {result['sft']['success']:.3f} |",
                   f"| after PPO, best within {BUDGET_SECONDS // 60} minutes of training (iteration {best['iteration']}, "
                   f"{best['seconds'] / 60:.1f} min) | {best['success']:.3f} |",
@@ -477,6 +516,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: ~30 minutes' worth)")
     parser.add_argument("--eval-every", type=int, default=None, help="(tools 10, frozenlake: at the end only)")
     parser.add_argument("--traces", type=int, default=64, help="SFT warm-up traces")
+    parser.add_argument("--warm-up", choices=sorted(LAKE_WARM_UPS), default="paths",
+                        help="frozenlake: the warm-up's traces: " + "; ".join(f"{k}: {v}" for k, v in LAKE_WARM_UPS.items()))
+    parser.add_argument("--view", choices=sorted(LAKE_VIEWS), default="sides",
+                        help="frozenlake: how a board reads: " + "; ".join(f"{k}: agents_tools.{v}" for k, v in LAKE_VIEWS.items()))
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps of 8 rows (tools 3, frozenlake 8)")
     parser.add_argument("--sft-lr", type=float, default=None,
                         help="SFT warm-up learning rate (tools 2.5e-5, frozenlake 5e-5)")
@@ -484,8 +527,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recipe", choices=sorted(LAKE_RECIPES), default="grpo", help="frozenlake: the PPO recipe")
     parser.add_argument("--warm-up-only", action="store_true",
-                        help="tools: write the prompts and the SFT warm-up (what peers, peers-env and the latency "
-                             "benchmark start from), nothing else")
+                        help="tools, frozenlake: write the prompts and the SFT warm-up (what peers, peers-env and the "
+                             "latency benchmark start from; what frozenlake-probe reads), nothing else")
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
     args = parser.parse_args()
     if not (MODEL / "config.json").is_file():

@@ -165,3 +165,47 @@ def test_the_edge_reward_counts_the_moves_that_left_the_player_where_it_stood():
     start = gym.make("FrozenLake-v1", is_slippery=False)
     start.reset(seed=0)
     assert agents_tools.lake_hole_or_edge([lake, start], [seen((1, 1)), stalled]) == [-1.25, -0.75]
+
+
+def test_the_lake_walk_keeps_the_rules_and_stops_at_the_goal():
+    """``lake_walk`` (the rules-only warm-up's traces): every move steps onto ice or the goal, the
+    walk ends at the goal or after ``turns`` moves, and one seed draws one walk."""
+    import random
+
+    import agents_tools
+
+    corridor = ["SHHH", "FHHH", "FHHH", "FFFG"]  # one way only: down 3, right 3 (or back up)
+    walk = agents_tools.lake_walk(corridor, random.Random(0), turns=40)
+    row, column = 0, 0
+    for move in walk:
+        row, column = row + agents_tools.LAKE_MOVES[move][0], column + agents_tools.LAKE_MOVES[move][1]
+        assert 0 <= row < 4 and 0 <= column < 4 and corridor[row][column] != "H"
+    assert (row, column) == (3, 3) and len(walk) >= 6
+    assert agents_tools.lake_walk(corridor, random.Random(1), turns=2) in (["down", "down"], ["down", "up"])
+    open_lake = ["SFFF", "FFFF", "FFFF", "FFFG"]
+    walks = [agents_tools.lake_walk(open_lake, random.Random(seed)) for seed in range(40)]
+    assert walks[3] == agents_tools.lake_walk(open_lake, random.Random(3))
+    assert {walk[0] for walk in walks} == {"down", "right"}  # left and up are edges at the start
+    assert all(len(walk) == 8 or walk.count("down") - walk.count("up") == 3 for walk in walks)
+
+
+def test_the_safe_view_lists_the_moves_onto_ice_or_the_goal():
+    """``lake_safe_view`` (--view safe) names the moves that neither fall nor bump an edge, in the
+    order ``lake_view`` gives each side; both say where the player and the goal are alike."""
+    import agents_tools
+    import gymnasium as gym
+
+    lake = gym.make("FrozenLake-v1", is_slippery=False, desc=["SFFF", "HFFF", "FFFH", "FFHG"])
+    observation, _ = lake.reset(seed=0)
+    assert agents_tools.lake_safe_view(observation, lake) == \
+        "You are at row 1, column 1; the goal is 3 down and 3 right. Safe moves: right."
+    assert agents_tools.lake_view(observation, lake) == ("You are at row 1, column 1; the goal is 3 down and 3 "
+                                                        "right. left: edge, down: hole, right: ice, up: edge.")
+    for move in (2, 2, 1, 1):  # right, right, down, down: row 3, column 3, holes below and to the right
+        observation, *_ = lake.step(move)
+    assert agents_tools.lake_safe_view(observation, lake).endswith("1 down and 1 right. Safe moves: left, up.")
+    open_lake = gym.make("FrozenLake-v1", is_slippery=False, desc=["SFFF", "FFFF", "FFFF", "FFFG"])
+    open_lake.reset(seed=0)
+    for move in (1, 1, 1, 2, 2):  # down x3, right x2: the goal to the right, the edge below
+        observation, *_ = open_lake.step(move)
+    assert agents_tools.lake_safe_view(observation, open_lake).endswith("Safe moves: left, right, up.")
