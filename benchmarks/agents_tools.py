@@ -215,8 +215,9 @@ def lake_path(desc: list[str]) -> list[str]:
 
 def lake_conversation(prompt: str, desc: list[str], moves: list[str], view=lake_view) -> list[dict]:
     """One map played with ``moves``, each board exactly as the episode runner shows it (the gym
-    adapter renders it with ``view``, as ``--observation-text`` does; the prompt and the adapter's instructions a paragraph
-    each): the prompt, then each move and the board it leads to, until a move ends the game."""
+    adapter renders it with ``view``, as ``--observation-text`` does; the prompt and the adapter's
+    instructions a paragraph each): the prompt, then each move and the board it leads to, until a
+    move ends the game."""
     from ppo_rlhf.envs.gym_text import GymActionEnvironment
     from ppo_rlhf.rollout.episodes import first_messages
 
