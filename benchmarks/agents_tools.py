@@ -121,6 +121,18 @@ LAKE_MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 LAKE_CELLS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 
 
+def lake_sides(desc, row: int, column: int) -> dict[str, str]:
+    """What each move from (row, column) steps onto: ice, hole, goal or edge."""
+    size = len(desc)
+    return {move: LAKE_CELLS[desc[row + dr][column + dc]] if 0 <= row + dr < size and 0 <= column + dc < size
+            else "edge" for move, (dr, dc) in LAKE_MOVES.items()}
+
+
+def lake_safe_moves(sides: dict[str, str]) -> list[str]:
+    """The moves of ``lake_sides`` onto ice or the goal: never into a hole, never against an edge."""
+    return [move for move, cell in sides.items() if cell in ("ice", "goal")]
+
+
 def lake_square(observation, env) -> tuple[str, dict[str, str]]:
     """Where the player stands and where the goal lies, in words, and what each move steps onto
     (ice, hole, goal or edge)."""
@@ -128,10 +140,8 @@ def lake_square(observation, env) -> tuple[str, dict[str, str]]:
     size = len(desc)
     row, column = divmod(int(observation), size)
     goal = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "G")
-    around = {move: LAKE_CELLS[desc[row + dr][column + dc]] if 0 <= row + dr < size and 0 <= column + dc < size
-              else "edge" for move, (dr, dc) in LAKE_MOVES.items()}
     return (f"You are at row {row + 1}, column {column + 1}; the goal is {goal[0] - row} down and "
-            f"{goal[1] - column} right."), around
+            f"{goal[1] - column} right."), lake_sides(desc, row, column)
 
 
 def lake_view(observation, env) -> str:
@@ -150,7 +160,7 @@ def lake_safe_view(observation, env) -> str:
     below or to the right -- it does not bind "down: hole"; choosing a word from a list the text
     gives is what small models do well."""
     where, around = lake_square(observation, env)
-    return where + " Safe moves: " + ", ".join(move for move, cell in around.items() if cell in ("ice", "goal")) + "."
+    return where + " Safe moves: " + ", ".join(lake_safe_moves(around)) + "."
 
 
 def lake_hole(environments, **kwargs) -> list[float]:
@@ -204,9 +214,9 @@ def lake_path(desc: list[str]) -> list[str]:
         for r, c in frontier:
             if desc[r][c] == "G":
                 return paths[(r, c)]
-            for move, (dr, dc) in LAKE_MOVES.items():
-                cell = (r + dr, c + dc)
-                if 0 <= cell[0] < size and 0 <= cell[1] < size and desc[cell[0]][cell[1]] != "H" and cell not in paths:
+            for move in lake_safe_moves(lake_sides(desc, r, c)):
+                cell = (r + LAKE_MOVES[move][0], c + LAKE_MOVES[move][1])
+                if cell not in paths:
                     paths[cell] = paths[(r, c)] + [move]
                     following.append(cell)
         frontier = following
@@ -242,9 +252,7 @@ def lake_walk(desc: list[str], rng: random.Random, turns: int = 8) -> list[str]:
     size = len(desc)
     (row, column), moves = divmod(next(i for i, cell in enumerate("".join(desc)) if cell == "S"), size), []
     while len(moves) < turns and desc[row][column] != "G":
-        allowed = [move for move, (dr, dc) in LAKE_MOVES.items()
-                   if 0 <= row + dr < size and 0 <= column + dc < size and desc[row + dr][column + dc] != "H"]
-        move = rng.choice(allowed)
+        move = rng.choice(lake_safe_moves(lake_sides(desc, row, column)))
         moves.append(move)
         row, column = row + LAKE_MOVES[move][0], column + LAKE_MOVES[move][1]
     return moves

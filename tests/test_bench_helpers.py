@@ -209,3 +209,21 @@ def test_the_safe_view_lists_the_moves_onto_ice_or_the_goal():
     for move in (1, 1, 1, 2, 2):  # down x3, right x2: the goal to the right, the edge below
         observation, *_ = open_lake.step(move)
     assert agents_tools.lake_safe_view(observation, open_lake).endswith("Safe moves: left, right, up.")
+
+
+def test_a_walk_trace_ends_on_the_models_move_and_reads_as_its_view():
+    """An SFT row must end with the reply to learn: a walk that runs out of moves leaves a board
+    after its last move, which ``lake_trace`` drops; a shortest path ends on its move into the goal."""
+    import random
+
+    import agents_tools
+
+    open_lake = {"prompt": "Play.", "desc": ["SFFF", "FFFF", "FFFF", "FFFG"]}
+    walk = agents_tools.lake_walk(open_lake["desc"], random.Random(0))
+    assert len(walk) == 8  # out of moves, short of the goal: a board would follow its last move
+    messages = agents_tools.lake_trace(open_lake, walk_seed=0, view=agents_tools.lake_safe_view)["messages"]
+    assert messages[-1]["role"] == "assistant"
+    assert [m["content"] for m in messages if m["role"] == "assistant"] == walk
+    assert "Safe moves: down, right." in messages[0]["content"]
+    shortest = agents_tools.lake_trace(open_lake)["messages"]  # the first board, then 6 moves with 5 boards between
+    assert shortest[-1]["role"] == "assistant" and len(shortest) == 1 + 6 + 5
