@@ -181,3 +181,115 @@ def test_an_async_tool_that_never_awaits_stops_the_run_naming_it(room_for_tools,
     assert ("tool hog (on " in done.stderr and "is an async def that held the event loop for more than 0.5 seconds "
             "without awaiting" in done.stderr and "make it a plain def" in done.stderr), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+class FakeLaunch:
+    """Two processes' all-reduce (a sum of tuples), for threads standing in for them: a process
+    that reduces while the other has stopped reducing waits out the barrier and fails -- where
+    real processes would wait for ever."""
+
+    def __init__(self, processes: int = 2):
+        self.barrier = threading.Barrier(processes, timeout=5)
+        self.values: list = [None] * processes
+        self.reductions = [0] * processes
+
+    def all_reduce(self, rank: int, value: tuple) -> tuple:
+        self.values[rank] = value
+        self.reductions[rank] += 1
+        self.barrier.wait()
+        total = tuple(sum(values[i] for values in self.values) for i in range(len(value)))
+        self.barrier.wait()
+        return total
+
+
+class FakeEngineRequests:
+    """An engine that steps with the other processes' (as vLLM's data parallel does: each step is
+    a collective) and answers every pending request in one step; ``waits``: the wait each of its
+    server's ``take`` calls was given."""
+
+    def __init__(self, rank: int, launch: FakeLaunch):
+        self.rank, self.launch, self.pending = rank, launch, []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def add(self, row, turn, ids, limit) -> str:
+        self.pending.append(f"{row}/{turn}")
+        return self.pending[-1]
+
+    def step(self) -> list:
+        if not self.launch.all_reduce(self.rank, (len(self.pending),))[0]:
+            return []
+        done, self.pending = self.pending, []
+        return [(key, ([7], None)) for key in done]
+
+    def anyone_working(self, running: bool, busy: bool) -> tuple[bool, bool]:
+        anyone_running, anyone_busy = self.launch.all_reduce(self.rank, (int(running or busy), int(busy)))
+        return anyone_running > 0, anyone_busy > 0
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_processes_leave_the_serving_loop_together_when_one_still_reads_its_reward():
+    """Two processes serving their episodes' turns on engines that step together: the first's
+    episode plays two turns and reads a slow reward after its last; the second's plays one.  Each
+    keeps serving while any process has an episode running -- reading its reward included -- so
+    both make the same collectives and leave in the same round.  (Leaving as soon as no episode
+    was playing, the first asked once more, alone, and waited for ever.)"""
+    from ppo_rlhf.envs.calls import EnvironmentCalls
+    from ppo_rlhf.rollout.turns import ContinuousTurns
+
+    launch, errors, turns_played = FakeLaunch(), [], [0, 0]
+
+    def process(rank: int) -> None:
+        turns = ContinuousTurns(FakeEngineRequests(rank, launch), episodes=1)
+
+        async def episode():
+            try:
+                for _ in range(2 if rank == 0 else 1):
+                    await turns.ask(0, [1], None)
+                    turns_played[rank] += 1
+            finally:
+                turns.ended(0)
+            if rank == 0:
+                await asyncio.sleep(0.3)  # the environment's reward, read after the episode's last turn
+
+        try:
+            EnvironmentCalls(workers=2).run(episode(), turns)
+        except BaseException as error:  # noqa: BLE001 -- reported by the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=process, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert turns_played == [2, 1]
+    assert launch.reductions[0] == launch.reductions[1]
+
+
+def test_an_idle_process_waits_for_no_ask_while_another_process_engine_is_busy():
+    """A process with no request of its own takes the asks that are there without waiting for one
+    while any process's engine has work: its engine's step is a collective, and a wait before it
+    would hold every other engine's step (about 20 steps a second)."""
+    from ppo_rlhf.rollout.turns import ContinuousTurns
+
+    class OthersBusy(FakeEngineRequests):
+        def anyone_working(self, running, busy):
+            return True, True  # another process's engine has requests
+
+        def step(self):
+            return []
+
+    turns = ContinuousTurns(OthersBusy(0, FakeLaunch(1)), episodes=1)
+    waits = []
+    turns.take = lambda wait: waits.append(wait) or []
+    assert turns.serving(running=False)
+    turns.serve(0.05)
+    assert waits == [0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import os
 from pathlib import Path
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from ppo_rlhf.cli import main
 from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.trainers import ppo_setup
 from ppo_rlhf.trainers.ppo_config import PPOConfig
-from zoo import free_port
+from zoo import free_port, launched
 
 # No dropout: each process draws its own dropout masks, so runs with it agree in distribution only.
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--dropout", "0", "--num-threads", "1"]
@@ -26,10 +25,8 @@ TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--dropout", "0", "
 
 def launch(args: list, processes: int, timeout: int = 240) -> subprocess.CompletedProcess:
     """``ppo-rlhf ARGS`` in ``processes`` processes (torchrun, gloo on the CPU)."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-               f"--master_port={free_port()}", "-m", "ppo_rlhf.cli", *map(str, args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    return launched([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+                     f"--master_port={free_port()}", "-m", "ppo_rlhf.cli", *map(str, args)], timeout)
 
 
 @pytest.fixture(scope="module")
@@ -227,11 +224,9 @@ FSDP_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "
 
 def launch_fsdp(args: list, processes: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
     """``ppo-rlhf ARGS`` under ``accelerate launch`` with the shipped FSDP config (on the CPU: gloo)."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
-               "--num_processes", str(processes), "--main_process_port", str(free_port()), "-m", "ppo_rlhf.cli",
-               *map(str, args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    return launched([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
+                     "--num_processes", str(processes), "--main_process_port", str(free_port()), "-m",
+                     "ppo_rlhf.cli", *map(str, args)], timeout)
 
 
 @pytest.mark.slow  # two processes sharded (FSDP2), a minute a case on 2 cores: make test-slow, which CI runs
@@ -297,6 +292,26 @@ def test_ppo_sharded_over_two_processes_trains_like_one_and_resumes(sft_model, s
     one = json.loads((tmp_path / "one" / "summary.json").read_text())
     two = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert two["after"]["eval/exact_match"] == pytest.approx(one["after"]["eval/exact_match"])
+
+
+@pytest.mark.slow  # two processes sharded (FSDP2), a minute on 2 cores: make test-slow, which CI runs
+def test_sharded_passes_run_in_step_when_dynamic_sampling_keeps_no_row_of_one_process(sft_model, tmp_path):
+    """Dynamic sampling keeps the informative groups wherever they were drawn: here every group of
+    the first process is dropped and the second's are all kept, so the first has no row for the
+    reference's pass while the second has the whole batch.  Each pass of a sharded model gathers
+    its layers (a collective): the first process runs as many passes as the second, on a throwaway
+    row, and the run ends.  (It returned at once with no row, and the second waited for ever.)"""
+    toy = Path(__file__).parent / "toy_envs.py"
+    args = ["ppo", "--task", "doubling", "--model", sft_model, "--out", tmp_path / "run", "--estimator", "grpo",
+            "--samples-per-prompt", 2, "--dynamic-sampling", "--max-resample-rounds", 2, "--batch-size", 8,
+            "--mini-batch-size", 8, "--ppo-epochs", 1, "--max-new-tokens", 7, "--max-length", 19,
+            "--rollout-micro-batch-size", 2, "--reward-fn", f"{toy}:informative_on_the_second_process",
+            "--iterations", 2, "--eval-every", 0, "--save-every", 0, "--num-threads", 1]
+    result = launch_fsdp(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    trained = [m for m in metrics if "dynamic_sampling/rounds" in m]
+    assert trained and all(m["dynamic_sampling/filled_groups"] == 0 for m in trained)
 
 
 def test_eval_under_an_fsdp_launch_is_refused_by_name(sft_model, tmp_path):

@@ -688,38 +688,105 @@ def test_what_episodes_sample_on_the_engine_never_depends_on_when_their_turns_we
     assert torch.allclose(one.engine_logprobs, eight.engine_logprobs, atol=1e-4)
 
 
+def launched_twice(args: list, what: str, timeout: int = 300) -> None:
+    """``ppo-rlhf`` with ``args`` in two processes (torchrun, gloo), one thread each; fails saying
+    ``what`` never finished if they do not end within ``timeout`` seconds (both killed)."""
+    import subprocess
+    import sys
+
+    from zoo import free_port, launched
+
+    try:
+        done = launched([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                         f"--master_port={free_port()}", "-m", "ppo_rlhf.cli", *map(str, args)], timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} never finished")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 @needs_vllm
 def test_two_processes_whose_episodes_end_apart_step_their_engines_together(tmp_path):
     """Two processes with the engine, the second's episodes ending after one turn and the first's
     after three: vLLM's data parallel coordinates every forward across the engines, so they step
     together until every process's episodes have ended.  (Turn by turn, the second stopped calling
     its engine while the first asked its own for more, and both waited for each other for ever.)"""
-    import signal
-    import subprocess
-    import sys
-
-    from zoo import PROMPTS, free_port, write_jsonl
+    from zoo import PROMPTS, write_jsonl
 
     chatml_model(tmp_path / "model")
-    args = ["ppo", "--model", tmp_path / "model", "--prompts", write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in
-                                                                                              PROMPTS]),
-            "--environment", f"{Path(__file__).parent / 'toy_envs.py'}:ShortOnTheSecondProcess", "--rollout-engine",
-            "vllm", "--vllm-memory-utilization", 0.01, "--estimator", "reinforce++", "--batch-size", 4,
-            "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 128, "--iterations", 2,
-            "--save-rollouts", 1, "--eval-every", 0, "--save-every", 0, "--out", tmp_path / "two", *THREADS]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               "-m", "ppo_rlhf.cli", *map(str, args)]
-    launched = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        _, err = launched.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(launched.pid, signal.SIGKILL)  # the launcher and both processes
-        launched.communicate()
-        pytest.fail("two processes whose episodes ended apart never finished")
-    assert launched.returncode == 0, err[-3000:]
+    launched_twice(["ppo", "--model", tmp_path / "model", "--prompts",
+                    write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS]),
+                    "--environment", f"{Path(__file__).parent / 'toy_envs.py'}:ShortOnTheSecondProcess",
+                    "--rollout-engine", "vllm", "--vllm-memory-utilization", 0.01, "--estimator", "reinforce++",
+                    "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6,
+                    "--max-length", 128, "--iterations", 2, "--save-rollouts", 1, "--eval-every", 0, "--save-every",
+                    0, "--out", tmp_path / "two", *THREADS], "two processes whose episodes ended apart")
     records = [json.loads(line) for line in (tmp_path / "two" / "rollouts" / "iteration_0002.jsonl").open()]
     assert [record["turns"] for record in records] == [3, 3, 1, 1]
+
+
+@needs_vllm
+@pytest.mark.parametrize("slow", ["get_reward", "reward function", "tool"])
+def test_two_processes_finish_when_one_of_them_waits_on_its_environment(tmp_path, slow):
+    """Two processes with the engine, a TRL class with one tool, the first process's episodes
+    playing three turns and the second's one; in the first process only, the environment's
+    get_reward(), the run's reward function or the tool takes half a second.  Every process serves
+    until no process has an episode running -- one reading its reward included -- and all leave
+    the serving loop in the same round.  (With get_reward slow, the first process asked the others
+    once more whether anyone was playing while they had moved on to the probe's collective, and
+    both waited for ever.)"""
+    from ppo_rlhf.envs.options import tool_template_path
+    from zoo import PROMPTS, write_jsonl
+
+    tool_model(tmp_path / "model")
+    envs = Path(__file__).parent / "toy_envs.py"
+    environment = {"get_reward": "SlowRewardOnTheFirstProcess", "tool": "SlowToolOnTheFirstProcess"}.get(slow, "Counter")
+    reward = ["--reward-fn", f"{envs}:slow_reward_on_the_first_process"] if slow == "reward function" else []
+    launched_twice(["ppo", "--model", tmp_path / "model", "--prompts",
+                    write_jsonl(tmp_path / "p.jsonl", [{"prompt": p, "target": 2} for p in PROMPTS]),
+                    "--environment", f"{envs}:{environment}", *reward,
+                    "--tool-parser", f"{envs}:calls_increment_on_the_first_process", "--max-turns", 3,
+                    "--chat-template-file", tool_template_path(), "--rollout-engine", "vllm",
+                    "--vllm-memory-utilization", 0.01, "--estimator", "reinforce++", "--batch-size", 4,
+                    "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6, "--max-length", 768,
+                    "--iterations", 2, "--save-rollouts", 1, "--eval-every", 0, "--save-every", 0,
+                    "--out", tmp_path / "two", *THREADS], f"two processes, one with a slow {slow},")
+    records = [json.loads(line) for line in (tmp_path / "two" / "rollouts" / "iteration_0002.jsonl").open()]
+    assert [record["turns"] for record in records] == [3, 3, 1, 1]
+
+
+@needs_vllm
+def test_two_processes_evaluate_a_held_out_set_smaller_than_the_launch(tmp_path):
+    """One held-out prompt, two processes with the engine: the second process has no prompt of its
+    own to answer, and still calls its engine as often as the first (each call a collective of
+    vLLM's data parallel), on a prompt whose answer it drops; the metrics are the one prompt's."""
+    from ppo_rlhf.runlog import read_metrics
+    from zoo import PROMPTS, write_jsonl
+
+    chatml_model(tmp_path / "model")
+    launched_twice(["ppo", "--model", tmp_path / "model", "--prompts",
+                    write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS]),
+                    "--eval-prompts", write_jsonl(tmp_path / "held_out.jsonl", [{"prompt": PROMPTS[0]}]),
+                    "--reward-fn", f"{Path(__file__).parent / 'toy_envs.py'}:slow_reward_on_the_first_process",
+                    "--rollout-engine", "vllm", "--vllm-memory-utilization", 0.01, "--estimator", "reinforce++",
+                    "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 6,
+                    "--max-length", 128, "--iterations", 1, "--eval-every", 1, "--save-every", 0,
+                    "--out", tmp_path / "two", *THREADS], "two processes evaluating one held-out prompt")
+    evaluated = [record for record in read_metrics(tmp_path / "two" / "metrics.jsonl") if "eval/score" in record]
+    assert evaluated and all(record["eval/response_length"] <= 6 for record in evaluated)
+
+
+def tool_model(folder: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """A tiny Qwen2 with room for the tool template's prompt (about 455 tokens), saved in ``dtype``."""
+    from transformers import Qwen2Config
+
+    tokenizer = make_tokenizer("qwen2")
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).to(dtype).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -756,19 +823,11 @@ def test_a_model_stored_in_bf16_trains_past_the_probe(vllm_sft_model_bf16, tmp_p
 def test_an_episode_with_a_tool_on_a_bf16_model_passes_the_probe(tmp_path):
     """A TRL environment class with a tool, played on a ChatML model stored in bf16 with --lora: the
     engine receives the merged weights once per rollout and the probe passes in float32."""
-    from transformers import Qwen2Config
-
     from ppo_rlhf.envs.options import tool_template_path
     from ppo_rlhf.runlog import read_metrics
     from zoo import PROMPTS, write_jsonl
 
-    tokenizer = make_tokenizer("qwen2")
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    tool_model(tmp_path / "model", torch.bfloat16)
     envs = Path(__file__).parent / "toy_envs.py"
     run(["ppo", "--model", tmp_path / "model", "--lora", "--prompts",
          write_jsonl(tmp_path / "p.jsonl", [{"prompt": p, "target": 2} for p in PROMPTS]),
@@ -801,14 +860,12 @@ def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, 
     out its own rows; greedy rollouts, so the final actor equals one process's.  torchrun: data
     parallel; fsdp: the actor sharded (accelerate's FSDP config), its whole weights gathered for
     each rollout and sent to each process's engine; in-run evaluations on the engines too."""
-    import os
-    import subprocess
     import sys
 
     from safetensors.torch import load_file
 
     from test_multiprocess import difference_outside_key_bias, launch_fsdp
-    from zoo import free_port
+    from zoo import free_port, launched
 
     args = ["--no-do-sample", "--iterations", 3, "--mini-batch-size", 4, "--ppo-epochs", 2, "--eval-every", 1]
     run(vllm_ppo(vllm_sft_model, tmp_path / "one", *args))
@@ -816,10 +873,9 @@ def test_two_gloo_processes_each_with_its_engine_train_like_one(vllm_sft_model, 
         done = launch_fsdp(vllm_ppo(vllm_sft_model, tmp_path / "two", *args), timeout=600)
         assert "sharded (FSDP): actor and reference split over the 2 processes" in done.stdout, done.stdout[-2000:]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-                   "-m", "ppo_rlhf.cli", *map(str, vllm_ppo(vllm_sft_model, tmp_path / "two", *args))]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        done = launched([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                         f"--master_port={free_port()}", "-m", "ppo_rlhf.cli",
+                         *map(str, vllm_ppo(vllm_sft_model, tmp_path / "two", *args))], 600)
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = (load_file(str(tmp_path / name / "checkpoints" / "actor" / "model.safetensors")) for name in ("one", "two"))
     start = load_file(str(vllm_sft_model / "model.safetensors"))

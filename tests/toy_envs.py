@@ -514,3 +514,53 @@ class NoTools:
 
     def get_reward(self) -> float:
         return 1.0
+
+
+def first_process() -> bool:
+    """Whether this is the first process of a launch (or the only one)."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def calls_increment_on_the_first_process(text: str):
+    """calls_increment in the first process of a launch; no call in the second, whose episodes so
+    end after their first turn while the first process's play to --max-turns."""
+    return calls_increment(text) if first_process() else []
+
+
+class SlowRewardOnTheFirstProcess(Counter):
+    """Counter (TRL's shape, one tool) whose get_reward() takes half a second in the first process
+    of a launch: that process's episodes have all ended while their rewards are still being read."""
+
+    def get_reward(self) -> float:
+        if first_process():
+            time.sleep(0.5)
+        return super().get_reward()
+
+
+class SlowToolOnTheFirstProcess(Counter):
+    """Counter whose tool answers after half a second in the first process of a launch."""
+
+    def increment(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        if first_process():
+            time.sleep(0.5)
+        return super().increment(by)
+
+
+def slow_reward_on_the_first_process(prompts, responses, **kwargs) -> list[float]:
+    """A reward function that takes half a second in the first process of a launch."""
+    if first_process():
+        time.sleep(0.5)
+    return [float(len(response) % 3) for response in responses]
+
+
+def informative_on_the_second_process(prompts, responses, **kwargs) -> list[float]:
+    """0 for every response in the first process of a launch (each prompt group all alike: dynamic
+    sampling drops them), 0 and 1 in turn in the second (each group of two informative)."""
+    return [0.0 if first_process() else float(i % 2) for i in range(len(responses))]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 from pathlib import Path
 
 import torch
@@ -215,6 +216,30 @@ def same_actor_as_straight_run(straight_run: Path, resumed_run: Path, start_mode
     assert any(not torch.equal(straight[k], v) for k, v in start.items()), "the actor did not move"
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], atol=1e-6, rtol=1e-5, msg=key)
+
+
+def launched(command: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """A launcher's ``command`` (torchrun, accelerate launch) run to its end, one thread a process,
+    output captured; past ``timeout`` seconds the launcher and every process under it are killed
+    (torchrun starts its workers in sessions of their own: killing the launcher or its process group
+    leaves them running, holding the cores and the output pipes) and subprocess.TimeoutExpired is
+    raised."""
+    import os
+
+    import psutil
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launcher = psutil.Process(process.pid)
+        for each in [*launcher.children(recursive=True), launcher]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                each.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def free_port() -> int:

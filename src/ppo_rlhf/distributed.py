@@ -40,6 +40,15 @@ def sum_across_processes(tensor: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def max_across_processes(value: int) -> int:
+    """The largest of every process's ``value`` (one process: ``value``)."""
+    if not is_distributed():
+        return value
+    largest = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from ppo_rlhf.core import pass_at_k
-from ppo_rlhf.distributed import gather_objects, rank, split_for_rank
+from ppo_rlhf.distributed import gather_objects, rank, split_for_rank, world_size
 from ppo_rlhf.rewards import response_answer, voted_answer
 from ppo_rlhf.rollout.reward import RewardError
 from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out, samples_of, score_episodes
@@ -119,8 +119,16 @@ class Evaluator:
         mine = split_for_rank(list(range(len(self.prompts))))
         per_batch = max(self.batch_size // samples, 1)  # prompts a generate call answers, K times each
         bar = self.progress_bar(len(mine) * samples)
-        for begin in range(0, len(mine), per_batch):
-            index = mine[begin:begin + per_batch]
+        calls = [mine[begin:begin + per_batch] for begin in range(0, len(mine), per_batch)]
+        if getattr(generator, "steps_together", False):
+            # An engine whose steps are collectives (vLLM under a launch) is called as often in every
+            # process: a process with fewer prompts plays the rest on the first prompt, answers dropped
+            # (docs/design.md, "Collectives of a rollout").
+            most = math.ceil(math.ceil(len(self.prompts) / world_size()) / per_batch)
+            for _ in range(most - len(calls)):
+                roll_out(model, self.tokenizer, generator, self.rows[:1], self.prompts[:1], self.limits,
+                         self.environments, None if self.environments is None else [self.seed])
+        for index in calls:
             # Each prompt's K samples in adjacent rows; an environment's K episodes start alike.
             prompts = [self.prompts[i] for i in index for _ in range(samples)]
             rows = [self.rows[i] for i in index for _ in range(samples)]

@@ -152,7 +152,7 @@ class EnvironmentCalls:
     def run(self, coroutine, server=None):
         """Run ``coroutine`` on the loop and wait for it here; ``server`` (rollout/turns.py), if
         given, is served on this thread meanwhile (the model's turns the episodes ask for), until
-        it has no more episodes to serve.  LoopStalled if the loop stops turning past
+        it says it has nothing more to serve.  LoopStalled if the loop stops turning past
         ``stall_limit``; an exception of ``coroutine`` is raised here."""
         loop = self.start()
         self.beat = time.monotonic()
@@ -160,8 +160,13 @@ class EnvironmentCalls:
         try:
             while True:
                 if future.done() and future.exception() is not None:
-                    break
-                if server is not None and server.serving():
+                    break  # an episode failed: raised below (under a launch, the launcher stops the others)
+                # Whether to serve on is asked of the server with whether this process's episodes
+                # are still running -- an ended episode may still be reading its reward -- so that,
+                # where the server decides with the other processes (each step of their engines is
+                # a collective), every process leaves in the same round (docs/design.md, "Collectives
+                # of a rollout").
+                if server is not None and server.serving(running=not future.done()):
                     server.serve(TICK)
                 elif future.done():
                     break

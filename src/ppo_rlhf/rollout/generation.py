@@ -62,6 +62,10 @@ class Generator(Protocol):
     and whose ``step()`` hands back the finished ones, for episodes that never wait for each other
     (rollout/turns.py, ``ContinuousTurns``; the vLLM engine's ``EngineRequests``).  Without it an
     episode's turns are batched, one ``generate`` call per turn.
+
+    An engine whose calls are collectives of a launch's processes (vLLM's data parallel steps
+    every process's engine together) says so with ``steps_together``; its callers then make as
+    many calls in every process (docs/design.md, "Collectives of a rollout").
     """
 
     stop_token_ids: list[int]  # the ids that end a response

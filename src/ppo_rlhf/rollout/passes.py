@@ -104,8 +104,10 @@ def checked_plan(model, sequences: Sequences, wanted: PassPlan) -> tuple[PassPla
     fused output layer (it applies the architecture's known changes to the
     logits), packing, shared prompts -- each dropped where its log-probs differ; and the
     warnings saying so."""
-    sequences = sequences.select(rows_to_check(sequences))
     own = dataclasses.replace(wanted, share_prompts=False, fused=False, pack=False)
+    if not (wanted.fused or wanted.share_prompts):  # nothing faster asked for (packing rides on the fused layer)
+        return own, []  # and no pass run: under FSDP, where both are off, each would be a collective
+    sequences = sequences.select(rows_to_check(sequences))
     reference = own_logprobs(model, sequences, own)
     plan, warnings = own, []
     for name, change, flag in (("the fused output layer", {"fused": True}, "--no-fused-output-layer"),

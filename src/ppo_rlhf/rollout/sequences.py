@@ -101,6 +101,13 @@ class Sequences:
     def prompt_length(self) -> int:
         return self.prompt_ids.shape[1]
 
+    @staticmethod
+    def placeholder(pad_token_id: int, device: torch.device) -> "Sequences":
+        """One row of a pad token as prompt and as response: a pass whose result nobody reads, run
+        only to take part in the other processes' collectives (trainers/ppo.py, rollout_passes)."""
+        one = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
+        return Sequences(one, torch.ones_like(one), one.clone(), torch.ones_like(one))
+
     def select(self, index: torch.Tensor) -> "Sequences":
         return Sequences(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
                          self.response_mask[index], self.separate_loss_mask(lambda mask: mask[index]))

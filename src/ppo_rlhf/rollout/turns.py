@@ -94,7 +94,9 @@ class TurnBatches(Asks):
         self.generate = generate
         self.asked: dict[int, tuple] = {}
 
-    def serving(self) -> bool:
+    def serving(self, running: bool) -> bool:
+        """Whether an episode may still ask for a turn (``running``: whether the rollout's coroutines
+        are; here this process's own episodes decide alone)."""
         return bool(self.playing)
 
     def serve(self, wait: float) -> None:
@@ -118,14 +120,19 @@ class ContinuousTurns(Asks):
         super().__init__(episodes, progress)
         self.requests = requests
         self.waiting: dict[str, tuple] = {}  # the engine's request id: (future, loop) of the ask
+        self.engines_busy = False  # whether any process's engine had requests at the last ``serving``
 
-    def serving(self) -> bool:
-        # Several processes: each one's engine steps with the others' (vLLM's data parallel), so all
-        # serve until the last episode of every process has ended.
-        return self.requests.anyone_playing(bool(self.playing))
+    def serving(self, running: bool) -> bool:
+        """Whether to serve on, decided with every process: each one's engine steps with the others'
+        (vLLM's data parallel: each step is a collective), so all serve until no process has an
+        episode running -- playing, or reading its reward after its last turn -- or a request in its
+        engine, and then all stop in the same round (docs/design.md, "Collectives of a rollout")."""
+        anyone_running, self.engines_busy = self.requests.anyone_working(running, self.requests.busy)
+        return anyone_running
 
     def serve(self, wait: float) -> None:
-        for row, turn, ids, limit, future, loop in self.take(0 if self.requests.busy else wait):
+        # While any engine has work, none waits for asks: its step would hold up the others' steps.
+        for row, turn, ids, limit, future, loop in self.take(0 if self.engines_busy else wait):
             self.waiting[self.requests.add(row, turn, ids, limit)] = (future, loop)
         for key, response in self.requests.step():
             self.answer(*self.waiting.pop(key), response)

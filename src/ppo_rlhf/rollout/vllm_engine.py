@@ -384,30 +384,36 @@ class VLLMGenerator:
     def check_weights(self, model, output) -> dict[str, float]:
         """The probe after a sync: the engine's log-probs of ``probe_ids`` (``output``: its request's,
         vLLM's prompt log-probs of the raw logits, computed afresh: such a request never reads the
-        prefix cache) against the actor's own forward's; EngineWeightsError if the mean gap per
-        position passes ``probe_tolerance``.  Decided in every process alike (the largest gap), so
-        that all stop together.  Returns ``rollout/probe_gap`` and ``time/engine_probe``: the
-        seconds of this check (the engine's share runs inside the rollout's call)."""
+        prefix cache; None where this process sent none) against the actor's own forward's;
+        EngineWeightsError if the mean gap per position passes ``probe_tolerance``.  Decided in
+        every process alike (the largest gap of those that sent a probe), so that all stop together.
+        Returns ``rollout/probe_gap`` and ``time/engine_probe``: the seconds of this check (the
+        engine's share runs inside the rollout's call); nothing where no process sent a probe."""
         from ppo_rlhf.distributed import rank, sum_across_processes, world_size
 
         start = time.perf_counter()
         ids = self.probe_ids
-        engine = torch.tensor([step[token].logprob for step, token in zip(output.prompt_logprobs[1:], ids[1:])])
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()  # as the trainer's old pass: no dropout (a LoRA dropout included)
-        lifted = self.dtype == torch.float32 and actor_precision(model) != torch.float32
-        with computed_in_float32(model) if lifted else contextlib.nullcontext():
-            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
-        model.train(was_training)
-        actor = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
-        gap = (engine - actor.cpu()).abs().mean().item()
+        gap = None  # None: this process sent no probe (no probe sequence yet)
+        if output is not None:
+            engine = torch.tensor([step[token].logprob for step, token in zip(output.prompt_logprobs[1:], ids[1:])])
+            was_training = model.training
+            model.eval()  # as the trainer's old pass: no dropout (a LoRA dropout included)
+            lifted = self.dtype == torch.float32 and actor_precision(model) != torch.float32
+            with computed_in_float32(model) if lifted else contextlib.nullcontext():
+                logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
+            model.train(was_training)
+            actor = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
+            gap = (engine - actor.cpu()).abs().mean().item()
         if world_size() > 1:  # each process checks its own engine; all stop if one fails
-            gaps = torch.zeros(world_size(), device=device)
-            gaps[rank()] = gap
-            gap = sum_across_processes(gaps).max().item()
+            checked = torch.zeros(2, world_size(), device=device)  # (gap, whether checked) of each process
+            checked[:, rank()] = torch.tensor([gap or 0.0, float(gap is not None)])
+            gaps, sent = sum_across_processes(checked)
+            gap = gaps[sent > 0].max().item() if sent.any() else None
+        if gap is None:
+            return {}
         tolerance = self.probe_tolerance(model)
-        if gap > tolerance:
+        if not gap <= tolerance:  # a NaN gap too: the engine's log-probs are not numbers
             raise EngineWeightsError(
                 f"the vLLM engine does not hold the actor's weights: after weight sync {self.syncs} its log-probs "
                 f"of the probe sequence ({len(ids) - 1} positions) differ from the actor's by {gap:.3g} per token "
@@ -437,6 +443,15 @@ class VLLMGenerator:
             return self.vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, **common)
         return self.vllm.SamplingParams(temperature=decoding.temperature, max_tokens=max_tokens, seed=seed, **common)
 
+    @property
+    def steps_together(self) -> bool:
+        """Whether each call is a collective of the launch's processes (vLLM's data parallel steps
+        every process's engine together): then every process must make as many calls (the
+        Generator contract)."""
+        from ppo_rlhf.distributed import world_size
+
+        return world_size() > 1
+
     def with_decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> "EngineDecoding":
         """This engine with other decoding settings (the in-run evaluations, ReMax's greedy
         baseline): vLLM holds one engine per process, so they share it and its weights."""
@@ -460,14 +475,17 @@ class VLLMGenerator:
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         if self.probe_ids is None and len(prompts[0]["prompt_token_ids"]) > 1:  # one prompt, kept for the run
             self.probe_ids = prompts[0]["prompt_token_ids"][-PROBE_TOKENS:]
-        probing = (self.syncs > syncs or self.probe_due) and self.probe_ids is not None
-        self.probe_due = self.probe_due and not probing
+        # Due after a sync, alike in every process: each then joins the check's all-reduce, one
+        # that has no probe sequence yet too (docs/design.md, "Collectives of a rollout").
+        probing = self.syncs > syncs or self.probe_due
+        sent = probing and self.probe_ids is not None
         requests, params = prompts, self.sampling_params(len(prompts), decoding, max_new_tokens)
-        if probing:  # the probe rides in the same call: its own request, last
+        if sent:  # the probe rides in the same call: its own request, last
             request, probe_params = self.probe_request()
             requests, params = [*prompts, request], [*params, probe_params]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        probe = self.check_weights(model, outputs.pop()) if probing else {}
+        probe = self.check_weights(model, outputs.pop() if sent else None) if probing else {}
+        self.probe_due = probing and not probe  # checked nowhere (no process had a probe sequence): the next call
         (decoding or self).rng.draws += 1
         if not self.holding:
             self.sleep()
@@ -558,6 +576,10 @@ class EngineDecoding:
     def holding_weights(self, model):
         return self.engine.holding_weights(model)
 
+    @property
+    def steps_together(self) -> bool:
+        return self.engine.steps_together
+
     def requests(self, model) -> "EngineRequests":
         return self.engine.requests(model, decoding=self)
 
@@ -625,21 +647,24 @@ class EngineRequests:
                 finished.append((output.request_id, self.engine.kept_response(output.outputs[0])))
         return finished
 
-    def anyone_playing(self, playing: bool) -> bool:
-        """Whether any process still has episodes going or requests in its engine (one process: this one)."""
+    def anyone_working(self, running: bool, busy: bool) -> tuple[bool, bool]:
+        """Whether any process still has episodes ``running`` or requests in its engine, and whether
+        any has requests in its engine (``busy``), in one all-reduce (one process: this one's)."""
         from ppo_rlhf.distributed import sum_across_processes, world_size
 
-        mine = playing or self.busy
         if world_size() == 1:
-            return mine
-        return bool(sum_across_processes(torch.tensor([float(mine)], device=self.engine.device)).item() > 0)
+            return running or busy, busy
+        counts = sum_across_processes(torch.tensor([float(running or busy), float(busy)], device=self.engine.device))
+        anyone_running, anyone_busy = (count > 0 for count in counts.tolist())
+        return anyone_running, anyone_busy
 
     def close(self) -> None:
-        """The rollout ended: its draw counted, the probe checked (EngineWeightsError past its tolerance)."""
+        """The rollout ended: its draw counted, the probe checked (EngineWeightsError past its
+        tolerance) in every process where the sync made it due, whether or not this one sent it."""
         self.decoding.rng.draws += 1
-        if self.probe_key is not None:
-            self.engine.probe_due = False
+        if self.probing:
             probe = self.engine.check_weights(self.model, self.probe_output)
+            self.engine.probe_due = not probe  # no process had a probe sequence: the next rollout's
             if self.decoding is self.engine:
                 self.engine.last_probe = probe
 

@@ -57,7 +57,8 @@ from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_compl
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.chat import prepare_episode_chat, template_name
 from ppo_rlhf.envs.options import check_template_file_used
-from ppo_rlhf.distributed import gather_rows, rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.distributed import (gather_rows, max_across_processes, rank, sum_across_processes, sum_gradients,
+                                  world_size)
 from ppo_rlhf.hardware import train_in_float32
 from ppo_rlhf.models import load_tokenizer
 from ppo_rlhf.models.lora import active_adapter, adapters_disabled
@@ -676,38 +677,54 @@ class PPOTrainer(PPOLoop):
         self.actor.eval()
         if self.critic is not None:
             self.critic.eval()
-        rows = sequences.response_ids.shape[0]
-        if rows == 0:  # dynamic sampling kept none of this process's groups
+        if self._pass_plan is None and len(sequences.response_ids):
+            # checked on a padded pass's share of the budget, then cut by the plan
+            self.checked_pass_plan(sequences.select(self.micro_batches(sequences)[0]))
+        passes = self.rollout_passes(sequences, self.old_and_reference)
+        if passes is None:  # dynamic sampling kept none of this process's groups
             empty = torch.zeros_like(sequences.response_ids, dtype=torch.float32)
             return empty, empty, empty, None if self.critic is None else empty
-        def micro_batches() -> list[torch.Tensor]:
-            return [torch.tensor(group, device=self.device) for group in
-                    token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
-                                        self.config.rollout_micro_batch_size)]
-
-        passes = micro_batches()
-        if self._pass_plan is None:  # checked on a padded pass's share of the budget, then cut by the plan
-            self.checked_pass_plan(sequences.select(passes[0]))
-            passes = micro_batches()
-        parts = [self.old_and_reference(sequences.select(index)) for index in passes]
-        # Back in row order (a token budget groups rows by length).
-        order = torch.argsort(torch.cat(passes))
-        logprobs, ref_logprobs, kl = (torch.cat([part[i] for part in parts])[order] for i in range(3))
-        values = None if parts[0][3] is None else torch.cat([part[3] for part in parts])[order]
-        return logprobs, ref_logprobs, kl, values
+        return passes
 
     def teacher_passes(self, sequences: Sequences) -> torch.Tensor:
         """(b, T) the teacher's log-probs of this process's rows, in the rollout's micro-batches."""
-        rows = sequences.response_ids.shape[0]
-        if rows == 0:
-            return torch.zeros_like(sequences.response_ids, dtype=torch.float32)
-        passes = [torch.tensor(group, device=self.device) for group in
-                  token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
-                                      self.config.rollout_micro_batch_size)]
         if self.teacher.model is None:
             self.actor.eval()  # the adapter runs on the actor's base: no dropout, as the old pass
-        parts = [self.teacher_stats(sequences.select(index)).logprobs for index in passes]
-        return torch.cat(parts)[torch.argsort(torch.cat(passes))]  # back in row order
+        logprobs = self.rollout_passes(sequences, lambda part: self.teacher_stats(part).logprobs)
+        return torch.zeros_like(sequences.response_ids, dtype=torch.float32) if logprobs is None else logprobs
+
+    def micro_batches(self, sequences: Sequences) -> list[torch.Tensor]:
+        """The row indices of each of the rollout passes' micro-batches (--rollout-micro-batch-size,
+        --max-tokens-per-micro-batch)."""
+        return [torch.tensor(group, device=self.device) for group in
+                token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
+                                    self.config.rollout_micro_batch_size)]
+
+    def rollout_passes(self, sequences: Sequences, one_pass: Callable[[Sequences], torch.Tensor | tuple]):
+        """``one_pass`` on each micro-batch of this process's rows (it returns a (b, T) tensor, or a
+        tuple of them and Nones), the micro-batches' results joined back in row order (a token
+        budget groups rows by length); None for no rows (dynamic sampling kept none here).
+
+        Sharded (FSDP): each pass of a sharded model gathers its layers, a collective, so every
+        process runs as many passes as the one that runs the most (dynamic sampling keeps different
+        numbers of rows in each, a token budget groups them by each one's width); the extra ones on
+        a throwaway row, their results dropped (docs/design.md, "Collectives of a rollout")."""
+        rows = len(sequences.response_ids)
+        passes = self.micro_batches(sequences) if rows else []
+        extra = 0 if self.sharding is None else max_across_processes(len(passes)) - len(passes)  # agreed first
+        parts = [one_pass(sequences.select(index)) for index in passes]
+        if extra:
+            throwaway = sequences.select(passes[0][:1]) if rows else Sequences.placeholder(
+                self.tokenizer.pad_token_id, self.device)
+            for _ in range(extra):
+                one_pass(throwaway)
+        if not rows:
+            return None
+        order = torch.argsort(torch.cat(passes))
+        if not isinstance(parts[0], tuple):
+            return torch.cat(parts)[order]
+        return tuple(None if parts[0][i] is None else torch.cat([part[i] for part in parts])[order]
+                     for i in range(len(parts[0])))
 
     def checked_pass_plan(self, sequences: Sequences) -> PassPlan:
         """How the forward passes run, checked once, on the first batch a pass sees: the faster ways
