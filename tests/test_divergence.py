@@ -136,7 +136,7 @@ def test_ppo_with_huge_scores_stops_naming_the_iteration_and_saves_nothing_non_f
 
 
 def test_ppo_skips_a_bad_step_and_goes_on(tiny_sft_model, tmp_path, monkeypatch):
-    import ppo_rlhf.trainers.ppo as ppo_trainer
+    import ppo_rlhf.trainers.ppo_update as ppo_trainer
 
     real_policy_loss, calls = ppo_trainer.policy_loss, []
 

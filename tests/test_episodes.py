@@ -265,7 +265,7 @@ def test_the_environments_tokens_get_no_gradient(zoo, monkeypatch):
         caught.append(stats.hidden)
         return stats
 
-    monkeypatch.setattr("ppo_rlhf.trainers.ppo.response_stats", catching)
+    monkeypatch.setattr("ppo_rlhf.trainers.ppo_update.response_stats", catching)
     trainer.actor.train()
     trainer.accumulate_gradients(experience, torch.arange(4), warming_up=False)
     hidden_grad = caught[0].grad  # (B, T, H): at the positions that predict each response token

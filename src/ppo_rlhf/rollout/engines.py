@@ -12,6 +12,9 @@ from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import StopIds
 
 ENGINES = ("torch", "vllm")
+# Why the importance weights' options do nothing with the built-in engine.
+NO_ENGINE_LOGPROBS = ("it samples with the trainer's own forward, so there are no engine log-probs to weight "
+                      "(--is-correction, --is-cap and --is-floor are for --rollout-engine vllm)")
 
 
 @dataclass
@@ -55,8 +58,6 @@ def refuse_weights_without_engine(config) -> None:
     would never be applied (a generator given to PPOTrainer(generator=...) may report them, and is
     not checked here)."""
     if config.rollout_engine == "torch" and config.is_correction != "none":
-        from ppo_rlhf.trainers.ppo_config import NO_ENGINE_LOGPROBS
-
         raise ConfigError(f"invalid value for 'is_correction': {config.is_correction!r}; left out with "
                           f"--rollout-engine torch: {NO_ENGINE_LOGPROBS}")
 

@@ -13,7 +13,7 @@ from ppo_rlhf.core.offpolicy import MASKING, default_cap
 from ppo_rlhf.envs.options import EnvironmentOptions
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
-from ppo_rlhf.rollout.engines import RolloutEngineOptions
+from ppo_rlhf.rollout.engines import NO_ENGINE_LOGPROBS, RolloutEngineOptions
 from ppo_rlhf.rollout.reward import RewardOptions
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
@@ -57,9 +57,6 @@ MAX_RESAMPLE_ROUNDS = 4
 # SAPO's temperatures (Gao et al., 2025; verl's and TRL's defaults): negative advantages damped faster.
 SAPO_TAU_POS = 1.0
 SAPO_TAU_NEG = 1.05
-# Why the importance weights' options do nothing with the built-in engine.
-NO_ENGINE_LOGPROBS = ("it samples with the trainer's own forward, so there are no engine log-probs to weight "
-                      "(--is-correction, --is-cap and --is-floor are for --rollout-engine vllm)")
 # PPO's clip range (Schulman et al., 2017; TRL's and verl's default).
 CLIP_RATIO = 0.2
 # GSPO's clip range of the sequence ratio (Zheng et al., 2025), for the help and the plan.

@@ -1,0 +1,113 @@
+"""Stage 8 of a PPO iteration, its metrics (docs/design.md, "Metrics"): what every iteration logs
+-- score, KL, the update's averaged statistics, timings and throughput, the engine's distance from
+the trainer's numerics, each reward's own score, the episodes' turns and tool calls -- each over
+the whole batch of every process.  :class:`IterationMetrics` is the part of PPOTrainer these are; a
+new metric enters here."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ppo_rlhf.core import explained_variance, keep_masked, masked_mean, mismatch_statistics
+from ppo_rlhf.distributed import sum_across_processes
+from ppo_rlhf.rollout.episodes import Episodes
+from ppo_rlhf.rollout.sequences import pad_columns
+from ppo_rlhf.trainers.ppo_batch import Experience
+
+
+def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """rollout/logprob_diff_mean and _max: |trainer's old log-prob - engine's| over the response tokens."""
+    width = logprobs.shape[1]
+    engine_logprobs = pad_columns(engine_logprobs.to(logprobs.device), width, 0.0)[:, :width]
+    gap = keep_masked((logprobs - engine_logprobs).abs(), mask)
+    return {"rollout/logprob_diff_mean": (gap.sum() / mask.sum().clamp(min=1)).item(),
+            "rollout/logprob_diff_max": gap.max().item() if gap.numel() else 0.0}
+
+
+class IterationMetrics:
+    """Stage 8 of PPOTrainer (module docstring)."""
+
+    def iteration_metrics(self, experience: Experience, update_stats: dict[str, float], stage_metrics: dict,
+                          kl_coef: float, entropy_coef: float, kl_per_response: float, old_logprobs_known: bool
+                          ) -> dict[str, float]:
+        """The iteration's metrics from its ``experience``, the update's statistics and the earlier
+        stages' metrics and timings; ``old_logprobs_known``: False where the old log-probs were to be
+        read off an update that was skipped (no engine gap to log)."""
+        config = self.config
+        timings = {k: v for k, v in stage_metrics.items() if k.startswith("time/")}
+        # How far the engine's numerics are from the trainer's.
+        if experience.engine_logprobs is not None and old_logprobs_known:
+            stage_metrics.update(engine_gap(experience.logprobs, experience.engine_logprobs, experience.mask))
+            stage_metrics.update(mismatch_statistics(experience.logprobs, experience.engine_logprobs, experience.mask,
+                                                     config.is_correction, config.is_cap, config.is_floor))
+        mask = experience.mask.float()
+        total_time = sum(timings.values())
+        n_response_tokens = mask.sum().item()
+        n_tokens = n_response_tokens + experience.sequences.prompt_mask.sum().item()
+        metrics = {
+            "score": experience.raw_scores.mean().item(),
+            "score_std": experience.raw_scores.std(unbiased=False).item(),
+            "kl": kl_per_response,
+            "kl_coef": kl_coef,
+            # The KL's share of the reward (step 5's -kl_coef * kl): not rewards less the score, which
+            # would count an episode's per-turn rewards in it too.
+            "non_score_reward": (-kl_coef * experience.kl.sum(dim=1).mean().item()
+                                 if config.kl_in == "reward" else 0.0),
+            "response_length": mask.sum(dim=1).mean().item(),
+            "advantages_mean": masked_mean(experience.advantages, experience.mask).item(),
+            "returns_mean": masked_mean(experience.returns, experience.mask).item(),
+            **update_stats,
+            **timings,
+            "time/iteration": total_time,
+            "tokens_per_s": n_tokens / total_time,
+            "generated_tokens_per_s": stage_metrics.get("dynamic_sampling/generated_tokens", n_response_tokens)
+                                      / timings["time/generate"],
+            # Dynamic sampling: its counts, and the score of the batch as drawn (the kept groups are
+            # chosen for their spread, so their mean says less of how the policy does).
+            **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
+        }
+        metrics.update(self.episode_metrics(self.last_rollout.episodes))
+        metrics.update(self.reward_counts())
+        for name, part in self.reward_components.items():  # each reward as it came, before its weight
+            scored = part[~torch.isnan(part)]  # the rows this reward applies to (None: not this one's)
+            metrics[f"reward/{name}"] = scored.mean().item() if scored.numel() else math.nan
+            metrics[f"reward/{name}_std"] = scored.std(unbiased=False).item() if scored.numel() else math.nan
+        if config.entropy_coef != 0:
+            metrics["entropy_coef"] = entropy_coef
+        if experience.values is not None:
+            metrics["explained_variance"] = explained_variance(experience.values, experience.returns,
+                                                               experience.mask).item()
+        if experience.greedy_scores is not None:
+            metrics["greedy_score"] = experience.greedy_scores.mean().item()
+        if (config.score_norm or config.score_clip is not None or config.missing_eos_penalty is not None
+                or config.overlong_buffer is not None):
+            metrics["score_used"] = experience.scores.mean().item()
+        return metrics
+
+    def reward_counts(self) -> dict[str, float]:
+        """What the rewards counted this iteration (a judge's judge/unparsed), summed over the processes."""
+        counts = self.reward.iteration_counts() if self.reward is not None else {}
+        if not counts or self.processes == 1:
+            return counts
+        return dict(zip(counts, sum_across_processes(torch.tensor(list(counts.values()), dtype=torch.float64,
+                                                                  device=self.device)).tolist()))
+
+    def episode_metrics(self, episodes: Episodes) -> dict[str, float]:
+        """Per episode of the batch as drawn, over every process: turns, tokens (the model's and the
+        environment's), the share cut by a limit, and tool calls, errors and timeouts (and what else
+        the environments count, as env/<name>); nothing for single-turn rollouts."""
+        if self.environments is None:
+            return {}
+        names = sorted(set(episodes.stats) | {"calls", "errors", "timeouts"})
+        totals = torch.tensor([len(episodes.turns), sum(episodes.turns), episodes.sequences.response_mask.sum().item(),
+                               sum(episodes.truncated), *(episodes.stats[name] for name in names)],
+                              dtype=torch.float64, device=self.device)
+        totals = sum_across_processes(totals).tolist() if self.processes > 1 else totals.tolist()
+        count = max(totals[0], 1)
+        metrics = {"episode/turns": totals[1] / count, "episode/tokens": totals[2] / count,
+                   "episode/truncated": totals[3] / count}
+        for name, total in zip(names, totals[4:]):
+            metrics[f"tools/{name}" if name in ("calls", "errors", "timeouts") else f"env/{name}"] = total / count
+        return metrics
