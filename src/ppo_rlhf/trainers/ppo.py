@@ -8,7 +8,7 @@
                    -teacher_coef * (log pi - log teacher) per token, or summed into the score)
     6. advantages  GAE over the response tokens, returns = A + V_old, whitened A; or, with a
                    critic-free estimator (trainers/estimators.py), the reward-to-go of the
-                   rewards with the score less its baseline
+                   rewards with the score less its baseline; 0 for a response with no score
     7. update      ppo_epochs passes of minibatch steps on the clipped losses
     8. log         the metrics of docs/design.md ("Metrics"), timings and throughput
 
@@ -40,13 +40,10 @@ from ppo_rlhf.core import (
     informative_groups,
     keep_masked,
     kl_penalty,
-    masked_gae,
     masked_mean,
-    masked_whiten,
     mismatch_statistics,
     overlong_penalty,
     policy_loss,
-    reward_to_go,
     sapo_loss,
     shaped_rewards,
     teacher_reverse_kl,
@@ -65,11 +62,12 @@ from ppo_rlhf.models.value import Critic, SharedHeadCritic
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.passes import PassPlan, ResponseStats, checked_plan, full_kl_between, response_stats
 from ppo_rlhf.rollout.episodes import Episodes, EpisodeLimits, episode_seeds, roll_out, samples_of, score_episodes
+from ppo_rlhf.rollout.reward import unscored_rows
 from ppo_rlhf.rollout.sequences import Sequences, pad_columns
 from ppo_rlhf.sharding import gathered, load_whole_optimizer_state, plain, shard, sharding_from_launch, whole_optimizer_state
 from ppo_rlhf.trainers.estimators import (
+    advantages_and_returns,
     check_prompt_groups,
-    critic_free_advantages,
     needs_greedy_baseline,
     teacher_in_score,
     uses_critic,
@@ -122,6 +120,7 @@ class Rollout:
     components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
     turn_rewards: torch.Tensor | None = None  # (b, T) --turn-rewards per-turn: step rewards on each turn's last token
     filler: torch.Tensor | None = None  # (b,) bool: a dropped group that fills a short batch (dynamic sampling)
+    unscored: torch.Tensor | None = None  # (b,) bool: no score known (a judge's unparsed answer): teaches nothing
 
     @property
     def sequences(self) -> Sequences:
@@ -133,7 +132,8 @@ class Rollout:
                        self.raw_scores[tensor_index], self.scores[tensor_index],
                        {name: part[tensor_index] for name, part in self.components.items()},
                        None if self.turn_rewards is None else self.turn_rewards[tensor_index],
-                       None if self.filler is None else self.filler[tensor_index])
+                       None if self.filler is None else self.filler[tensor_index],
+                       None if self.unscored is None else self.unscored[tensor_index])
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
@@ -145,10 +145,13 @@ class Rollout:
         filler = None
         if any(p.filler is not None for p in parts):
             filler = torch.cat([torch.zeros_like(p.finished) if p.filler is None else p.filler for p in parts])
+        unscored = None
+        if any(p.unscored is not None for p in parts):
+            unscored = torch.cat([torch.zeros_like(p.finished) if p.unscored is None else p.unscored for p in parts])
         return Rollout([r for p in parts for r in p.rows], episodes, torch.cat([p.finished for p in parts]),
                        torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
                        {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
-                       turn_rewards, filler)
+                       turn_rewards, filler, unscored)
 
 
 def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -493,7 +496,9 @@ class PPOTrainer(PPOLoop):
         self.last_rollout = rollout  # as drawn: --save-rollouts writes it, the episode metrics read it
         if config.dynamic_sampling:
             rollout = self.keep_informative_groups(rollout, draw_more, metrics)
-        greedy = self.greedy_baseline(rollout, metrics) if self.greedy_generator is not None else None
+        greedy = greedy_unscored = None
+        if self.greedy_generator is not None:  # ReMax
+            greedy, greedy_unscored = self.greedy_baseline(rollout, metrics)
 
         # 3-4. old log-probs and values (eval mode: no dropout, so they match the generation), the
         # reference's log-probs and the per-token KL.
@@ -508,12 +513,16 @@ class PPOTrainer(PPOLoop):
             gather_rows(t) for t in (logprobs, ref_logprobs, values, kl, teacher_logprobs))
         engine_logprobs = gather_rows(rollout.episodes.engine_logprobs)
         raw_scores = gather_rows(rollout.raw_scores)
+        unscored = gather_rows(rollout.unscored)  # (B,) no score known (a judge's unparsed answer)
         # An episode's per-turn rewards (--turn-rewards per-turn) go through the same --score-norm and --score-clip.
-        scores, turn_rewards = self.normalise_scores(gather_rows(rollout.scores), gather_rows(rollout.turn_rewards))
+        scores, turn_rewards = self.normalise_scores(gather_rows(rollout.scores), gather_rows(rollout.turn_rewards),
+                                                     scored=~unscored)
         greedy_scores = None
         if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
             greedy_scores, _ = self.normalise_scores(gather_rows(greedy), update_moments=False)
             greedy_scores = greedy_scores.repeat_interleave(config.samples_per_prompt)
+            # a greedy response with no score leaves its prompt's samples without a baseline
+            unscored = unscored | gather_rows(greedy_unscored).repeat_interleave(config.samples_per_prompt)
 
         # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
         # and the reward is the score alone; either way kl[t] is logged and drives the controller.
@@ -524,16 +533,12 @@ class PPOTrainer(PPOLoop):
                                                             metrics)
         rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward, turn_rewards)
 
-        # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline
+        # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline;
+        # an unscored response gets advantage 0 and is in no baseline
         if values is not None:
             values = keep_masked(values, mask)
-            advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
-        else:
-            advantages = critic_free_advantages(config.estimator, scores, kl, mask, kl_coef_in_reward, config.gamma,
-                                                config.samples_per_prompt, greedy_scores, turn_rewards)
-            returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
-        if config.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+        advantages, returns = advantages_and_returns(config, rewards, values, scores, kl, mask, kl_coef_in_reward,
+                                                     greedy_scores, turn_rewards, unscored)
         if rollout.filler is not None:  # dynamic sampling's filler groups keep the batch's size and teach nothing
             advantages = advantages.masked_fill(gather_rows(rollout.filler)[:, None], 0.0)
         metrics["time/forward"] = time.perf_counter() - start
@@ -575,12 +580,12 @@ class PPOTrainer(PPOLoop):
             metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + sync
         metrics["time/generate"] += time.perf_counter() - start - (sync or 0.0)
         start = time.perf_counter()
-        raw_scores, components = self.score(rows, episodes)
+        raw_scores, components, unscored = self.score(rows, episodes)
         metrics["time/score"] += time.perf_counter() - start
         finished = torch.tensor(episodes.finished, device=self.device)
         scores, turn_rewards = self.place_turn_rewards(raw_scores, episodes)
         scores = self.shape_scores(scores, finished, episodes.sequences.loss_mask.sum(dim=1))
-        return Rollout(rows, episodes, finished, raw_scores, scores, components, turn_rewards)
+        return Rollout(rows, episodes, finished, raw_scores, scores, components, turn_rewards, unscored=unscored)
 
     def environment_seeds(self, rows: int) -> list[int] | None:
         """This process's episodes' environment seeds (rollout/episodes.py, episode_seeds); None
@@ -591,14 +596,16 @@ class PPOTrainer(PPOLoop):
         self.draws += 1
         return episode_seeds(self.config.seed, self.iteration, self.draws, self.rank * rows // k, rows // k, k)
 
-    def score(self, rows: list[dict], episodes: Episodes) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def score(self, rows: list[dict], episodes: Episodes
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """(b,) scores as the rewards gave them (the environment's included), on the trainer's
-        device, and each reward's own (b,) scores by name."""
+        device, each reward's own (b,) scores by name, and (b,) which rows a reward could not score."""
         raw, parts = score_episodes(self.reward, rows, episodes, self.config.environment_reward_weight)
+        unscored = unscored_rows(self.reward, len(rows)).to(self.device)
         if raw is None:  # no reward but a teacher's (--teacher alone): the score is 0, the signal per token
-            return torch.zeros(len(rows), device=self.device), {}
+            return torch.zeros(len(rows), device=self.device), {}, unscored
         # A reward function's scores come on the CPU.
-        return raw.to(self.device).float(), {name: part.to(self.device) for name, part in parts.items()}
+        return raw.to(self.device).float(), {name: part.to(self.device) for name, part in parts.items()}, unscored
 
     def place_turn_rewards(self, raw_scores: torch.Tensor, episodes: Episodes
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -634,7 +641,8 @@ class PPOTrainer(PPOLoop):
         rounds: list[tuple[Rollout, torch.Tensor]] = []  # (this process's rollout, informative flag of every group)
         found, generated_tokens = 0, 0.0
         while True:
-            informative = informative_groups(gather_rows(getattr(rollout, decided_on)).reshape(-1, k))  # (groups,)
+            informative = informative_groups(gather_rows(getattr(rollout, decided_on)).reshape(-1, k),
+                                             ~gather_rows(rollout.unscored).reshape(-1, k))  # (groups,)
             generated_tokens += sum_across_processes(rollout.sequences.loss_mask.sum().float()).item()
             rounds.append((rollout, informative))
             found += int(informative.sum())
@@ -763,8 +771,9 @@ class PPOTrainer(PPOLoop):
         return TorchGenerator(self.generator.stop_token_ids, self.tokenizer.pad_token_id, self.config.max_new_tokens,
                               do_sample=do_sample, temperature=temperature, seed=seed)
 
-    def greedy_baseline(self, rollout: Rollout, metrics: dict[str, float]) -> torch.Tensor:
-        """ReMax: the shaped score (one per prompt) of each prompt's greedy response."""
+    def greedy_baseline(self, rollout: Rollout, metrics: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """ReMax: the shaped score (one per prompt) of each prompt's greedy response, and whether a
+        reward could not score it."""
         k = self.config.samples_per_prompt
         start = time.perf_counter()
         rows, prompts = rollout.rows[::k], [row.get(self.config.prompt_field) for row in rollout.rows[::k]]
@@ -774,10 +783,10 @@ class PPOTrainer(PPOLoop):
                               self.environments, seeds)
         metrics["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
-        raw, _ = self.score(rows, greedy)
+        raw, _, unscored = self.score(rows, greedy)
         metrics["time/score"] += time.perf_counter() - start
         finished = torch.tensor(greedy.finished, device=self.device)
-        return self.shape_scores(raw, finished, greedy.sequences.loss_mask.sum(dim=1))
+        return self.shape_scores(raw, finished, greedy.sequences.loss_mask.sum(dim=1)), unscored
 
     def shape_scores(self, scores: torch.Tensor, finished: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Each response's score on its own: --missing-eos-penalty, --overlong-buffer."""
@@ -790,16 +799,18 @@ class PPOTrainer(PPOLoop):
         return scores
 
     def normalise_scores(self, scores: torch.Tensor, turn_rewards: torch.Tensor | None = None,
-                         update_moments: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         update_moments: bool = True, scored: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The whole batch's scores (b,) and per-turn rewards (b, T) (--turn-rewards per-turn; None
         otherwise): --score-norm, running moments of each episode's whole return (its score and its
-        turns' rewards): the score less their mean, every reward over their std, so the normalised
-        rewards of an episode sum to its normalised return; then --score-clip on each reward."""
+        turns' rewards; ``scored`` (b,): the rows that move them, not an unscored one's stand-in):
+        the score less their mean, every reward over their std, so the normalised rewards of an
+        episode sum to its normalised return; then --score-clip on each reward."""
         config = self.config
         if config.score_norm:
             returns = scores if turn_rewards is None else scores + turn_rewards.sum(dim=1)
-            if update_moments:
-                self.score_moments.update(returns)
+            if update_moments and (scored is None or scored.any()):
+                self.score_moments.update(returns if scored is None else returns[scored])
             scale = self.score_moments.std + 1e-8
             scores = (scores - self.score_moments.mean) / scale
             turn_rewards = None if turn_rewards is None else turn_rewards / scale
