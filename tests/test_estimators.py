@@ -151,6 +151,122 @@ def test_remax_baseline_is_the_score_of_each_prompts_greedy_response(zoo):
     assert torch.allclose(experience.advantages[:, 0], experience.scores - experience.greedy_scores)
 
 
+# ---------------------------------------------------------------- a response with no score teaches nothing
+# A judge's unparsed answer (rollout/judge.py): the group of four above with its third response
+# (3) unscored.  The others are a group of (1, 2, 6): mean 3, deviations (-2, -1, 3), unbiased std
+# sqrt(14 / 2) = 2.645751; RLOO's means of the other two: 4, 3.5, 1.5.
+UNSCORED_EXPECTED = {
+    "grpo": [-0.755929, -0.377964, 0.0, 1.133893],
+    "dr-grpo": [-2.0, -1.0, 0.0, 3.0],
+    "rloo": [-3.0, -1.5, 0.0, 4.5],
+}
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr-grpo", "rloo"])
+def test_an_unscored_response_is_out_of_its_groups_baseline_by_hand(estimator):
+    from ppo_rlhf.core import group_advantages
+
+    scored = torch.tensor([[True, True, False, True]])
+    for stand_in in (3.0, -50.0):  # whatever stands in for its score
+        scores = torch.tensor([[1.0, 2.0, stand_in, 6.0]])
+        advantages = group_advantages(scores, estimator, scored=scored)
+        assert torch.allclose(advantages, torch.tensor([UNSCORED_EXPECTED[estimator]]), atol=1e-5)
+    # Fewer than two scored: no baseline, nothing to prefer.
+    lone = group_advantages(torch.tensor([[1.0, 9.0]]), estimator, scored=torch.tensor([[False, True]]))
+    assert lone.tolist() == [[0.0, 0.0]]
+
+
+def test_a_group_is_informative_on_its_scored_responses_alone():
+    from ppo_rlhf.core import informative_groups
+
+    scores = torch.tensor([[7.0, 7.0, 3.0], [1.0, 2.0, 2.0], [4.0, 9.0, 9.0]])
+    scored = torch.tensor([[True, True, False], [True, True, False], [True, False, False]])
+    assert informative_groups(scores, scored).tolist() == [False, True, False]
+    assert informative_groups(scores).tolist() == [True, True, True]
+
+
+ESTIMATOR_SETTINGS = {  # (K, whitened) of each estimator's runs below
+    "grpo": (4, False), "dr-grpo": (4, False), "rloo": (4, False), "reinforce++": (1, True), "remax": (2, False),
+    "gae": (1, True)}
+
+
+@pytest.mark.parametrize("estimator", list(ESTIMATOR_SETTINGS))
+def test_an_unscored_response_teaches_nothing_under_every_estimator(estimator):
+    """Stage 6 (advantages_and_returns): the unscored responses' advantages are 0 on every token,
+    and no other response's advantage depends on what stands in for their scores (a baseline, the
+    whitening); with a critic their returns are the critic's values."""
+    from types import SimpleNamespace
+
+    from ppo_rlhf.trainers.estimators import advantages_and_returns
+
+    k, whiten = ESTIMATOR_SETTINGS[estimator]
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(8, 3, dtype=torch.long)
+    mask[1, 2] = mask[6, 1:] = 0
+    kl = torch.randn(8, 3, generator=generator) * 0.1
+    values = torch.randn(8, 3, generator=generator) if estimator == "gae" else None
+    greedy = torch.arange(8.0).div(k, rounding_mode="floor") if estimator == "remax" else None
+    unscored = torch.zeros(8, dtype=torch.bool)
+    unscored[[2, 5]] = True
+    config = SimpleNamespace(estimator=estimator, gamma=1.0, lam=0.95, samples_per_prompt=k, whiten_advantages=whiten)
+
+    def stage_6(stand_in: float):
+        scores = torch.tensor([1.0, 3.0, stand_in, 2.0, 6.0, stand_in, 0.0, 4.0])
+        from ppo_rlhf.core import shaped_rewards
+
+        rewards = shaped_rewards(scores, kl, mask, 0.1)
+        return advantages_and_returns(config, rewards, values, scores, kl, mask, 0.1, greedy, None, unscored)
+
+    advantages, returns = stage_6(2.5)
+    other_advantages, other_returns = stage_6(-40.0)
+    assert advantages[unscored].abs().max() == 0
+    assert advantages[~unscored].abs().max() > 0
+    assert torch.allclose(advantages, other_advantages, atol=1e-6)
+    if values is not None:
+        assert torch.equal(returns[unscored], values[unscored])
+        assert torch.allclose(returns, other_returns)
+
+
+class UnparsedJudge(ScoringReward):
+    """A judge's verdicts: each row's ``score``, or none for a row marked ``unparsed`` (its stand-in 100)."""
+
+    short_name = "judge"
+
+    def __call__(self, batch) -> torch.Tensor:
+        self.last_unscored = torch.tensor([bool(row["unparsed"]) for row in batch.rows])
+        return torch.tensor([100.0 if row["unparsed"] else float(row["score"]) for row in batch.rows])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "remax", "gae"])
+def test_a_trainer_gives_an_unparsed_judge_answer_advantage_0(zoo, estimator):
+    """Through the trainer: the judge's unparsed rows (2 and 5) reach stage 6 and teach nothing; the
+    group estimators' other rows are compared with their group's scored rows alone; ReMax's group
+    whose greedy response (judged as its first row) has no score has no baseline, so teaches nothing."""
+    k = {"grpo": 4, "rloo": 4, "remax": 2, "gae": 1}[estimator]
+    trainer = tiny_trainer(zoo, None, estimator=estimator, samples_per_prompt=k, batch_size=8, kl_coef=0.0,
+                           **({"critic_warmup": 0} if estimator == "gae" else {}))
+    trainer.reward = UnparsedJudge()
+    scores = [1.0, 3.0, 0.0, 2.0, 6.0, 0.0, 0.0, 4.0]
+    rows = [{"prompt": PROMPTS[i // k % len(PROMPTS)], "score": s, "unparsed": i in (2, 5)}
+            for i, s in enumerate(scores)]
+    experience, _ = trainer.make_experience(rows)
+    unscored = torch.tensor([i in (2, 5) for i in range(8)])
+    if estimator == "remax":
+        unscored[3] = True  # its group's greedy response is row 2's prompt row, unparsed
+    assert experience.advantages[unscored].abs().max() == 0
+    assert experience.advantages[~unscored].abs().sum() > 0
+    if estimator in ("grpo", "rloo"):
+        from ppo_rlhf.core import group_advantages
+
+        for group in range(2):
+            rows_in = [i for i in range(group * 4, group * 4 + 4) if not unscored[i]]
+            expected = group_advantages(torch.tensor([[scores[i] for i in rows_in]]), estimator)[0]
+            assert torch.allclose(experience.advantages[rows_in, 0], expected, atol=1e-5)
+    if estimator == "gae":
+        assert torch.equal(experience.returns[unscored], experience.values[unscored])
+        trainer.update(experience)
+
+
 # ---------------------------------------------------------------- runs: no critic, resume, LoRA
 def ppo_command(zoo, out, estimator, *extra):
     return ["ppo", "--model", zoo["gpt2"], "--prompts", zoo["prompts"], "--eval-prompts", zoo["prompts"],

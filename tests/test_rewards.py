@@ -18,7 +18,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError, build_config, read_setting
 from ppo_rlhf.rewards import answer_match, extract_answer, math_equal
-from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, RewardError, ScoringBatch
+from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, RewardError, ScoringBatch, ScoringReward
 from ppo_rlhf.rollout.reward_http import UrlReward
 from ppo_rlhf.rollout.sequences import Sequences
 from ppo_rlhf.stages.evaluate import EvalConfig
@@ -128,6 +128,53 @@ def test_the_score_is_the_weighted_sum_and_each_reward_is_kept_by_name():
     assert combined.plan() == "1 x function ones + 0.5 x function index + 2 x function ones"
     with pytest.raises(ConfigError, match="2 reward weights for 3 rewards"):
         CombinedReward(combined.parts, [1.0, 2.0])
+
+
+class HalfParsedJudge(ScoringReward):
+    """Stands in for a judge: it could not score the first response (its stand-in 5.0)."""
+
+    short_name, description = "judge", "judge J"
+
+    def __call__(self, batch_) -> torch.Tensor:
+        self.last_unscored = torch.tensor([True, False])
+        return torch.tensor([5.0, 8.0])
+
+
+def test_a_row_one_reward_could_not_score_is_unscored_beside_the_others():
+    """A judge's unparsed answer is not TRL's None (not this reward's row): the judge was asked and
+    gave no score, so the sum is unknown and the whole row is left out of the update."""
+    from ppo_rlhf.rollout.reward import unscored_rows
+
+    def ones(prompts, responses):
+        return [1.0, 1.0]
+
+    combined = CombinedReward([FunctionReward(ones), HalfParsedJudge()], [1.0, 0.5])
+    assert combined(batch()).tolist() == [3.5, 5.0]
+    assert combined.last_unscored.tolist() == [True, False]
+    assert unscored_rows(combined, 2).tolist() == [True, False]
+    weighted_out = CombinedReward([FunctionReward(ones), HalfParsedJudge()], [1.0, 0.0])
+    weighted_out(batch())
+    assert weighted_out.last_unscored is None  # a reward of weight 0 takes no part in the sum
+    assert unscored_rows(weighted_out, 2).tolist() == [False, False]
+    assert unscored_rows(None, 3).tolist() == [False] * 3  # no reward
+
+
+def test_a_none_beside_another_reward_is_counted_and_said_once(capsys):
+    def sometimes(prompts, responses):
+        return [None, 2.0]
+
+    def ones(prompts, responses):
+        return [1.0, 1.0]
+
+    combined = CombinedReward([FunctionReward(sometimes), FunctionReward(ones)])
+    assert combined(batch()).tolist() == [1.0, 3.0]  # TRL's rule: the row is left to the other rewards
+    combined(batch())
+    assert combined.iteration_counts() == {"reward/sometimes_none": 2.0, "reward/ones_none": 0.0}
+    out = capsys.readouterr().out
+    assert out.count("warning: the reward function sometimes gave no score (None, or NaN) for 1 of 2") == 1
+    assert "reward/sometimes_none counts them" in out
+    combined.new_iteration()
+    assert combined.iteration_counts()["reward/sometimes_none"] == 0.0
 
 
 def test_one_reward_gives_its_scores_unchanged():

@@ -57,13 +57,26 @@ def reward_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> tor
     return returns
 
 
-def group_advantages(scores: torch.Tensor, method: str, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(scores: torch.Tensor, method: str, eps: float = 1e-6, scored: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """Each score less its group's baseline: (P, K) scores of K responses to each of P prompts
     -> (P, K).  ``method``: grpo, dr-grpo or rloo (see the module docstring).
 
     A group whose scores are all equal gets 0 advantage (GRPO: 0 / (0 + eps)): every response
     was as good as the others, there is nothing to prefer.
+
+    ``scored`` (P, K) bool: the responses whose score is known.  One whose score is not (a judge's
+    unparsed answer) gets 0 and is left out of its group's baseline: the others are compared with
+    each other as a group of the scored ones alone, and a group of fewer than 2 scored gets 0.
     """
+    if scored is not None and not scored.all():
+        advantages = group_advantages(scores, method, eps)
+        for group in (~scored).any(dim=-1).nonzero().flatten().tolist():
+            kept = scored[group]
+            advantages[group] = 0.0
+            if kept.sum() >= 2:
+                advantages[group, kept] = group_advantages(scores[group, kept][None], method, eps)[0]
+        return advantages
     group_size = scores.shape[-1]
     if group_size < 2:
         raise ValueError(f"a group baseline needs at least 2 responses per prompt, got {group_size}")
@@ -99,9 +112,14 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalt
     return -penalty * excess.clamp(0.0, 1.0)
 
 
-def informative_groups(scores: torch.Tensor) -> torch.Tensor:
+def informative_groups(scores: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
     """(P, K) scores of K responses to each of P prompts -> (P,) bool: the group's scores are not
     all equal.  A group of equal scores (all right, or all wrong) has zero advantage under every
     group baseline, so it teaches the policy nothing but dilutes the batch (DAPO's dynamic
-    sampling keeps only the others)."""
-    return (scores != scores[:, :1]).any(dim=-1)
+    sampling keeps only the others).  ``scored`` (P, K) bool: the responses whose score is known;
+    the others' stand-ins are not compared (:func:`group_advantages`)."""
+    if scored is None:
+        return (scores != scores[:, :1]).any(dim=-1)
+    lowest = scores.masked_fill(~scored, torch.inf).min(dim=-1).values
+    highest = scores.masked_fill(~scored, -torch.inf).max(dim=-1).values
+    return scored.any(dim=-1) & (lowest < highest)

@@ -1,29 +1,36 @@
 """An LLM judge as a reward (``--reward-judge MODEL_OR_URL``; docs/design.md, "Judges").
 
 Each response is shown to a judge model through a Jinja template (``--judge-template FILE``,
-given ``prompt``, ``response`` and every column of the prompt row by name) and the judge's answer
-becomes a score (``--judge-score``):
+given ``prompt``, ``response`` and every column of the prompt row by name; a template that never
+names ``response`` is refused at start) and the judge's answer becomes a score (``--judge-score``):
 
-    number:LOW:HIGH   the last number of its answer ("7/10" read as 7), which must lie in [LOW, HIGH]
+    number:LOW:HIGH   the number its answer gives as the score (the rules: :data:`SCORE_RULES`, or
+                      the user's ``--judge-score-pattern``), which must lie in [LOW, HIGH]
     token:TEXT        the probability that its answer's first token is TEXT (e.g. token:Yes)
 
 The judge is a causal LM folder, run here, batched, with greedy decoding (the built-in torch
 generator: a run's vLLM engine holds the policy's weights, not a second model), or an
 OpenAI-compatible chat-completions endpoint (``http://host:8000/v1``, a ``vllm serve`` of one's
-own), asked with the timeouts, retries and errors of ``--reward-url`` (rollout/reward_http.py).
+own), asked with the timeouts, retries and errors of ``--reward-url`` (rollout/reward_http.py),
+CONCURRENT_REQUESTS at once on a thread pool of its own.
 
 Judged scores are kept by the judge's whole input -- the template rendered with the prompt, the
 response and the row -- until the next iteration: the K samples of a prompt that wrote the same
 response, ReMax's greedy response, an evaluation, are judged once.  An answer with no score in
-it is counted (``judge/unparsed``) and the response gets the mean of its batch's judged scores:
-it then moves no baseline and teaches nothing, where 0 (or the range's low end) would punish the
-policy for the judge's failure and a refusal would stop a run over one odd answer.  A batch with
-no parseable answer at all stops the run, saying what the judge answered.
+it -- none found, one outside the range, one that is not a finite number, a token missing from
+the listed log-probs -- is *unparsed*: counted (``judge/unparsed``), marked in ``last_unscored``,
+which the trainer reads to give the response advantage 0 and leave it out of every baseline
+(trainers/estimators.py, ``advantages_and_returns``), so it teaches nothing; where 0 (or the
+range's low end) would punish the policy for the judge's failure and a refusal would stop a run
+over one odd answer.  Its score, for the metrics and an evaluation's mean, is the mean of its
+batch's judged scores.  A batch with no parseable answer at all stops the run, saying what the
+judge answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
@@ -34,7 +41,6 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.rewards import NUMBER
 from ppo_rlhf.rollout.reward import RewardError, ScoringBatch, ScoringReward, check_reward_url, row_columns, run_coroutine
 from ppo_rlhf.rollout.reward_http import _start_of, request_with_retries
 
@@ -55,17 +61,40 @@ def is_url(judge: str) -> bool:
     return judge.lower().startswith(("http://", "https://"))
 
 
+# How an answer's score is found by default (``--judge-score number:LOW:HIGH`` without
+# ``--judge-score-pattern``; docs/rewards.md).  A judge answers as its template asks -- the number
+# alone ("7", "7/10"), a labelled score ("Score: 7", "**Rating:** 8/10", Prometheus' "[RESULT] 4"),
+# MT-Bench's "Rating: [[5]]" -- often after or before reasoning that holds other numbers ("3
+# errors ... Score: 6"), so "the last number" misreads it ("8 out of 10" is 10).  The rules below
+# are tried in order; the first that finds a number gives the score, its last match in the answer
+# (a judge that reasons gives its verdict last; a rubric's overall score comes after its parts).
+_SCORE = r"(?<![\w.])([-+]?(?:\d+(?:\.\d+)?|\.\d+))(?!\w)"  # group 1: a plain decimal, not inside a word
+_LABEL = r"\b(?:scores?|ratings?|grade|verdict)\b(?:\s*\([^)\n]*\))?[\s*_]*(?:[:=]|\bis\b)"  # "**Rating (1-10):"
+SCORE_RULES = (
+    ("[[N]]", re.compile(rf"\[\[\s*{_SCORE}\s*\]\]")),
+    ("a score label: 'Score: N', 'Rating (1-10) = N', 'the grade is N', 'Verdict: N', '[RESULT] N'",
+     re.compile(rf"(?:{_LABEL}|\[RESULT\])[\s*_:\[(]*{_SCORE}", re.IGNORECASE)),
+    # Group 2: the scale written after the score, which must be the range's top ("8/10" on number:0:10).
+    ("N/HIGH or N out of HIGH", re.compile(rf"{_SCORE}[\s*_]*(?:/|\bout\s+of\b)[\s*_]*{_SCORE}", re.IGNORECASE)),
+)
+ANY_NUMBER = re.compile(_SCORE)
+PATTERN_EXAMPLE = r"Score: (\d+)"
+# A listed log-prob this far above 0 is a server's round-off of log(1), read as 0; more is no log-prob.
+LOGPROB_ROUNDING = 1e-6
+
+
 @dataclass(frozen=True)
 class JudgeScore:
-    """How an answer becomes a score (``--judge-score``)."""
+    """How an answer becomes a score (``--judge-score``, ``--judge-score-pattern``)."""
 
     kind: str  # "number" or "token"
     low: float = 0.0
     high: float = 0.0
     token: str = ""
+    pattern: str | None = None  # number: the user's regular expression, its group 1 the score
 
     @staticmethod
-    def parse(spec: str) -> "JudgeScore":
+    def parse(spec: str, pattern: str | None = None) -> "JudgeScore":
         def refused(why: str) -> ConfigError:
             return ConfigError(f"invalid value for 'judge_score': {spec!r}: {why}; allowed: {SCORE_KINDS}")
 
@@ -73,7 +102,11 @@ class JudgeScore:
         if kind == "token":
             if not rest:
                 raise refused("token: needs the text whose probability is the score")
-            return JudgeScore("token", token=rest)
+            if pattern is not None:
+                raise ConfigError(f"invalid value for 'judge_score_pattern': {pattern!r}; allowed: left out with "
+                                  f"--judge-score {spec} (the score is the probability of a token, not read from "
+                                  f"the answer's text)")
+            return JudgeScore("token", 0.0, 1.0, token=rest)
         if kind != "number":
             raise refused(f"{kind!r} is neither number nor token")
         low, _, high = rest.partition(":")
@@ -83,21 +116,56 @@ class JudgeScore:
             raise refused("number: needs its range as two numbers, LOW:HIGH") from None
         if not (math.isfinite(low_value) and math.isfinite(high_value) and low_value < high_value):
             raise refused("the range needs finite numbers with LOW below HIGH")
-        return JudgeScore("number", low_value, high_value)
+        if pattern is not None:
+            compiled_pattern(pattern)
+        return JudgeScore("number", low_value, high_value, pattern=pattern)
 
     def describe(self) -> str:
         if self.kind == "token":
             return f"the probability of {self.token!r} as its answer's first token"
-        return f"the number in its answer, {self.low:g} to {self.high:g}"
+        found = f"found by {self.pattern!r}" if self.pattern is not None else "given as the score"
+        return f"the number {found}, {self.low:g} to {self.high:g}"
+
+    def checked(self, value: float | None) -> float | None:
+        """``value`` if it is a finite number within the range (a token's: [0, 1]), else None: unparsed."""
+        if value is None or not math.isfinite(value) or not self.low <= value <= self.high:
+            return None
+        return value
 
     def from_answer(self, answer: str) -> float | None:
-        """The number of a judge's answer: its last number ("7/10" read as 7, as a judge writes a
-        score out of the top of its range), or None when it has none or it lies outside the range."""
-        found = NUMBER.findall(answer)
-        if not found:
-            return None
-        value = float(found[-1].split("/")[0].replace(",", ""))
-        return value if self.low <= value <= self.high else None
+        """The score a judge's answer gives (see SCORE_RULES, or the user's pattern: its last match's
+        group 1), or None when it gives none, or one that is not a finite number in the range."""
+        if self.pattern is not None:
+            matches = list(compiled_pattern(self.pattern).finditer(answer))
+            return self.checked(as_float(matches[-1].group(1))) if matches else None
+        for _, rule in SCORE_RULES:
+            matches = [m for m in rule.finditer(answer) if rule.groups == 1 or as_float(m.group(2)) == self.high]
+            if matches:
+                return self.checked(as_float(matches[-1].group(1)))
+        numbers = ANY_NUMBER.findall(answer)  # last: the answer's only number ("7", "I'd say 7.")
+        return self.checked(as_float(numbers[0])) if len(numbers) == 1 else None
+
+
+def as_float(text: str | None) -> float | None:
+    try:
+        return float(text.strip())
+    except (AttributeError, ValueError):  # a group that took no part in the match, or no number
+        return None
+
+
+def compiled_pattern(pattern: str) -> re.Pattern:
+    """``--judge-score-pattern`` compiled, or ConfigError naming it: not a regular expression, or
+    without the group that holds the score."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as error:
+        raise ConfigError(f"invalid value for 'judge_score_pattern': {pattern!r}: not a regular expression "
+                          f"({error}); allowed: a Python regular expression whose group 1 is the score, e.g. "
+                          f"{PATTERN_EXAMPLE!r}") from None
+    if compiled.groups < 1:
+        raise ConfigError(f"invalid value for 'judge_score_pattern': {pattern!r}: it has no group to hold the score; "
+                          f"allowed: a Python regular expression whose group 1 is the score, e.g. {PATTERN_EXAMPLE!r}")
+    return compiled
 
 
 class JudgeTemplate:
@@ -124,6 +192,11 @@ class JudgeTemplate:
         except TemplateSyntaxError as error:
             raise ConfigError(f"--judge-template {path}: not a Jinja template: {error.message} (line "
                               f"{error.lineno})") from None
+        if "response" not in self.variables:
+            raise ConfigError(f"--judge-template {path} never names {{{{ response }}}}, so the judge would never see "
+                              f"the response it scores (it names: {', '.join(sorted(self.variables)) or 'nothing'}); "
+                              f"a judge's template must hold {{{{ response }}}}, and may hold {{{{ prompt }}}} and the "
+                              f"prompt row's columns by name")
 
     @property
     def name(self) -> str:
@@ -185,10 +258,11 @@ class Judge(ScoringReward):
 
     def scores_of(self, texts: list[str], judged: list[tuple[float | None, str]]) -> torch.Tensor:
         """(B,) scores of the batch's inputs ``texts``, the new ones' verdicts ``judged`` cached (in
-        order of their first appearance); an unparsed answer gets the batch's mean (see above)."""
+        order of their first appearance) and held to the score's range (:meth:`JudgeScore.checked`);
+        an unparsed answer is marked in ``last_unscored`` and stands at the batch's mean (see above)."""
         new = list(dict.fromkeys(t for t in texts if t not in self.cache))
         answers = dict(zip(new, (answer for _, answer in judged)))
-        self.cache.update(zip(new, (value for value, _ in judged)))
+        self.cache.update(zip(new, (self.score.checked(value) for value, _ in judged)))
         self.counts["judge/judged"] += len(new)
         self.counts["judge/cached"] += len(texts) - len(new)
         values = [self.cache[t] for t in texts]
@@ -198,7 +272,9 @@ class Judge(ScoringReward):
             example = next((answers[t] for t in texts if t in answers), "(cached)")
             raise RewardError(f"the judge {self.name} gave no score in any of its {len(values)} answers of "
                               f"this batch (wanted: {self.score.describe()}); its answer to the first: "
-                              f"{example[:200]!r}.  Check that --judge-template asks for what --judge-score reads")
+                              f"{example[:200]!r}.  Check that --judge-template asks for what --judge-score reads"
+                              + ("" if self.score.kind == "token" else
+                                 " (or give --judge-score-pattern REGEX, its group 1 the score)"))
         self.counts["judge/unparsed"] += unparsed
         if unparsed and not self.warned:
             self.warned = True
@@ -207,8 +283,10 @@ class Judge(ScoringReward):
 
             if is_main_process():
                 print(f"warning: the judge {self.name} gave no score in {unparsed} of {len(values)} answers "
-                      f"(wanted: {self.score.describe()}), e.g. {example[:200]!r}; each such response gets its "
-                      f"batch's mean judged score, and judge/unparsed counts them every iteration", flush=True)
+                      f"(wanted: {self.score.describe()}), e.g. {example[:200]!r}; each such response is left out "
+                      f"of the update (advantage 0, in no baseline), and judge/unparsed counts them every "
+                      f"iteration", flush=True)
+        self.last_unscored = torch.tensor([v is None for v in values])
         mean = sum(parsed) / len(parsed)
         return torch.tensor([mean if v is None else v for v in values], dtype=torch.float32)
 
@@ -340,31 +418,39 @@ class UrlJudge(Judge):
         """(score or None, the answer's text) of one chat completion."""
         try:
             choice = answer["choices"][0]
-            text = choice["message"]["content"] or ""
+            content = choice["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise RewardError(f"the judge {self.url} must answer a chat completion ({{\"choices\": [{{\"message\": "
                               f"...}}]}}), got {str(answer)[:200]!r}") from None
+        text = answer_text(content, self.url)
         if self.score.kind == "number":
             return self.score.from_answer(text), text
-        try:  # the probability of the token among the first position's top log-probs; 0 where it is not listed
+        try:  # the first position's top log-probs
             top = choice["logprobs"]["content"][0]["top_logprobs"]
-            return sum(math.exp(t["logprob"]) for t in top if t["token"] == self.score.token), text
+            listed = [t["logprob"] for t in top if t["token"] == self.score.token]
         except (KeyError, IndexError, TypeError):
             return None, f"{text} (no log-probs in the answer: does the server take logprobs / top_logprobs?)"
+        return token_probability(listed, self.score.token, len(top), text)
 
     async def judge_all(self, texts: list[str]) -> list[tuple[float | None, str]]:
-        if texts:
-            await asyncio.to_thread(self.served_model)
-        limit = asyncio.Semaphore(CONCURRENT_REQUESTS)
+        """Each input's verdict, CONCURRENT_REQUESTS requests in flight on a thread pool of the
+        judge's own (asyncio's default pool holds min(32, CPUs + 4) threads: 6 on 2 cores)."""
+        if not texts:
+            return []
+        loop = asyncio.get_running_loop()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(CONCURRENT_REQUESTS, len(texts)),
+                                                     thread_name_prefix="judge")
+        try:
+            await loop.run_in_executor(pool, self.served_model)
 
-        async def one(text: str) -> tuple[float | None, str]:
-            async with limit:
-                body = self.request_body(text)
-                answer = await asyncio.to_thread(request_with_retries, self.url, body, self.timeout, self.retries,
-                                                 self.backoff, "judge", self.headers())
-            return self.verdict(self.answer(answer))
+            async def one(text: str) -> tuple[float | None, str]:
+                answer = await loop.run_in_executor(pool, request_with_retries, self.url, self.request_body(text),
+                                                    self.timeout, self.retries, self.backoff, "judge", self.headers())
+                return self.verdict(self.answer(answer))
 
-        return list(await asyncio.gather(*(one(text) for text in texts)))
+            return list(await asyncio.gather(*(one(text) for text in texts)))
+        finally:  # a request that failed: the ones not yet started never start
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def score_async(self, batch: ScoringBatch) -> torch.Tensor:
         texts = self.inputs(batch)
@@ -374,9 +460,36 @@ class UrlJudge(Judge):
         return run_coroutine(self.score_async(batch))
 
 
+def answer_text(content, url: str) -> str:
+    """A chat completion's ``content`` as text: a server may send a number as a JSON number, or
+    null (nothing said, e.g. cut off while thinking); RewardError for anything else."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (int, float)) and not isinstance(content, bool):
+        return json.dumps(content)
+    raise RewardError(f"the judge {url} must answer its message's content as text, got "
+                      f"{type(content).__name__} {str(content)[:200]!r}")
+
+
+def token_probability(listed: list, token: str, count: int, text: str) -> tuple[float | None, str]:
+    """(the probability of ``token``, the answer's text) from its log-probs ``listed`` among the first
+    position's top ``count``; None (unparsed) where it is not listed -- it is then below the last one
+    listed, or the judge did not answer at its first token (a thinking model's ``<think>``) -- or a
+    listed value is no log-probability (not a number, or above 0 by more than round-off)."""
+    if not listed:
+        return None, f"{text} ({token!r} is not among the first token's {count} top log-probs)"
+    bad = [lp for lp in listed
+           if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not lp <= LOGPROB_ROUNDING]  # NaN too
+    if bad:
+        return None, f"{text} (the log-prob of {token!r} is {bad[0]!r}: no log-probability, which is a number <= 0)"
+    return sum(math.exp(min(lp, 0.0)) for lp in listed), text
+
+
 def make_judge(config) -> Judge:
     """The judge ``--reward-judge`` names (a ``ppo`` or ``eval`` config), not yet loaded."""
-    score = JudgeScore.parse(config.judge_score)
+    score = JudgeScore.parse(config.judge_score, config.judge_score_pattern)
     template = JudgeTemplate(config.judge_template, score)
     if is_url(config.reward_judge):
         return UrlJudge(config.reward_judge, template, score, config.judge_max_new_tokens, config.judge_model,

@@ -52,6 +52,11 @@ class ScoringReward:
     short_name = "reward"  # its metrics' name, reward/<short_name>
     description = "a reward object"  # for the run's plan
     waits = False  # True: scored by ``await score_async(batch)``, concurrently with the other waiting rewards
+    # (B,) bool of the last call: the responses it was asked to score and could not (a judge's
+    # unparsed answers), whose scores are stand-ins; the trainer gives them advantage 0 and leaves
+    # them out of every baseline (trainers/estimators.py).  None: every score is real.  Not the
+    # same as a None score (NaN), which says the response is not this reward's to score.
+    last_unscored: torch.Tensor | None = None
 
     def __call__(self, batch: ScoringBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -281,6 +286,18 @@ def refuse_unscored(scores: torch.Tensor, rows: list[dict], names: list[str]) ->
         raise RewardError(f"no reward scored {where} ({len(unscored)} response(s) in this batch): "
                           f"{', '.join(names)} each returned None for it; a None leaves a response to the other "
                           f"rewards, and at least one must score it")
+
+
+def unscored_rows(reward, count: int) -> torch.Tensor:
+    """(count,) bool: the responses the last call of ``reward`` (None: no reward) could not score,
+    its ``last_unscored`` (a judge's unparsed answers); all False when it scored them all."""
+    rows = getattr(reward, "last_unscored", None)
+    if rows is None:
+        return torch.zeros(count, dtype=torch.bool)
+    if tuple(rows.shape) != (count,):
+        raise RewardError(f"{getattr(reward, 'description', 'a reward')}'s last_unscored holds {tuple(rows.shape)} "
+                          f"for {count} responses; it must be one bool a response of its last call, or None")
+    return rows.bool()
 
 
 def run_coroutine(coroutine):
@@ -526,6 +543,8 @@ class CombinedReward(ScoringReward):
         self.parts, self.weights = parts, weights
         self.names = unique_names([part.short_name for part in parts])
         self.last_components: dict[str, torch.Tensor] = {}
+        self.none_counts = dict.fromkeys(self.names, 0.0)  # this iteration's None (NaN) scores of each reward
+        self.warned_none: set[str] = set()
 
     @property
     def model(self):
@@ -539,12 +558,17 @@ class CombinedReward(ScoringReward):
     def new_iteration(self) -> None:
         for part in self.parts:
             part.new_iteration()
+        self.none_counts = dict.fromkeys(self.names, 0.0)
 
     def iteration_counts(self) -> dict[str, float]:
+        """The parts' counts (a judge's judge/unparsed), and with several rewards each one's
+        ``reward/<name>_none``: the responses it gave None (NaN) for, scored by the others alone."""
         counts: dict[str, float] = {}
         for part in self.parts:
             for name, count in part.iteration_counts().items():
                 counts[name] = counts.get(name, 0.0) + count
+        if len(self.parts) > 1:
+            counts.update({f"reward/{name}_none": count for name, count in self.none_counts.items()})
         return counts
 
     def plan(self) -> str:
@@ -561,10 +585,41 @@ class CombinedReward(ScoringReward):
                 return await asyncio.gather(*(part.score_async(batch) for _, part in waiting))
             scores.update(zip([name for name, _ in waiting], run_coroutine(all_waiting())))
         self.last_components = {name: scores[name] for name in self.names}
+        self.last_unscored = self.unscored_by_parts(len(batch.responses))
         if len(self.parts) == 1 and self.weights[0] == 1.0:
             return self.last_components[self.names[0]]  # one reward: its scores as they came
+        if len(self.parts) > 1:
+            self.count_nones()
         device = self.last_components[self.names[0]].device
         return weighted_sum([self.last_components[name].to(device) for name in self.names], self.weights)
+
+    def unscored_by_parts(self, count: int) -> torch.Tensor | None:
+        """(B,) the rows a reward of non-zero weight could not score in the last call (a judge's
+        unparsed answers): their sum is unknown, and scoring them by the other rewards alone would
+        put them on another scale than their group's, so the whole row is left out of the update;
+        None when there is none."""
+        unscored = torch.zeros(count, dtype=torch.bool)
+        for part, weight in zip(self.parts, self.weights):
+            rows = getattr(part, "last_unscored", None)
+            if rows is not None and weight != 0:
+                unscored |= rows.cpu().bool()
+        return unscored if unscored.any() else None
+
+    def count_nones(self) -> None:
+        """Beside other rewards, a reward's None (NaN) leaves its rows to them (TRL's rule):
+        counted in ``reward/<name>_none``, and said once per reward."""
+        from ppo_rlhf.distributed import is_main_process
+
+        for name, part in zip(self.names, self.parts):
+            nones = int(torch.isnan(self.last_components[name]).sum())
+            self.none_counts[name] += nones
+            if nones and name not in self.warned_none:
+                self.warned_none.add(name)
+                if is_main_process():
+                    print(f"warning: the reward {part.description} gave no score (None, or NaN) for {nones} of "
+                          f"{self.last_components[name].numel()} responses; each is scored by the other rewards "
+                          f"alone (TRL's rule for None), and reward/{name}_none counts them every iteration",
+                          flush=True)
 
 
 JUDGE_SCORE = "number:0:10"  # --judge-score's default: a 0-10 rating, the commonest judge prompt's
@@ -588,10 +643,14 @@ class RewardOptions:
                                             "one more reward, named 'judge' (docs/rewards.md)")
     judge_template: str | None = option(None, "Jinja template of the judge's input, given prompt, response and the "
                                               "prompt row's columns by name (empty: a built-in one for --judge-score)")
-    judge_score: str = option(JUDGE_SCORE, "how the judge's answer becomes a score: number:LOW:HIGH (its last "
-                                             "number, which must lie in [LOW, HIGH]) or token:TEXT (the probability "
-                                             "of TEXT as its first token, e.g. token:Yes); an answer without a score "
-                                             "gets its batch's mean and is counted as judge/unparsed")
+    judge_score: str = option(JUDGE_SCORE, "how the judge's answer becomes a score: number:LOW:HIGH (the number "
+                                             "it gives as the score, 'Score: 7', '7/10', '[[7]]' or the answer's only "
+                                             "number, which must lie in [LOW, HIGH]; docs/rewards.md) or token:TEXT "
+                                             "(the probability of TEXT as its first token, e.g. token:Yes); an answer "
+                                             "without a score is left out of the update and counted as judge/unparsed")
+    judge_score_pattern: str | None = option(None, "a Python regular expression that finds the score in the judge's "
+                                                   "answer (number: scores), its group 1 the number; its last match "
+                                                   "counts (empty: the built-in rules, docs/rewards.md)")
     judge_model: str | None = option(None, "the model name sent to a judge URL (empty: the first the server lists "
                                            "at /models)")
     judge_max_new_tokens: int = option(JUDGE_MAX_NEW_TOKENS, "longest answer of the judge in tokens (number scores)", range=above(0))
@@ -631,17 +690,18 @@ class RewardOptions:
 
 
     def validate_judge(self) -> None:
-        """--reward-judge's form, its score's spec, and the judge options refused without a judge (or,
-        --judge-model, without a judge URL: a local judge is the folder it names)."""
+        """--reward-judge's form, its score's spec and pattern (a regular expression with a group, for
+        number: scores), and the judge options refused without a judge (or, --judge-model, without a
+        judge URL: a local judge is the folder it names)."""
         from ppo_rlhf.rollout.judge import JudgeScore, is_url
 
         judge = self.reward_judge
         if judge is None:
             for key, default in (("judge_template", None), ("judge_score", JUDGE_SCORE), ("judge_model", None),
-                                 ("judge_max_new_tokens", JUDGE_MAX_NEW_TOKENS)):
+                                 ("judge_max_new_tokens", JUDGE_MAX_NEW_TOKENS), ("judge_score_pattern", None)):
                 check(getattr(self, key) == default, key, "left out without --reward-judge", getattr(self, key))
             return
-        JudgeScore.parse(self.judge_score)
+        JudgeScore.parse(self.judge_score, self.judge_score_pattern)
         if is_url(judge):
             check_reward_url(judge, "reward_judge")
         else:

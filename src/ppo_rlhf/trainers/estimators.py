@@ -18,7 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from ppo_rlhf.core import GROUP_METHODS, group_advantages, reward_to_go, shaped_rewards
+from ppo_rlhf.core import (
+    GROUP_METHODS,
+    group_advantages,
+    keep_masked,
+    masked_gae,
+    masked_whiten,
+    reward_to_go,
+    shaped_rewards,
+)
 
 ESTIMATORS = ("gae", "grpo", "dr-grpo", "rloo", "reinforce++", "remax")
 GROUP_ESTIMATORS = GROUP_METHODS  # the ones whose baseline is the other responses to the same prompt
@@ -63,12 +71,15 @@ def check_prompt_groups(prompts: list, samples_per_prompt: int) -> None:
 
 
 def score_advantages(estimator: str, scores: torch.Tensor, samples_per_prompt: int,
-                     greedy_scores: torch.Tensor | None = None) -> torch.Tensor:
+                     greedy_scores: torch.Tensor | None = None, unscored: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) each response's score less the estimator's baseline; B = prompts x samples_per_prompt,
-    the samples of a prompt adjacent.  ``greedy_scores``: (B,) ReMax's baseline."""
+    the samples of a prompt adjacent.  ``greedy_scores``: (B,) ReMax's baseline.  ``unscored``:
+    (B,) bool, the responses whose score is a stand-in, left out of their group's baseline (their
+    own advantage is zeroed by :func:`advantages_and_returns`)."""
     if estimator in GROUP_ESTIMATORS:
         groups = scores.reshape(-1, samples_per_prompt)  # (P, K)
-        return group_advantages(groups, estimator).reshape(-1)
+        scored = None if unscored is None else ~unscored.reshape(-1, samples_per_prompt)
+        return group_advantages(groups, estimator, scored=scored).reshape(-1)
     if estimator == "remax":
         return scores - greedy_scores
     if estimator == "reinforce++":
@@ -78,11 +89,45 @@ def score_advantages(estimator: str, scores: torch.Tensor, samples_per_prompt: i
 
 def critic_free_advantages(estimator: str, scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor,
                            kl_coef_in_reward: float, gamma: float, samples_per_prompt: int,
-                           greedy_scores: torch.Tensor | None = None, token_rewards: torch.Tensor | None = None
-                           ) -> torch.Tensor:
+                           greedy_scores: torch.Tensor | None = None, token_rewards: torch.Tensor | None = None,
+                           unscored: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) advantages without a critic: the reward-to-go of the shaped rewards in which the
     score is replaced by the score less its baseline.  With the KL in the loss (coefficient 0
     here) and gamma 1, every token of a response gets that one number.  ``token_rewards``: an
-    episode's per-turn rewards (reinforce++ only: a baseline of whole episodes has none)."""
-    centred = score_advantages(estimator, scores, samples_per_prompt, greedy_scores)  # (B,)
+    episode's per-turn rewards (reinforce++ only: a baseline of whole episodes has none).
+    ``unscored``: (B,) bool, the responses left out of the group baselines (:func:`score_advantages`)."""
+    centred = score_advantages(estimator, scores, samples_per_prompt, greedy_scores, unscored)  # (B,)
     return reward_to_go(shaped_rewards(centred, kl, mask, kl_coef_in_reward, token_rewards), mask, gamma)
+
+
+def advantages_and_returns(config, rewards: torch.Tensor, values: torch.Tensor | None, scores: torch.Tensor,
+                           kl: torch.Tensor, mask: torch.Tensor, kl_coef_in_reward: float,
+                           greedy_scores: torch.Tensor | None = None, token_rewards: torch.Tensor | None = None,
+                           unscored: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 6 of a PPO iteration (trainers/ppo.py): (B, T) advantages and returns -- GAE of the
+    shaped ``rewards`` against the critic's ``values`` (None: the estimator's score baseline,
+    :func:`critic_free_advantages`), whitened over the batch when ``config.whiten_advantages``.
+
+    ``unscored`` (B,) bool: the responses whose score is not known (a judge's unparsed answer, or
+    ReMax's greedy baseline unparsed), which must teach nothing under every estimator: advantage 0
+    on every token, out of the group baselines and of the whitening statistics, and with a critic
+    the return its own value, so the value loss has nothing to fit either (docs/design.md, "Judges")."""
+    if not (unscored is not None and unscored.any()):
+        unscored = None
+    if values is not None:
+        advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
+    else:
+        advantages = critic_free_advantages(config.estimator, scores, kl, mask, kl_coef_in_reward, config.gamma,
+                                            config.samples_per_prompt, greedy_scores, token_rewards, unscored)
+        returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
+    scored_mask = mask if unscored is None else keep_masked(mask, ~unscored[:, None])  # (B, T)
+    if config.whiten_advantages:
+        if unscored is not None and scored_mask.sum() < 2:  # next to nothing scored: no statistics, nothing taught
+            advantages = torch.zeros_like(advantages)
+        else:
+            advantages = masked_whiten(advantages, scored_mask)
+    if unscored is not None:
+        advantages = keep_masked(advantages, scored_mask)
+        if values is not None:
+            returns = torch.where(unscored[:, None], values, returns)
+    return advantages, returns

@@ -10,7 +10,7 @@
                    -teacher_coef * (log pi - log teacher) per token, or summed into the score)
     6. advantages  GAE over the response tokens, returns = A + V_old, whitened A; or, with a
                    critic-free estimator (trainers/estimators.py), the reward-to-go of the
-                   rewards with the score less its baseline
+                   rewards with the score less its baseline; 0 for a response with no score
                    -- trainers/ppo_advantages.py
     7. update      ppo_epochs passes of minibatch steps on the clipped losses
                    -- trainers/ppo_update.py
@@ -278,7 +278,9 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         self.last_rollout = rollout  # as drawn: --save-rollouts writes it, the episode metrics read it
         if self.config.dynamic_sampling:
             rollout = self.keep_informative_groups(rollout, draw_more, metrics)
-        greedy = self.greedy_baseline(rollout, metrics) if self.greedy_generator is not None else None
+        greedy = greedy_unscored = None
+        if self.greedy_generator is not None:  # ReMax
+            greedy, greedy_unscored = self.greedy_baseline(rollout, metrics)
 
         # 3-4. old log-probs and values (eval mode: no dropout, so they match the generation), the
         # reference's log-probs and the per-token KL (and a teacher's log-probs)
@@ -287,7 +289,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         teacher_logprobs = self.teacher_passes(rollout.sequences) if self.teacher is not None else None
 
         # 5-6. shaped rewards, advantages and returns, on the whole batch
-        experience = self.experience(rollout, logprobs, ref_logprobs, kl, values, teacher_logprobs, greedy, metrics)
+        experience = self.experience(rollout, logprobs, ref_logprobs, kl, values, teacher_logprobs, greedy,
+                                     greedy_unscored, metrics)
         metrics["time/forward"] = time.perf_counter() - start
         return experience, metrics
 

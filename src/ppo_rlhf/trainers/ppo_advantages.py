@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ppo_rlhf.core import keep_masked, masked_gae, masked_whiten, reward_to_go, shaped_rewards, teacher_reverse_kl
+from ppo_rlhf.core import keep_masked, shaped_rewards, teacher_reverse_kl
 from ppo_rlhf.distributed import gather_rows
-from ppo_rlhf.trainers.estimators import critic_free_advantages, teacher_in_score
+from ppo_rlhf.trainers.estimators import advantages_and_returns, teacher_in_score
 from ppo_rlhf.trainers.ppo_batch import Experience, Rollout
 
 
@@ -21,10 +21,11 @@ class AdvantageStage:
 
     def experience(self, rollout: Rollout, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl: torch.Tensor,
                    values: torch.Tensor | None, teacher_logprobs: torch.Tensor | None, greedy: torch.Tensor | None,
-                   metrics: dict[str, float]) -> Experience:
+                   greedy_unscored: torch.Tensor | None, metrics: dict[str, float]) -> Experience:
         """Stages 5-6: this process's ``rollout`` and its passes' (b, T) results (stages 1-4; ``greedy``:
-        ReMax's greedy scores) gathered into the whole batch, its rewards shaped and its advantages and
-        returns computed -- the :class:`Experience` the update trains on."""
+        ReMax's greedy scores, ``greedy_unscored`` which of them no reward could score) gathered into
+        the whole batch, its rewards shaped and its advantages and returns computed -- the
+        :class:`Experience` the update trains on."""
         config = self.config
         # The whole batch, in every process (one process: these are the tensors themselves).
         sequences = self.gather_sequences(rollout.sequences)
@@ -33,12 +34,16 @@ class AdvantageStage:
             gather_rows(t) for t in (logprobs, ref_logprobs, values, kl, teacher_logprobs))
         engine_logprobs = gather_rows(rollout.episodes.engine_logprobs)
         raw_scores = gather_rows(rollout.raw_scores)
+        unscored = gather_rows(rollout.unscored)  # (B,) no score known (a judge's unparsed answer)
         # An episode's per-turn rewards (--turn-rewards per-turn) go through the same --score-norm and --score-clip.
-        scores, turn_rewards = self.normalise_scores(gather_rows(rollout.scores), gather_rows(rollout.turn_rewards))
+        scores, turn_rewards = self.normalise_scores(gather_rows(rollout.scores), gather_rows(rollout.turn_rewards),
+                                                     scored=~unscored)
         greedy_scores = None
         if greedy is not None:  # ReMax: normalised as the sampled scores, without moving their statistics
             greedy_scores, _ = self.normalise_scores(gather_rows(greedy), update_moments=False)
             greedy_scores = greedy_scores.repeat_interleave(config.samples_per_prompt)
+            # a greedy response with no score leaves its prompt's samples without a baseline
+            unscored = unscored | gather_rows(greedy_unscored).repeat_interleave(config.samples_per_prompt)
 
         # 5. shaped rewards: the KL goes in the reward, or (kl_in: loss) into the update's loss
         # and the reward is the score alone; either way kl[t] is logged and drives the controller.
@@ -49,32 +54,30 @@ class AdvantageStage:
                                                             metrics)
         rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward, turn_rewards)
 
-        # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline
+        # 6. advantages and returns: GAE against the critic, or the score less the estimator's baseline;
+        # an unscored response gets advantage 0 and is in no baseline
         if values is not None:
             values = keep_masked(values, mask)
-            advantages, returns = masked_gae(rewards, values, mask, config.gamma, config.lam)
-        else:
-            advantages = critic_free_advantages(config.estimator, scores, kl, mask, kl_coef_in_reward, config.gamma,
-                                                config.samples_per_prompt, greedy_scores, turn_rewards)
-            returns = reward_to_go(rewards, mask, config.gamma)  # the return itself, logged
-        if config.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+        advantages, returns = advantages_and_returns(config, rewards, values, scores, kl, mask, kl_coef_in_reward,
+                                                     greedy_scores, turn_rewards, unscored)
         if rollout.filler is not None:  # dynamic sampling's filler groups keep the batch's size and teach nothing
             advantages = advantages.masked_fill(gather_rows(rollout.filler)[:, None], 0.0)
         return Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns, scores,
                           raw_scores, greedy_scores, engine_logprobs)
 
     def normalise_scores(self, scores: torch.Tensor, turn_rewards: torch.Tensor | None = None,
-                         update_moments: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         update_moments: bool = True, scored: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The whole batch's scores (b,) and per-turn rewards (b, T) (--turn-rewards per-turn; None
         otherwise): --score-norm, running moments of each episode's whole return (its score and its
-        turns' rewards): the score less their mean, every reward over their std, so the normalised
-        rewards of an episode sum to its normalised return; then --score-clip on each reward."""
+        turns' rewards; ``scored`` (b,): the rows that move them, not an unscored one's stand-in):
+        the score less their mean, every reward over their std, so the normalised rewards of an
+        episode sum to its normalised return; then --score-clip on each reward."""
         config = self.config
         if config.score_norm:
             returns = scores if turn_rewards is None else scores + turn_rewards.sum(dim=1)
-            if update_moments:
-                self.score_moments.update(returns)
+            if update_moments and (scored is None or scored.any()):
+                self.score_moments.update(returns if scored is None else returns[scored])
             scale = self.score_moments.std + 1e-8
             scores = (scores - self.score_moments.mean) / scale
             turn_rewards = None if turn_rewards is None else turn_rewards / scale

@@ -55,6 +55,7 @@ class Rollout:
     components: dict[str, torch.Tensor]  # name -> (b,) each reward's own scores, before its weight
     turn_rewards: torch.Tensor | None = None  # (b, T) --turn-rewards per-turn: step rewards on each turn's last token
     filler: torch.Tensor | None = None  # (b,) bool: a dropped group that fills a short batch (dynamic sampling)
+    unscored: torch.Tensor | None = None  # (b,) bool: no score known (a judge's unparsed answer): teaches nothing
 
     @property
     def sequences(self) -> Sequences:
@@ -66,7 +67,8 @@ class Rollout:
                        self.raw_scores[tensor_index], self.scores[tensor_index],
                        {name: part[tensor_index] for name, part in self.components.items()},
                        None if self.turn_rewards is None else self.turn_rewards[tensor_index],
-                       None if self.filler is None else self.filler[tensor_index])
+                       None if self.filler is None else self.filler[tensor_index],
+                       None if self.unscored is None else self.unscored[tensor_index])
 
     @staticmethod
     def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
@@ -78,7 +80,10 @@ class Rollout:
         filler = None
         if any(p.filler is not None for p in parts):
             filler = torch.cat([torch.zeros_like(p.finished) if p.filler is None else p.filler for p in parts])
+        unscored = None
+        if any(p.unscored is not None for p in parts):
+            unscored = torch.cat([torch.zeros_like(p.finished) if p.unscored is None else p.unscored for p in parts])
         return Rollout([r for p in parts for r in p.rows], episodes, torch.cat([p.finished for p in parts]),
                        torch.cat([p.raw_scores for p in parts]), torch.cat([p.scores for p in parts]),
                        {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
-                       turn_rewards, filler)
+                       turn_rewards, filler, unscored)

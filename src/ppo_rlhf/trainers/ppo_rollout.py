@@ -17,6 +17,7 @@ from ppo_rlhf.distributed import gather_rows, sum_across_processes
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.rollout.episodes import Episodes, episode_seeds, roll_out, score_episodes
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
+from ppo_rlhf.rollout.reward import unscored_rows
 from ppo_rlhf.sharding import gathered
 from ppo_rlhf.trainers.estimators import check_prompt_groups
 from ppo_rlhf.trainers.ppo_batch import Rollout
@@ -57,12 +58,12 @@ class RolloutStage:
             metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + sync
         metrics["time/generate"] += time.perf_counter() - start - (sync or 0.0)
         start = time.perf_counter()
-        raw_scores, components = self.score(rows, episodes)
+        raw_scores, components, unscored = self.score(rows, episodes)
         metrics["time/score"] += time.perf_counter() - start
         finished = torch.tensor(episodes.finished, device=self.device)
         scores, turn_rewards = self.place_turn_rewards(raw_scores, episodes)
         scores = self.shape_scores(scores, finished, episodes.sequences.loss_mask.sum(dim=1))
-        return Rollout(rows, episodes, finished, raw_scores, scores, components, turn_rewards)
+        return Rollout(rows, episodes, finished, raw_scores, scores, components, turn_rewards, unscored=unscored)
 
     def environment_seeds(self, rows: int) -> list[int] | None:
         """This process's episodes' environment seeds (rollout/episodes.py, episode_seeds); None
@@ -73,14 +74,16 @@ class RolloutStage:
         self.draws += 1
         return episode_seeds(self.config.seed, self.iteration, self.draws, self.rank * rows // k, rows // k, k)
 
-    def score(self, rows: list[dict], episodes: Episodes) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def score(self, rows: list[dict], episodes: Episodes
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """(b,) scores as the rewards gave them (the environment's included), on the trainer's
-        device, and each reward's own (b,) scores by name."""
+        device, each reward's own (b,) scores by name, and (b,) which rows a reward could not score."""
         raw, parts = score_episodes(self.reward, rows, episodes, self.config.environment_reward_weight)
+        unscored = unscored_rows(self.reward, len(rows)).to(self.device)
         if raw is None:  # no reward but a teacher's (--teacher alone): the score is 0, the signal per token
-            return torch.zeros(len(rows), device=self.device), {}
+            return torch.zeros(len(rows), device=self.device), {}, unscored
         # A reward function's scores come on the CPU.
-        return raw.to(self.device).float(), {name: part.to(self.device) for name, part in parts.items()}
+        return raw.to(self.device).float(), {name: part.to(self.device) for name, part in parts.items()}, unscored
 
     def place_turn_rewards(self, raw_scores: torch.Tensor, episodes: Episodes
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -126,7 +129,8 @@ class RolloutStage:
         rounds: list[tuple[Rollout, torch.Tensor]] = []  # (this process's rollout, informative flag of every group)
         found, generated_tokens = 0, 0.0
         while True:
-            informative = informative_groups(gather_rows(getattr(rollout, decided_on)).reshape(-1, k))  # (groups,)
+            informative = informative_groups(gather_rows(getattr(rollout, decided_on)).reshape(-1, k),
+                                             ~gather_rows(rollout.unscored).reshape(-1, k))  # (groups,)
             generated_tokens += sum_across_processes(rollout.sequences.loss_mask.sum().float()).item()
             rounds.append((rollout, informative))
             found += int(informative.sum())
@@ -160,8 +164,9 @@ class RolloutStage:
         })
         return Rollout.concat(parts, self.tokenizer.pad_token_id)
 
-    def greedy_baseline(self, rollout: Rollout, metrics: dict[str, float]) -> torch.Tensor:
-        """ReMax: the shaped score (one per prompt) of each prompt's greedy response."""
+    def greedy_baseline(self, rollout: Rollout, metrics: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """ReMax: the shaped score (one per prompt) of each prompt's greedy response, and whether a
+        reward could not score it."""
         k = self.config.samples_per_prompt
         start = time.perf_counter()
         rows, prompts = rollout.rows[::k], [row.get(self.config.prompt_field) for row in rollout.rows[::k]]
@@ -171,10 +176,10 @@ class RolloutStage:
                               self.environments, seeds)
         metrics["time/generate"] += time.perf_counter() - start
         start = time.perf_counter()
-        raw, _ = self.score(rows, greedy)
+        raw, _, unscored = self.score(rows, greedy)
         metrics["time/score"] += time.perf_counter() - start
         finished = torch.tensor(greedy.finished, device=self.device)
-        return self.shape_scores(raw, finished, greedy.sequences.loss_mask.sum(dim=1))
+        return self.shape_scores(raw, finished, greedy.sequences.loss_mask.sum(dim=1)), unscored
 
     def decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> Generator:
         """The rollout engine with other decoding settings (ReMax's greedy baseline, the in-run
