@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.rollout.reward import RewardError, ScoringBatch, ScoringReward, check_reward_url, row_columns, run_coroutine
+from ppo_rlhf.rollout.reward_base import RewardError, ScoringBatch, ScoringReward, check_reward_url, row_columns, run_coroutine
 from ppo_rlhf.rollout.reward_http import _start_of, request_with_retries
 
 SCORE_KINDS = "number:LOW:HIGH (e.g. number:0:10) or token:TEXT (e.g. token:Yes)"

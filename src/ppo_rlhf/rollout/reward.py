@@ -6,318 +6,28 @@ prompt rows as given in the data, the decoded responses, which of them ended wit
 the token sequences (for a reward model that shares the policy's tokenizer).  Each also has a
 ``short_name`` (its metrics' name), a ``description`` (the run's plan) and ``waits`` (True: it
 also has ``score_async(batch)``, awaited with the other waiting rewards of the batch).
+
+What every reward stands on is rollout/reward_base.py; a reward model, rollout/reward_model.py.
+Here: Python functions (TRL's convention), their weighted sum, and the options that choose them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import inspect
-import math
-import numbers
-import re
 import traceback
 from dataclasses import dataclass
 
 import torch
 
 from ppo_rlhf.config import REWARD, ConfigError, above, any_number, at_least, check, option
-from ppo_rlhf.models.loading import base_of, max_positions, same_vocabulary
-from ppo_rlhf.rollout.encoding import with_eos
-from ppo_rlhf.rollout.responses import apply_chat_template
-from ppo_rlhf.rollout.sequences import Sequences, position_ids_from_mask
+from ppo_rlhf.rollout.reward_base import (  # noqa: F401 -- the base's names, where callers find them
+    RewardError, ScoringBatch, ScoringReward, check_reward_url, refuse_unscored, row_columns, run_coroutine,
+    unscored_rows, validated_scores, weighted_sum)
+from ppo_rlhf.rollout.reward_model import (  # noqa: F401 -- where callers find them
+    REWARD_PADDING_SIDE, ModelReward, last_attended, last_token_scores, token_scores)
 from ppo_rlhf.user_code import load_function  # noqa: F401 -- also ppo_rlhf.rollout.reward.load_function
-
-
-@dataclass
-class ScoringBatch:
-    rows: list[dict]  # the prompt rows, as read from the data
-    prompts: list[str]  # (B) prompt texts (an episode's: the row's, with what its environment's reset observed)
-    responses: list[str]  # (B) decoded responses, special tokens removed (an episode's: its last model turn)
-    finished: list[bool]  # (B) the response ended with EOS
-    sequences: Sequences  # token ids of prompt + response in the policy's tokenizer
-    conversations: list[list[dict]] | None = None  # (B) an episode's messages after the prompt; None: single turn
-    environments: list | None = None  # (B) each episode's environment object (TRL's ``environments=``)
-
-
-class ScoringReward:
-    """The base of every reward that scores a :class:`ScoringBatch` itself: ``reward(batch) -> (B,)``
-    scores.  How the trainer tells a reward object from a plain Python function: an instance of this
-    class is used as it is, any other callable is a function ``f(prompts, responses, **columns)``
-    and gets wrapped in a :class:`FunctionReward` (docs/design.md, "Rewards").
-
-    What a :class:`CombinedReward` reads of its parts, with defaults a subclass may override."""
-
-    short_name = "reward"  # its metrics' name, reward/<short_name>
-    description = "a reward object"  # for the run's plan
-    waits = False  # True: scored by ``await score_async(batch)``, concurrently with the other waiting rewards
-    # (B,) bool of the last call: the responses it was asked to score and could not (a judge's
-    # unparsed answers), whose scores are stand-ins; the trainer gives them advantage 0 and leaves
-    # them out of every baseline (trainers/estimators.py).  None: every score is real.  Not the
-    # same as a None score (NaN), which says the response is not this reward's to score.
-    last_unscored: torch.Tensor | None = None
-
-    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
-        raise NotImplementedError
-
-    def new_iteration(self) -> None:
-        """A PPO iteration (or an evaluation) starts: forget what was kept for the last one (a judge's
-        cached scores and counts)."""
-
-    def iteration_counts(self) -> dict[str, float]:
-        """Counts since :meth:`new_iteration`, logged as they are named (a judge's ``judge/unparsed``)."""
-        return {}
-
-
-class RewardError(ValueError):
-    """A reward that returned something unusable; the message names the reward."""
-
-
-def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, K) head outputs of a sequence classifier at each sequence's last attended token.
-
-    Read from the attention mask, not from the pad id: with pad = EOS, the model's own pooling
-    would skip the EOS that ends a response.  Works for left or right padding.
-    """
-    trunk, head = trunk_and_head(model)
-    if head is None:
-        # No last-token head to call separately (e.g. BERT-style pooling): use the model's own.
-        return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
-    hidden = trunk_hidden(trunk, input_ids, attention_mask)  # (B, L, H)
-    last = last_attended(attention_mask)  # (B,)
-    pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
-    # The head's own dtype: a trained head is float32 on a trunk that may compute in bf16.
-    return head(pooled.to(head.weight.dtype)).float()
-
-
-def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) outputs of a one-output reward model's head at every position (the per-token values
-    DeepSpeed-Chat's reward loss compares); ModelError for a model without a separate head."""
-    from ppo_rlhf.models.loading import ModelError
-
-    trunk, head = trunk_and_head(model)
-    if head is None or head.out_features != 1:
-        raise ModelError(f"a {type(model).__name__} has no one-output head to apply at every token (a pooling "
-                         f"classifier, or several classes); --rm-loss divergence needs a last-token reward model "
-                         f"such as ...ForSequenceClassification of a causal LM")
-    hidden = trunk_hidden(trunk, input_ids, attention_mask)  # (B, L, H)
-    return head(hidden.to(head.weight.dtype)).float().squeeze(-1)
-
-
-def trunk_and_head(model):
-    """(trunk, score head) of a sequence classifier, also through a peft wrapper; head None when
-    the model pools in its own way (no ``score`` module on top of a ``base_model``)."""
-    inner = base_of(model)
-    head = getattr(inner, "score", None)
-    trunk = inner.base_model
-    return (trunk, None) if head is None or trunk is inner else (trunk, head)
-
-
-def trunk_hidden(trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L, H) last hidden states, positions counted from each row's first attended token."""
-    return trunk(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
-
-
-def last_attended(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of each row's last attended position (left or right padding)."""
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    return (attention_mask * positions).argmax(dim=1)
-
-
-# Reward-model rows are padded on the right, in training and in scoring, whatever the
-# tokenizer's default: each row then starts at position 0 as it would alone, which a classifier
-# pooling its first token (BERT-style) needs; last_token_scores reads the last real token on
-# either side.
-REWARD_PADDING_SIDE = "right"
-
-
-class ModelReward(ScoringReward):
-    """A frozen sequence classifier as the reward.
-
-    One output: that output is the score (pairwise-trained reward models).  K outputs: the
-    score is the logit of the class named by the prompt row's ``label_field`` (a classification
-    reward such as the built-in task's style classifier).
-
-    A response that ended at a stop id other than EOS (a chat model's end-of-turn) is scored as
-    ending at EOS, the way ``ppo-rlhf rm`` trains (each text + EOS): one end token in training
-    and in scoring, whichever stop id the policy emitted.
-
-    When the reward model's tokenizer differs from the policy's, prompt and response are
-    decoded to text and re-encoded with the reward tokenizer (EOS appended when the response
-    had one; a prompt given as chat messages formatted with the reward tokenizer's own chat
-    template, and so is a plain prompt when PPO formats prompts that way; a sequence longer than
-    the reward model's positions cut from the left).
-    """
-
-    short_name, waits = "model", False
-
-    def __init__(self, model, tokenizer=None, policy_tokenizer=None, label_field: str = "label", batch_size: int = 256,
-                 chat_template: bool = False, description: str = "a reward model"):
-        self.model = model.eval()
-        self.description = description  # for the run's plan: "model DIR"
-        self.chat_template = chat_template  # prompts were formatted with the chat template (ppo --chat-template)
-        self.label_field = label_field
-        self.batch_size = batch_size
-        self.tokenizer = tokenizer
-        self.same_tokenizer = (tokenizer is None or policy_tokenizer is None
-                               or same_vocabulary(tokenizer, policy_tokenizer))
-        self.max_length = max_positions(model.config)
-
-    def _inputs(self, batch: ScoringBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.same_tokenizer:
-            return self._ending_at_eos(batch), batch.sequences.attention_mask
-        # The same text as the reward model saw in training: prompt + response + EOS (pairwise_texts).
-        # A prompt formatted by the reward tokenizer's chat template already holds its special
-        # tokens (BOS, turn markers): none are added on top, as in `rm --chat-template`.
-        has_template = getattr(self.tokenizer, "chat_template", None) is not None
-        input_ids = []
-        truncation_side = self.tokenizer.truncation_side
-        self.tokenizer.truncation_side = "left"  # a long prompt loses its start, never the response
-        try:
-            for prompt, response, finished in zip(batch.prompts, batch.responses, batch.finished):
-                templated = self.chat_template or not isinstance(prompt, str)
-                if templated:
-                    prompt = apply_chat_template(self.tokenizer, [prompt])[0]
-                input_ids.append(self.tokenizer(
-                    with_eos(self.tokenizer, prompt + response) if finished else prompt + response,
-                    add_special_tokens=not (templated and has_template),
-                    truncation=self.max_length is not None, max_length=self.max_length,
-                )["input_ids"])
-        finally:
-            self.tokenizer.truncation_side = truncation_side
-        # Padded as `ppo-rlhf rm` pads its rows (a classifier pooling its first token needs them
-        # to start at position 0); last_token_scores reads the last real token either way.
-        encoded = self.tokenizer.pad({"input_ids": input_ids}, padding=True, return_tensors="pt",
-                                     padding_side=REWARD_PADDING_SIDE)
-        return encoded["input_ids"], encoded["attention_mask"]
-
-    def _ending_at_eos(self, batch: ScoringBatch) -> torch.Tensor:
-        """The policy's token ids, each finished response's stop token replaced by EOS."""
-        input_ids = batch.sequences.input_ids
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        if eos is None or not any(batch.finished):
-            return input_ids
-        input_ids = input_ids.clone()
-        rows = torch.tensor(batch.finished, device=input_ids.device).nonzero().squeeze(1)
-        last = batch.sequences.prompt_length + batch.sequences.response_mask.sum(dim=1) - 1  # (B,)
-        input_ids[rows, last[rows]] = eos
-        return input_ids
-
-    @torch.no_grad()
-    def __call__(self, batch: ScoringBatch) -> torch.Tensor:
-        input_ids, attention_mask = self._inputs(batch)
-        device = next(self.model.parameters()).device
-        outputs = []
-        for start in range(0, input_ids.shape[0], self.batch_size):
-            chunk = slice(start, start + self.batch_size)
-            outputs.append(last_token_scores(self.model, input_ids[chunk].to(device), attention_mask[chunk].to(device)))
-        logits = torch.cat(outputs)  # (B, K)
-        if logits.shape[1] == 1:
-            return logits[:, 0]
-        try:
-            labels = torch.tensor([int(row[self.label_field]) for row in batch.rows], device=logits.device)
-        except KeyError:
-            raise RewardError(
-                f"the reward model has {logits.shape[1]} classes, so each prompt row needs a "
-                f"'{self.label_field}' field naming the class to reward (set --label-field)"
-            ) from None
-        except (TypeError, ValueError):
-            row = next(r for r in batch.rows if not isinstance(r[self.label_field], int))
-            raise RewardError(f"{row.get('_source', 'a prompt row')}: field '{self.label_field}' must be an integer "
-                              f"class index of the reward model (0..{logits.shape[1] - 1}), got "
-                              f"{row[self.label_field]!r}") from None
-        if not all(0 <= label < logits.shape[1] for label in labels.tolist()):
-            row = next(r for r in batch.rows if not 0 <= int(r[self.label_field]) < logits.shape[1])
-            raise RewardError(f"{row.get('_source', 'a prompt row')}: field '{self.label_field}' holds "
-                              f"{row[self.label_field]!r}, but the reward model's classes are 0..{logits.shape[1] - 1}")
-        return logits.gather(1, labels[:, None]).squeeze(1)
-
-
-def _real(score) -> bool:
-    """A real number: int, float, bool (True is 1, False 0) or a numpy scalar of them; never text."""
-    return isinstance(score, numbers.Real)
-
-
-def validated_scores(scores, count: int, what: str, allow_none: bool = False) -> torch.Tensor:
-    """``scores`` as a (count,) float32 tensor, or RewardError naming ``what`` gave them (e.g.
-    "reward function mod:f"): one finite real number per response, whichever reward it came from;
-    with ``allow_none``, None for a response the reward does not apply to (TRL's convention for
-    rewards of one task in a mixed data set), as NaN.
-
-    A list or tuple of real numbers, or a 1-D numpy array or tensor; booleans count as 1 and 0 (a
-    check's pass or fail).  Refused (docs/design.md, "Rewards"): anything else -- a dict, a string,
-    a set (no order), a generator (no length until consumed), one number -- and items that are
-    not real numbers: numbers as text, nested lists, complex numbers, and NaN or an infinity."""
-    if isinstance(scores, torch.Tensor) or type(scores).__module__ == "numpy":
-        scores = scores.tolist() if getattr(scores, "ndim", 0) == 1 else scores
-    if not isinstance(scores, (list, tuple)):
-        raise RewardError(f"{what} must return a list of numbers, one per response, got {type(scores).__name__}")
-    bad = [s for s in scores if not (_real(s) or (allow_none and s is None))]
-    if bad:
-        raise RewardError(f"{what} must return a list of numbers, one per response, got a {type(scores).__name__} "
-                          f"holding {bad[0]!r} ({type(bad[0]).__name__})"
-                          + (" (None marks a response it does not score)" if allow_none else ""))
-    if len(scores) != count:
-        raise RewardError(f"{what} returned {len(scores)} scores for {count} responses")
-    bad = [i for i, s in enumerate(scores) if s is not None and not math.isfinite(float(s))]
-    if bad:
-        raise RewardError(f"{what} returned a non-finite score ({scores[bad[0]]}) at index {bad[0]}"
-                          + ("; None marks a response it does not score" if allow_none else ""))
-    return torch.tensor([math.nan if s is None else float(s) for s in scores], dtype=torch.float32)
-
-
-def weighted_sum(parts: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """(B,) sum of ``weight * part`` over the parts that score each row (NaN: does not apply), NaN
-    where none does (TRL's NaN-aware sum: a reward's None leaves the row to the others)."""
-    stacked = torch.stack([w * part.float() for part, w in zip(parts, weights)])  # (R, B)
-    total = stacked.nansum(dim=0)
-    return torch.where(torch.isnan(stacked).all(dim=0), torch.full_like(total, math.nan), total)
-
-
-def refuse_unscored(scores: torch.Tensor, rows: list[dict], names: list[str]) -> None:
-    """RewardError naming the first row no reward scored (every one gave None): TRL warns and trains
-    it with no advantage; here it is a bug in the rewards, said at its row."""
-    unscored = torch.isnan(scores).nonzero().flatten().tolist()
-    if unscored:
-        row = rows[unscored[0]] if unscored[0] < len(rows) else {}
-        where = row.get("_source", f"row {unscored[0]}") if isinstance(row, dict) else f"row {unscored[0]}"
-        raise RewardError(f"no reward scored {where} ({len(unscored)} response(s) in this batch): "
-                          f"{', '.join(names)} each returned None for it; a None leaves a response to the other "
-                          f"rewards, and at least one must score it")
-
-
-def unscored_rows(reward, count: int) -> torch.Tensor:
-    """(count,) bool: the responses the last call of ``reward`` (None: no reward) could not score,
-    its ``last_unscored`` (a judge's unparsed answers); all False when it scored them all."""
-    rows = getattr(reward, "last_unscored", None)
-    if rows is None:
-        return torch.zeros(count, dtype=torch.bool)
-    if tuple(rows.shape) != (count,):
-        raise RewardError(f"{getattr(reward, 'description', 'a reward')}'s last_unscored holds {tuple(rows.shape)} "
-                          f"for {count} responses; it must be one bool a response of its last call, or None")
-    return rows.bool()
-
-
-def run_coroutine(coroutine):
-    """Run a coroutine to its end from synchronous code.  Called where an event loop already runs
-    (a notebook), it runs on a loop of its own in a helper thread: asyncio allows one loop per thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
-def row_columns(rows: list[dict], prompt_field: str) -> dict[str, list]:
-    """Each field of the prompt rows but the prompt (and the loader's ``_source``), as one list
-    with a value per row (None where a row lacks the field).  Rows repeated for K samples per
-    prompt are adjacent, so each response's value is its own prompt row's.  Deep copies: a
-    reward that changes what it is given cannot change the trainer's data."""
-    names = dict.fromkeys(key for row in rows for key in row if key not in (prompt_field, "_source"))
-    return {name: copy.deepcopy([row.get(name) for row in rows]) for name in names}
 
 
 def check_columns(rewards, rows: list[dict], source: str) -> None:
@@ -330,10 +40,16 @@ def check_columns(rewards, rows: list[dict], source: str) -> None:
 
 # Keywords a reward function may name besides its data columns; they win over a column of the same name.
 RESPONSES, TRL_RESPONSES = "responses", "completions"
+
+
 PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids", "conversations",
                       "environments")
+
+
 # TRL's: ppo-rlhf has no transformers TrainerState to give, nor TRL's completions table to log into.
 NOT_PASSED = ("trainer_state", "log_extra", "log_metric")
+
+
 # A function whose first two positional parameters include one of these is called TRL's way, every
 # argument by keyword: TRL's own names, which no function called (prompts, responses) puts there.
 KEYWORD_ONLY_NAMES = (TRL_RESPONSES, "environments", "completion_ids", "conversations", "finished", *NOT_PASSED)
@@ -623,6 +339,8 @@ class CombinedReward(ScoringReward):
 
 
 JUDGE_SCORE = "number:0:10"  # --judge-score's default: a 0-10 rating, the commonest judge prompt's
+
+
 JUDGE_MAX_NEW_TOKENS = 32  # a rating, with room for a few words before it
 
 
@@ -708,33 +426,3 @@ class RewardOptions:
             check(self.judge_model is None, "judge_model", f"left out with a local judge (--reward-judge {judge} is "
                                                            f"the model): it names the model a judge URL serves",
                   self.judge_model)
-
-
-URL_ALLOWED = "an http:// or https:// URL with a host and, if it names one, a port from 1 to 65535 " \
-              "(e.g. http://localhost:8000/score)"
-
-
-def check_reward_url(url: str, key: str = "reward_url") -> None:
-    """ConfigError unless ``url`` could be requested: http or https, a host name (or address)
-    without spaces, a port from 1 to 65535.  Checked when the config is built, so a URL that
-    can never answer stops the run before any model loads, not after its first rollout and
-    every retry (docs/design.md, "Rewards").  ``key``: the setting that holds it."""
-    from urllib.parse import urlsplit
-
-    def refused(why: str) -> ConfigError:
-        return ConfigError(f"invalid value for '{key}': {url!r}: {why}; allowed: {URL_ALLOWED}")
-
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
-        raise refused("not an http:// or https:// URL")
-    try:
-        port = parts.port
-    except ValueError:
-        raise refused(f"the port in {parts.netloc!r} is not a number from 1 to 65535") from None
-    if port == 0:
-        raise refused(f"port 0 in {parts.netloc!r} is no port a server listens on")
-    host = parts.hostname or ""
-    if not host:
-        raise refused(f"it names no host (before the port or path: {parts.netloc!r})")
-    if not re.fullmatch(r"[\w.-]+|[0-9a-f:.]*:[0-9a-f:.]*", host, flags=re.IGNORECASE):
-        raise refused(f"the host {host!r} holds characters no host name has")

@@ -24,7 +24,7 @@ import urllib.request
 import torch
 
 from ppo_rlhf.config import ConfigError
-from ppo_rlhf.rollout.reward import (
+from ppo_rlhf.rollout.reward_base import (
     RewardError,
     ScoringBatch,
     ScoringReward,
