@@ -81,7 +81,7 @@ def test_a_batch_whose_update_is_skipped_logs_no_kl(zoo, monkeypatch):
     # have read were never computed -- the KL is logged as unknown and the controller left alone.
     trainer = trainer_of(zoo, True, target_kl=1.0)
     score = trainer.score
-    monkeypatch.setattr(trainer, "score", lambda *args: (score(*args)[0] * float("nan"), score(*args)[1]))
+    monkeypatch.setattr(trainer, "score", lambda *args: (score(*args)[0] * float("nan"), *score(*args)[1:]))
     before = {name: p.detach().clone() for name, p in trainer.actor.named_parameters()}
     coef = trainer.kl_controller.value
     metrics = trainer.step([{"prompt": p} for p in PROMPTS[:4] for _ in range(2)])

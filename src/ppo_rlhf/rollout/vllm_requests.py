@@ -8,12 +8,8 @@ what an episode samples never depends on when its turn was asked."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from ppo_rlhf.rollout.vllm_engine import VLLMGenerator
 
 
 class DrawCount:
@@ -43,7 +39,7 @@ class EngineDecoding:
     run without it would have them).  The actor's weights are synced before each call, as for a
     rollout."""
 
-    def __init__(self, engine: VLLMGenerator, do_sample: bool, temperature: float, seed: int):
+    def __init__(self, engine, do_sample: bool, temperature: float, seed: int):  # engine: a VLLMGenerator
         self.engine, self.do_sample, self.temperature, self.seed = engine, do_sample, temperature, seed
         self.stop_token_ids, self.pad_token_id = engine.stop_token_ids, engine.pad_token_id
         self.max_new_tokens = engine.max_new_tokens
@@ -73,7 +69,7 @@ class EngineRequests:
     episode samples never depends on when its turn was asked.  The probe rides with the first
     request and is checked when the rollout ends (``close``), where every process is alike."""
 
-    def __init__(self, engine: VLLMGenerator, model, decoding: "EngineDecoding | None" = None):
+    def __init__(self, engine, model, decoding: "EngineDecoding | None" = None):  # engine: a VLLMGenerator
         from vllm.sampling_params import RequestOutputKind
 
         self.engine, self.model, self.decoding = engine, model, decoding or engine
