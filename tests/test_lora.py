@@ -345,9 +345,9 @@ def test_rm_lora_needs_a_base(tmp_path, capsys):
 
 def test_an_adapter_on_a_bf16_base_is_merged_where_its_update_is_kept(zoo, tmp_path):
     """An adapter trained on a base stored in bf16 holds float32 weights; its update, under half a
-    bf16 ulp of most weights, is rounded away by a bf16 merge.  At --dtype auto, eval merges it in
-    float32 (adapter_merge_dtype), and the merged model computes what the unmerged one does; a
-    dtype given by name is kept."""
+    bf16 ulp of most weights, is rounded away by a bf16 merge.  At --dtype auto, it is merged and
+    held in float32 (adapter_merge_dtype), and the merged model computes what the unmerged one does;
+    a dtype given by name is kept (tests/test_float32_merges.py: every path that merges)."""
     from peft import LoraConfig, get_peft_model
 
     from ppo_rlhf.models import adapter_merge_dtype
@@ -365,7 +365,8 @@ def test_an_adapter_on_a_bf16_base_is_merged_where_its_update_is_kept(zoo, tmp_p
     assert adapter_merge_dtype(tmp_path / "adapter", torch.bfloat16) == torch.bfloat16  # as asked
     assert adapter_merge_dtype(zoo["llama_bf16"], "auto") == "auto"  # a full model: as stored
     faithful = load_causal_lm(tmp_path / "adapter", adapter_merge_dtype(tmp_path / "adapter", "auto"))
-    rounded = load_causal_lm(tmp_path / "adapter", "auto")
+    assert load_causal_lm(tmp_path / "adapter", "auto").dtype == torch.float32  # every path: float32 at auto
+    rounded = load_causal_lm(tmp_path / "adapter", torch.bfloat16)
     assert faithful.dtype == torch.float32 and rounded.dtype == torch.bfloat16
     q = "model.layers.0.self_attn.q_proj.weight"
     moved = (faithful.state_dict()[q] != merged_base.state_dict()[q]).float().mean()

@@ -7,12 +7,14 @@ Every checkpoint ppo-rlhf writes is a standard folder: ``AutoModelForCausalLM`` 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ppo_rlhf.checkpoint import atomic_directory
+from ppo_rlhf.hardware import HALF
 from ppo_rlhf.sharding import unique_state_dict
 
 
@@ -176,8 +178,11 @@ def score_head_from(other_weights: dict, path: str | Path) -> nn.Linear:
     return head
 
 
-def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None = None, base: str | Path | None = None):
-    """Base + adapter merged into one plain ``transformers`` model.  ``kind``: "causal_lm" or
+def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | str | None = None,
+                          base: str | Path | None = None):
+    """Base + adapter merged into one plain ``transformers`` model, held in ``dtype``
+    (:func:`adapter_merge_dtype`: float32 at None or "auto" for a base stored in 16 bits) and
+    merged in float32 whatever it is held in (:func:`merge_in_float32`).  ``kind``: "causal_lm" or
     "classifier" (the adapter's score head is loaded as the classifier's head).  ``base``: the
     base folder, if not the one the adapter records."""
     from peft import PeftModel
@@ -192,9 +197,15 @@ def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None
     if is_reward != (kind == "classifier"):
         wanted, found = ("a reward", "a causal-LM") if kind == "classifier" else ("a causal-LM", "a reward")
         raise ModelError(f"{path} holds {found} adapter (task_type {record.get('task_type')}), not {wanted} adapter")
-    base = Path(base) if base is not None else adapter_base_path(path)
+    recorded = record.get("base_model_name_or_path")
+    given, base = base, Path(base) if base is not None else adapter_base_path(path)
     if not (base / "config.json").is_file():
+        if given is not None and (not recorded or base.resolve() != Path(recorded).resolve()):
+            raise FileNotFoundError(f"--base {base} is not a model folder (no config.json); adapter {path} records its "
+                                    f"base as {recorded or 'nothing'}: give that base, or a copy of it, as --base "
+                                    f"(or leave --base out to use the one it records)")
         raise FileNotFoundError(f"adapter {path} was trained on {base}, which is not a model folder (no config.json)")
+    dtype = adapter_merge_dtype(path, dtype, base)
     if kind == "classifier":
         _, _, other = read_adapter(path)
         num_labels = score_head_from(other, path).out_features
@@ -202,13 +213,37 @@ def load_adapter_as_model(path: str | Path, kind: str, dtype: torch.dtype | None
     else:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
     try:
-        merged = PeftModel.from_pretrained(model, path).merge_and_unload()
+        merged = merge_in_float32(PeftModel.from_pretrained(model, path))
     except (ValueError, RuntimeError) as error:  # layers it names are missing, or of other shapes
         reason = str(error).strip().splitlines()[0]
         raise ModelError(f"adapter {path} does not fit the base {base} ({reason}); give the base it was trained on "
-                         f"(it records {record.get('base_model_name_or_path')})") from None
+                         f"(it records {recorded})") from None
     merged.name_or_path = str(path)
     return merged
+
+
+def merge_in_float32(peft_model):
+    """``merge_and_unload`` of the active adapter, each adapted weight's ``W + delta`` computed in
+    float32 and rounded once to the dtype ``W`` is held in: the one merge of an adapter into a
+    model (``load_adapter_as_model``: eval, merge, and an adapter given as --model, --teacher,
+    --reward-model or a local --reward-judge).  A model held in float32 gets the whole update; one
+    held in 16 bits, the update rounded once.  One layer at a time is lifted to float32, so a
+    model held in 16 bits never has a float32 copy."""
+    from peft.tuners.lora import LoraLayer
+
+    adapter = peft_model.active_adapter
+    with torch.no_grad():
+        for layer in peft_model.modules():
+            weight = getattr(layer.get_base_layer(), "weight", None) if isinstance(layer, LoraLayer) else None
+            if weight is None:
+                continue
+            held = weight.dtype
+            weight.data = weight.data.float()
+            layer.merge(adapter_names=[adapter])  # peft's formula (LoRA, DoRA, ...), here in float32
+            weight.data = weight.data.to(held)
+    with warnings.catch_warnings():  # the LoRA layers are merged above; peft unloads them and merges the rest
+        warnings.filterwarnings("ignore", message="All adapters are already merged")
+        return peft_model.merge_and_unload()
 
 
 # Any one of these says a folder holds a tokenizer.
@@ -346,20 +381,28 @@ def _is_causal_lm(architecture: str) -> bool:
     return known or architecture.endswith(("ForCausalLM", "LMHeadModel"))  # or remote code named as usual
 
 
-def adapter_merge_dtype(path: str | Path, dtype: torch.dtype | str | None) -> torch.dtype | str | None:
-    """The dtype to load ``path`` in for it to compute what training computed.  A LoRA adapter
+def adapter_merge_dtype(path: str | Path, dtype: torch.dtype | str | None,
+                        base: str | Path | None = None) -> torch.dtype | str | None:
+    """The dtype to hold ``path`` in for it to compute what training computed.  A LoRA adapter
     trained on a base stored in 16 bits keeps its own weights in float32, and the trained policy
-    is the 16-bit base plus a float32 update: merged into that base in 16 bits, every change under
-    half a 16-bit ulp of its weight is rounded away (docs/design.md, "The weight probe's tolerance":
-    84% of SmolLM2's adapted weights after one iteration).  So at ``"auto"`` (the stored dtype) such
-    an adapter is merged in float32; a dtype given by name is kept, as asked."""
-    if dtype not in (None, "auto") or not is_adapter_only(path):
+    is the 16-bit base plus a float32 update: held in 16 bits, every change under half a 16-bit
+    ulp of its weight is rounded away (docs/design.md, "The weight probe's tolerance": 84% of
+    SmolLM2's adapted weights after one iteration).  So at None or ``"auto"`` (the stored dtype)
+    such an adapter is held in float32; a dtype given by name is kept, as asked (the merge itself
+    is float32 either way: :func:`merge_in_float32`).  ``base``: the adapter's base, if not the
+    one it records."""
+    if dtype not in (None, "auto") or not is_adapter_folder(path):
         return dtype
-    base = adapter_base_path(path)
-    stored = getattr(_model_config(base, "the adapter's base") if (base / "config.json").is_file() else None,
-                     "dtype", None)
-    stored = getattr(torch, stored, None) if isinstance(stored, str) else stored
-    return torch.float32 if stored in (torch.bfloat16, torch.float16) else dtype
+    return torch.float32 if stored_dtype(base if base is not None else adapter_base_path(path)) in HALF else dtype
+
+
+def stored_dtype(folder: str | Path) -> torch.dtype | None:
+    """The dtype a model folder's config.json records for its weights (None: no folder, or none recorded)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        return None
+    stored = getattr(_model_config(folder, "the adapter's base"), "dtype", None)
+    return getattr(torch, stored, None) if isinstance(stored, str) else stored
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | str | None = None):

@@ -38,6 +38,7 @@ from ppo_rlhf.models.loading import (
     load_tokenizer,
     read_adapter,
     save_pretrained_atomic,
+    stored_dtype,
     trunk_of,
 )
 from ppo_rlhf.models.value import (
@@ -332,11 +333,16 @@ class AdapterRewardModel(nn.Module):
         self.config = peft_model.get_base_model().config
 
 
-def merge_adapter_folder(adapter: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
-    """Fold an adapter into its base and save a full model folder (with the tokenizer)."""
+def merge_adapter_folder(adapter: str | Path, out: str | Path, base: str | Path | None = None,
+                         dtype: torch.dtype | None = torch.float32) -> Path:
+    """Fold an adapter into its base and save a full model folder (with the tokenizer), its weights
+    in ``dtype`` (None: the base's stored dtype).  The merge is float32 whatever is saved
+    (``merge_in_float32``); a 16-bit ``dtype`` rounds each merged weight once."""
     adapter = Path(adapter)
     kind = "classifier" if adapter_record(adapter).get("task_type") == "SEQ_CLS" else "causal_lm"
-    model = load_adapter_as_model(adapter, kind, base=base)
+    if dtype is None:  # a dtype by name: "auto" would hold an adapter on a 16-bit base in float32
+        dtype = stored_dtype(base or adapter_base_path(adapter)) or "auto"
+    model = load_adapter_as_model(adapter, kind, dtype, base=base)
     has_tokenizer = (adapter / "tokenizer_config.json").is_file()
     tokenizer = load_tokenizer(adapter if has_tokenizer else (base or adapter_base_path(adapter)))
     if model.config.pad_token_id is None:

@@ -154,8 +154,9 @@ def run_eval(config: EvalConfig) -> dict:
     # The model before its tokenizer: a folder of the wrong kind is then named as such.
     dtype = adapter_merge_dtype(config.model, config.load_dtype)
     if dtype != config.load_dtype and rank() == 0:
-        print(f"note: {config.model} is a LoRA adapter on a base stored in 16 bits; it is merged in float32, where its "
-              f"update is not rounded away (--dtype bfloat16 merges it in bf16, in half the memory)", flush=True)
+        print(f"note: {config.model} is a LoRA adapter on a base stored in 16 bits; it is merged and held in float32, "
+              f"where its update is not rounded away (--dtype bfloat16 holds it in bf16, in half the memory, the "
+              f"update rounded once)", flush=True)
     model, tokenizer = load_causal_lm(config.model, dtype), load_tokenizer(config.model)
     apply_chat_template_file(tokenizer, config.chat_template_file)
     accelerator = config.accelerator()
