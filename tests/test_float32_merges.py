@@ -145,3 +145,15 @@ def test_merge_onto_a_base_that_is_no_model_names_the_base_the_adapter_records(z
     assert f"--base {tmp_path / 'nowhere'} is not a model folder" in err
     assert f"records its base as {zoo['llama_bf16']}" in err and "leave --base out" in err
     assert "was trained on" not in err  # it was trained on the base it records, not on the one given
+
+
+def test_the_plan_names_every_adapter_held_and_merged_in_float32(zoo, adapters):
+    """The run's plan says which adapters are held in float32 (twice their base's memory) and how
+    to keep them in bf16; a --lora run's own adapters on its shared base are not merged."""
+    from ppo_rlhf.trainers.roles import float32_merge_note, float32_merges
+
+    config = small_config(zoo, teacher=str(adapters["policy"]), reward_judge=str(adapters["policy"]))
+    merges = float32_merges(config)
+    assert merges == [str(adapters["policy"])]
+    assert "merged in float32" in float32_merge_note(merges) and "--dtype bfloat16" in float32_merge_note(merges)
+    assert float32_merges(small_config(zoo)) == []

@@ -13,6 +13,7 @@ from ppo_rlhf.config import flag_name
 from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
 from ppo_rlhf.trainers.estimators import teacher_in_score
 from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
+from ppo_rlhf.trainers.roles import float32_merge_note, float32_merges
 
 
 def _count(parameters) -> str:
@@ -54,6 +55,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     if config.estimator == "remax":
         decoding += ", plus one greedy response per prompt (the baseline)"
     minibatches = config.batch_size // config.mini_batch_size
+    merges = float32_merges(config)  # adapters loaded as models, merged into 16-bit bases
     kl = (f"{config.kl_estimator_used} in the {config.kl_in}, kl_coef {config.kl_coef:g}"
           + (f" adapted toward {config.target_kl:g} per response" if config.target_kl is not None else " (fixed)"))
     return [
@@ -63,6 +65,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
            f"temperature"] if teacher is not None else []),
         f"critic:    {critic}",
         f"reward:    {reward}",
+        *([f"merged:    {float32_merge_note(merges)}"] if merges else []),
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
         f"up to {config.max_new_tokens} new tokens" + (" a turn" if environments is not None else "")
         + _engine(config, trainer.actor),

@@ -35,6 +35,7 @@ from ppo_rlhf.models.loading import (
     TOKENIZER_FILES,
     ModelError,
     adapter_base_path,
+    adapter_merge_dtype,
     check_vocabulary,
     enable_activation_checkpointing,
     is_adapter_only,
@@ -149,6 +150,28 @@ def value_head_from(score) -> ValueHead:
 def is_adapter_of(adapter: str, model: str) -> bool:
     """Whether ``adapter`` is a LoRA adapter trained on the model folder ``model``."""
     return is_adapter_only(adapter) and adapter_base_path(adapter).resolve() == Path(model).resolve()
+
+
+def float32_merges(config) -> list[str]:
+    """The adapter folders a ppo config loads merged into a base stored in 16 bits, which ``--dtype
+    auto`` holds and merges in float32 (models/loading.py, ``adapter_merge_dtype``): the model, the
+    teacher, the reward model, a local judge.  An adapter that a --lora run adds to its shared base
+    is not merged into it."""
+    def merged(folder) -> bool:
+        if not folder or (getattr(config, "lora", False) and is_adapter_of(folder, config.model)):
+            return False
+        return adapter_merge_dtype(folder, config.load_dtype) != config.load_dtype
+
+    folders = [config.model, getattr(config, "teacher", None), config.reward_model, config.reward_judge]
+    return list(dict.fromkeys(str(folder) for folder in folders if merged(folder)))
+
+
+def float32_merge_note(folders: list[str]) -> str:
+    """What the run's plan says of :func:`float32_merges`."""
+    adapters = "a LoRA adapter" if len(folders) == 1 else "LoRA adapters"
+    return (f"{', '.join(folders)}: {adapters} on a base stored in 16 bits, held and merged in float32, where the "
+            f"update is not rounded away (--dtype bfloat16 holds it in bf16, in half the memory, each merged weight "
+            f"rounded once)")
 
 
 def reward_functions(config, task) -> list:
