@@ -353,7 +353,7 @@ CASES = [
         {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-max-length-below-new-tokens", ppo("--max-length", 4), ("'max_length'", "> max_new_tokens"),
         {"data.jsonl": rows(PROMPT)}),
-    Bad("ppo-temperature-zero", ppo("--temperature", 0), ("'temperature'", "> 0"), {"data.jsonl": rows(PROMPT)}),
+    Bad("ppo-temperature-zero", ppo("--temperature", 0), ("'temperature'", ">= 0.01"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-gamma-above-one", ppo("--gamma", 1.5), ("'gamma'", "<= 1"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-kl-coef-negative", ppo("--kl-coef", -0.1), ("'kl_coef'", ">= 0"), {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-iterations-zero", ppo("--iterations", 0), ("'iterations'", "> 0"), {"data.jsonl": rows(PROMPT)}),

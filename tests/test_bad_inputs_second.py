@@ -58,7 +58,7 @@ def eval_task(*extra):
 CASES = [
     # ------------------------------------------------------------ values parsed whole or refused
     Bad("ppo-lr-negative-with-exponent", ppo("--lr", "-1e-3"), ("'lr'", "> 0"), PROMPTS),
-    Bad("ppo-temperature-negative-with-exponent", ppo("--temperature", "-1e-2"), ("'temperature'", "> 0"), PROMPTS),
+    Bad("ppo-temperature-negative-with-exponent", ppo("--temperature", "-1e-2"), ("'temperature'", ">= 0.01"), PROMPTS),
     Bad("ppo-reward-weights-negative-list-for-one-reward", ppo("--reward-weights", "-0.5,1"),
         ("'reward_weights'", "2 weights", "1 reward"), PROMPTS),
     Bad("sft-eval-fraction-negative-with-exponent", sft("--eval-fraction", "-5e-2"), ("'eval_fraction'",),

@@ -148,3 +148,129 @@ def test_a_reasoning_gym_tasks_outcomes_are_its_accuracy_and_parsed_answers():
     right, answers = task.outcomes([row["prompt"]] * 3, responses, [True] * 3, [row] * 3)
     assert right == [True, True, False]
     assert answers == [float(row["answer"]), float(row["answer"]), "no idea"]  # one vote for the two right ones
+
+
+# ---------------------------------------------------------------- pass@k's preconditions at start (issue 57)
+def ppo_on_prompts(zoo, tmp_path, *extra):
+    """A tiny ppo run of the zoo's llama on its prompts, held out as well: two iterations, evaluated at the end."""
+    return ["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--eval-prompts", zoo["prompts"],
+            "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 4, "--max-length", 32,
+            "--iterations", 2, "--eval-every", 0, "--save-every", 0, "--num-threads", 1, "--out", tmp_path / "run",
+            *extra]
+
+
+def test_eval_samples_with_a_reward_that_is_not_right_or_wrong_is_refused_before_the_first_iteration(
+        zoo, tmp_path, capsys):
+    """It was refused at the sampled evaluation, after the last iteration and before any checkpoint."""
+    from zoo import REWARDS_MODULE, run_failing
+
+    err = run_failing(ppo_on_prompts(zoo, tmp_path, "--reward-fn", f"{REWARDS_MODULE}:length_score",
+                                     "--eval-samples", 2), capsys)
+    assert "pass@k needs a right-or-wrong outcome per response" in err and "length_score" in err
+    assert "--eval-samples 1" in err
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0]  # the evaluation before the first iteration, and no iteration
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--reward-model", "{rm}"), "reward model"),
+    (("--reward-judge", "{llama}"), "rating from 0 to 10"),
+    (("--reward-judge", "{llama}", "--judge-score", "token:a"), "a probability"),
+], ids=["reward-model", "judge-rating", "judge-token"])
+def test_eval_samples_with_a_reward_that_is_never_right_or_wrong_is_refused_as_the_config_is_built(
+        zoo, tmp_path, capsys, flags, says):
+    from transformers import AutoModelForSequenceClassification
+
+    from ppo_rlhf.models import load_tokenizer
+    from zoo import run_failing
+
+    reward_model = tmp_path / "rm"  # a sequence classifier on the zoo's llama: a real reward model, untrained
+    AutoModelForSequenceClassification.from_pretrained(zoo["llama"], num_labels=1).save_pretrained(reward_model)
+    load_tokenizer(zoo["llama"]).save_pretrained(reward_model)
+    flags = [str(flag).format(rm=reward_model, llama=zoo["llama"]) for flag in flags]
+    err = run_failing([*ppo_on_prompts(zoo, tmp_path, "--reward-fn", "", *flags, "--eval-samples", 2)], capsys)
+    assert "invalid value for 'eval_samples': 2" in err and says in err and "--eval-samples 1" in err
+    err = run_failing(["eval", "--model", zoo["llama"], "--prompts", zoo["prompts"], *flags, "--do-sample",
+                       "--samples", 2], capsys)
+    assert "invalid value for 'samples': 2" in err and says in err and "--samples 1" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_samples_without_held_out_prompts_is_refused(zoo, tmp_path, capsys):
+    """Without --eval-prompts (or a task's) nothing is evaluated: the option did nothing, silently."""
+    from zoo import REWARDS_MODULE, run_failing
+
+    args = ppo_on_prompts(zoo, tmp_path, "--reward-fn", f"{REWARDS_MODULE}:long_answer", "--eval-samples", 2)
+    at = args.index("--eval-prompts")
+    err = run_failing(args[:at] + args[at + 2:], capsys)
+    assert "invalid value for 'eval_samples': 2" in err and "without held-out prompts" in err
+    assert "--eval-prompts FILE" in err
+
+
+def test_eval_samples_with_nothing_to_score_is_refused_before_any_sample(zoo, tmp_path, capsys):
+    from zoo import run_failing
+
+    err = run_failing(["eval", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--do-sample", "--samples", 2],
+                      capsys)
+    assert "invalid value for 'samples': 2" in err and "no --task with a checker and no reward" in err
+    err = run_failing(ppo_on_prompts(zoo, tmp_path, "--reward-fn", "", "--teacher", zoo["granite"],
+                                     "--eval-samples", 2), capsys)  # a teacher's reward is per token
+    assert "pass@k needs a right-or-wrong outcome per response" in err and "has neither" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_eval_samples_on_an_environment_that_is_not_right_or_wrong_names_its_rewards(zoo, tmp_path, capsys):
+    """It ended in AttributeError: the environment's rewards have no reward object to name."""
+    from zoo import run_failing
+
+    err = run_failing(["eval", "--model", zoo["qwen2"], "--prompts", zoo["prompts"], "--environment",
+                       "toy_envs:PaysEachTurn", "--size", 2, "--max-new-tokens", 4, "--max-length", 128, "--do-sample",
+                       "--samples", 2, "--num-threads", 1], capsys)
+    assert "pass@k needs a right-or-wrong outcome per response, but the environment's rewards scored" in err
+    assert "--samples 1" in err
+
+
+HALF_WHEN_MANY = '''
+def half_when_many(prompts, responses):
+    """1 on small batches (training, the greedy evaluation), 0.5 on the sampled evaluation's 12 responses."""
+    return [0.5 if len(responses) > 8 else 1.0 for _ in responses]
+'''
+
+
+def test_a_sampled_evaluation_that_refuses_pass_at_k_keeps_the_runs_last_iteration(zoo, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """With --eval-every 0 and --save-every 0, the refusal at the final evaluation lost every
+    iteration: it now saves the iteration's checkpoint first, and a resume finishes the run."""
+    from zoo import run, run_failing
+
+    (tmp_path / "half_rewards.py").write_text(HALF_WHEN_MANY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ppo_on_prompts(zoo, tmp_path, "--reward-fn", "half_rewards:half_when_many", "--eval-samples", 2)
+    err = run_failing(args, capsys)
+    assert "pass@k needs a right-or-wrong outcome per response" in err
+    assert "continue from its checkpoint after iteration 2" in err
+    assert (tmp_path / "run" / "checkpoints" / "last").is_dir()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2]  # the last iteration logged, its evaluation refused
+    at = args.index("--eval-samples")
+    run(args[:at] + args[at + 2:] + ["--resume"])  # the same run, evaluated with one sample: finished
+    assert (tmp_path / "run" / "checkpoints" / "actor" / "config.json").is_file()
+
+
+def test_near_greedy_samples_are_warned_about_at_start_and_a_temperature_below_001_is_refused(
+        zoo, tmp_path, capsys):
+    from zoo import REWARDS_MODULE, run, run_failing
+
+    run(["eval", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:long_answer",
+         "--size", 2, "--max-new-tokens", 4, "--max-length", 32, "--do-sample", "--temperature", 0.05,
+         "--samples", 2, "--num-threads", 1])
+    out = capsys.readouterr().out
+    assert "warning: --temperature 0.05 samples as greedy decoding does" in out and "pass@k says little" in out
+    err = run_failing(["eval", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--do-sample", "--temperature",
+                       1e-6, "--samples", 2], capsys)
+    assert "invalid value for 'temperature': 1e-06; allowed: >= 0.01" in err
+    (tmp_path / "c.yaml").write_text("temperature: 1.0e-30\n")  # once "training diverged ... lower the learning rate"
+    err = run_failing(["ppo", "--config", tmp_path / "c.yaml", "--model", zoo["llama"], "--prompts", zoo["prompts"],
+                       "--reward-fn", f"{REWARDS_MODULE}:length_score", "--out", tmp_path / "run"], capsys)
+    assert "invalid value for 'temperature': 1e-30; allowed: >= 0.01" in err
+    assert not (tmp_path / "run").exists()

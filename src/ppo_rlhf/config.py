@@ -99,6 +99,12 @@ def any_number() -> Range:
 # shuffles; threads: 0 leaves torch's default.
 SEEDS = between(0, 2**32 - 1)
 THREADS = at_least(0)
+# Sampling temperatures.  Below 0.01 sampling is greedy decoding (two tokens one logit apart are
+# drawn e^100 : 1 at 0.01); vLLM raises such a temperature to 0.01 itself (its sampling_params.py),
+# so its rollouts would be drawn at another temperature than the trainer's log-probs are taken at;
+# and the log-probs of logits / T grow with 1 / T until the losses leave float32 (a ppo run at
+# 1e-30 stopped as "diverged ... lower the learning rate").
+TEMPERATURES = at_least(0.01)
 
 
 # The groups ``--help`` shows a command's options in, in this order (docs/usage.md, "Options by

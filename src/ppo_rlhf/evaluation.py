@@ -6,7 +6,9 @@ A metric is ``metric(prompts, responses, finished, rows) -> dict[str, float]`` (
 With K samples of each prompt (``eval --samples K``, ``ppo --eval-samples K``) it also reports
 pass@k for k = 1..K (core/pass_at_k.py), mean@K and maj@K (docs/design.md, "pass@k"), from each
 response's 0/1 outcome: the task's (``outcomes(prompts, responses, finished, rows)`` -> right or
-not, and the parsed answer), or the reward's, which must then be 0 or 1.
+not, and the parsed answer), or the reward's, which must then be 0 or 1: refused at start where
+the settings say it cannot be (:func:`pass_at_k_refusal`) or a run's first scores show it is not
+(:meth:`Evaluator.check_outcomes`), and otherwise as the scores come (:class:`OutcomeError`).
 """
 
 from __future__ import annotations
@@ -54,17 +56,57 @@ def sampled_metrics(right: list[list], answers: list[list] | None) -> dict[str, 
     return metrics
 
 
-def reward_outcomes(scores: list[float], responses: list[str], reward) -> tuple[list[bool], list]:
+NO_OUTCOME = ("pass@k needs a right-or-wrong outcome per response: a task with a checker, or a reward that gives 1 "
+              "for right and 0 for wrong (--reward-fn ...), and this run has neither")
+
+
+class OutcomeError(RewardError):
+    """pass@k cannot read a right-or-wrong outcome from the scores.  Raised from the scores every
+    process gathered, so alike in every process: a run may save its state before it stops."""
+
+
+def reward_name(reward) -> str:
+    """The reward whose scores are the outcomes, for messages: several with their weights, or the
+    environment's rewards where no other reward scores (``reward`` None)."""
+    if reward is None:
+        return "the environment's rewards"
+    return reward.plan() if hasattr(reward, "plan") else reward.description
+
+
+def reward_outcomes(scores: list[float], responses: list[str], reward, flag: str = "--samples"
+                    ) -> tuple[list[bool], list]:
     """Each response's 0/1 outcome from the reward's scores, and its parsed answer (its last
-    <answer> tags, else its last number); RewardError unless every score is 0 or 1."""
+    <answer> tags, else its last number); OutcomeError unless every score is 0 or 1 (``flag``: the
+    option that asked for K samples, named in the fix)."""
     bad = next((i for i, score in enumerate(scores) if score not in (0.0, 1.0)), None)
     if bad is not None:
-        name = reward.plan() if hasattr(reward, "plan") else reward.description  # several: each with its weight
-        raise RewardError(f"pass@k needs a right-or-wrong outcome per response, but the reward ({name}) scored "
-                          f"{scores[bad]:g} for response {responses[bad]!r}; evaluate with a reward that gives 1 "
-                          f"for right and 0 for wrong (e.g. ppo_rlhf.rewards:answer_match), a task with a checker, "
-                          f"or a single sample")
+        raise OutcomeError(f"pass@k needs a right-or-wrong outcome per response, but {reward_name(reward)} scored "
+                           f"{scores[bad]:g} for response {responses[bad]!r}; evaluate with a reward that gives 1 "
+                           f"for right and 0 for wrong (e.g. ppo_rlhf.rewards:answer_match), a task with a checker, "
+                           f"or a single sample ({flag} 1)")
     return [score == 1.0 for score in scores], [voted_answer(response_answer(r)) for r in responses]
+
+
+def pass_at_k_refusal(config) -> str | None:
+    """Why pass@k cannot be read from the scores of a ``ppo`` or ``eval`` config's reward, where
+    its settings alone say so: without a task's checker, a reward whose scores are never only 0
+    and 1 -- a reward model's, a judge's probability or its rating on another scale than 0 to 1.
+    None: they do not say (every task ppo-rlhf has comes with a checker; the scores themselves
+    are checked as they come, :func:`reward_outcomes`)."""
+    from ppo_rlhf.rollout.judge import JudgeScore
+
+    if config.task is not None:
+        return None
+    if config.reward_model:
+        return f"the reward model {config.reward_model} scores with a number of its own, never only 0 or 1"
+    if config.reward_judge:
+        score = JudgeScore.parse(config.judge_score)
+        if score.kind == "token":
+            return f"the judge's score (--judge-score {config.judge_score}) is a probability, not 0 or 1"
+        if score.kind == "number" and (score.low, score.high) != (0.0, 1.0):
+            return (f"the judge's score (--judge-score {config.judge_score}) is a rating from {score.low:g} to "
+                    f"{score.high:g}, not 0 or 1 (number:0:1 asks the judge for right or wrong)")
+    return None
 
 
 class Evaluator:
@@ -74,12 +116,13 @@ class Evaluator:
                  prompt_field: str = "prompt", max_prompt_length: int = 128, max_new_tokens: int = 128,
                  batch_size: int = 1024, chat_template: bool = False, environments=None,
                  limits: EpisodeLimits | None = None, environment_weight: float = 1.0, seed: int = 0,
-                 outcomes: Outcomes | None = None, show_progress: bool = False):
+                 outcomes: Outcomes | None = None, show_progress: bool = False, samples_flag: str = "--samples"):
         self.tokenizer = tokenizer
         self.rows = prompt_rows
         self.prompts = [row.get(prompt_field) for row in prompt_rows]
         self.metric = metric
         self.outcomes = outcomes  # a task's right-or-wrong per response, for pass@k
+        self.samples_flag = samples_flag  # the option asking for K samples, named in pass@k's refusals
         self.reward = reward
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -90,6 +133,8 @@ class Evaluator:
                                               chat_template=chat_template)
         self.show_progress = show_progress  # a bar of the episodes played (ppo-rlhf eval)
         self.last_episodes: list[dict] = []  # the last call's episodes, whole (its prompts' order)
+        # The last call's scores and responses, every process's (pass@k's outcomes checked at start).
+        self.last_scored: tuple[list[float], list[str]] = ([], [])
 
     @torch.no_grad()
     def __call__(self, model, do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
@@ -176,6 +221,7 @@ class Evaluator:
             for counts in gather_objects([self.reward.iteration_counts()]):
                 for name, count in counts.items():
                     metrics[name] = metrics.get(name, 0.0) + count
+        self.last_scored = scores, texts
         if samples > 1:
             metrics.update(self.pass_at_k(all_prompts, texts, finished, all_rows, scores, samples))
         metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
@@ -192,6 +238,18 @@ class Evaluator:
 
         return tqdm(total=episodes, desc="eval", unit="episode", mininterval=1.0)
 
+    def check_outcomes(self) -> None:
+        """OutcomeError, before a run's first iteration, where the last call's scores (its greedy
+        evaluation's, every process's) already show that pass@k cannot be read from the reward: a
+        score that is neither 0 nor 1.  Nothing with a task's checker."""
+        scores, texts = self.last_scored
+        if self.outcomes is not None:
+            return
+        if self.reward is None and not (self.environments is not None and self.environments.pays):
+            raise OutcomeError(NO_OUTCOME)
+        if scores:
+            reward_outcomes(scores, texts, self.reward, self.samples_flag)
+
     def pass_at_k(self, prompts: list, texts: list[str], finished: list[bool], rows: list[dict], scores: list[float],
                   samples: int) -> dict[str, float]:
         """pass@k, mean@K, maj@K of K adjacent samples per prompt, from the task's outcomes (its
@@ -199,10 +257,9 @@ class Evaluator:
         if self.outcomes is not None:
             right, answers = self.outcomes(prompts, texts, finished, rows)
         elif scores:
-            right, answers = reward_outcomes(scores, texts, self.reward)
+            right, answers = reward_outcomes(scores, texts, self.reward, self.samples_flag)
         else:
-            raise RewardError("pass@k needs a right-or-wrong outcome per response: a task with a checker, or a "
-                              "reward that gives 1 for right and 0 for wrong (--reward-fn ...)")
+            raise OutcomeError(NO_OUTCOME)
         grouped = [list(right[i:i + samples]) for i in range(0, len(right), samples)]
         votes = [list(answers[i:i + samples]) for i in range(0, len(answers), samples)]
         return sampled_metrics(grouped, votes)

@@ -153,6 +153,14 @@ def parse_config_values(text: str | None) -> dict:
     return parse_key_values(text or "", "environment_config", "is_slippery=false,map_name=4x4")
 
 
+def check_tool_list(tools) -> None:
+    """ConfigError unless ``tools`` is a list (or tuple) of tools, or None: TRL's ``tools=`` takes a
+    list, and a single function given alone is named with the list that holds it."""
+    if not isinstance(tools, (list, tuple, type(None))):
+        raise ConfigError(f"tools must be a list of functions, got a {type(tools).__name__} ({tools!r:.60}); give "
+                          f"tools=[{getattr(tools, '__name__', 'f')}]")
+
+
 def environment_source(environment=None, tools: list | None = None, *, tool_parser="auto",
                        tool_timeout: float = 10.0, environment_config: str | dict | None = None,
                        action_names: list[str] | None = None, observation_text: str | Callable | None = None,
@@ -166,9 +174,7 @@ def environment_source(environment=None, tools: list | None = None, *, tool_pars
     or --tool-timeout where no tool is called -- each a ConfigError naming it."""
     from ppo_rlhf.user_code import load_function
 
-    if not isinstance(tools, (list, tuple, type(None))):
-        raise ConfigError(f"tools must be a list of functions, got a {type(tools).__name__} ({tools!r:.60}); give "
-                          f"tools=[{getattr(tools, '__name__', 'f')}]")
+    check_tool_list(tools)
     tools = [load_function(t, "tool") if isinstance(t, str) else t for t in (tools or [])]
     if environment is None and not tools:
         return None

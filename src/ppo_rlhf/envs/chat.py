@@ -7,8 +7,9 @@ and ends an assistant turn with a token the tokenizer knows as special.  :func:`
 checks both at start, before any model loads, for the answers the run's environments give (tool
 messages, or their observations), with every tool; swaps in ppo-rlhf's training template for
 Qwen3's (which writes a turn's think block only while the turn is last, as TRL swaps in its own);
-refuses any other template that fails, naming it and the fix; and resolves ``--tool-parser auto``
-for the template (envs/parsers.py).
+refuses any other template that fails, naming it and the fix for what it does, and offering only
+the templates ppo-rlhf ships that the tokenizer can run; and resolves ``--tool-parser auto`` for the
+template, or checks a parser named against it (envs/parsers.py).
 """
 
 from __future__ import annotations
@@ -155,6 +156,52 @@ def continuation_problem(tokenizer, tools: list[dict], answer: list[dict], templ
     return None
 
 
+def template_fix(problem: str, tokenizer, answer: list[dict]) -> str:
+    """What a template needs for an episode to continue, for the problem found in it
+    (:func:`continuation_problem`)."""
+    if problem == ChatContinuation.NO_END:
+        return (f"give a template that ends each assistant turn with a token the tokenizer marks as special (its EOS "
+                f"token {tokenizer.eos_token!r}, or an end-of-turn marker added to it as a special token: "
+                f"tokenizer.add_special_tokens)")
+    if problem == ChatContinuation.REWRITES:
+        return "give a template that writes earlier turns the same whatever follows them"
+    return f"give a template that renders an assistant turn followed by a {answer[0]['role']} message"
+
+
+def shipped_template_paths() -> list[tuple[str, object]]:
+    """The templates ppo-rlhf ships for episodes: (what they are for, path)."""
+    return [("ChatML models such as SmolLM2 and Qwen", tool_template_path()),
+            ("Qwen3", qwen3_training_template_path())]
+
+
+def shipped_template_problem(tokenizer, source, template: str) -> str | None:
+    """What stops ``template`` running this run's episodes on ``tokenizer`` (None: nothing): it
+    renders the tools and continues after every answer the environments give."""
+    for kind in source.kinds.values():
+        environment = source.first(kind)
+        tools = list(getattr(environment, "tools", None) or [])
+        problem = continuation_problem(tokenizer, tools, answer_sample(kind, environment, tools), template)
+        if problem:
+            return problem
+    return None
+
+
+def shipped_templates_offer(tokenizer, source) -> str:
+    """The end of a template refusal: the templates ppo-rlhf ships that this tokenizer can run, or
+    why none can -- never one that would be refused in its turn (both end a turn with ChatML's
+    <|im_end|>, which a tokenizer must mark as special)."""
+    runnable, problem = [], None
+    for what, path in shipped_template_paths():
+        problem_here = shipped_template_problem(tokenizer, source, path.read_text())
+        if problem_here is None:
+            runnable.append(f"for {what}: {path}")
+        problem = problem or problem_here
+    if runnable:
+        return f" (ppo-rlhf ships templates that run on this tokenizer, {'; '.join(runnable)})"
+    return (f" (the templates ppo-rlhf ships do not run on this tokenizer: ppo-rlhf's ChatML template {problem} "
+            f"here; write one in the model's own format)")
+
+
 def rendered_prompt(tokenizer, source, messages: list[dict], environment) -> str:
     """An episode's prompt as the model reads it: its messages with its environment's tools listed."""
     return tokenizer.apply_chat_template(messages, tools=list(getattr(environment, "tools", None) or []) or None,
@@ -212,9 +259,9 @@ def prepare_episode_chat(tokenizer, source, where: str) -> None:
     template = template_text(tokenizer)
     if template is None:
         raise ConfigError(f"{where.replace('the chat template of ', '')} has no chat template, and an episode's turns "
-                          f"are chat messages; give one with --chat-template-file (ppo-rlhf ships one for ChatML "
-                          f"models: {tool_template_path()})")
-    check_template_renders_tools(tokenizer, source.tools, where)
+                          f"are chat messages; give one with --chat-template-file"
+                          f"{shipped_templates_offer(tokenizer, source)}")
+    check_template_renders_tools(tokenizer, source.tools, where, lambda: shipped_templates_offer(tokenizer, source))
     chosen = None
     for kind in source.kinds.values():
         environment = source.first(kind)
@@ -228,10 +275,9 @@ def prepare_episode_chat(tokenizer, source, where: str) -> None:
                                 f"), which writes it in every turn")
             problem = continuation_problem(tokenizer, tools, answer, chosen)
         if problem:
-            raise ConfigError(f"{where} {problem}, so an episode cannot continue from the tokens the "
-                              f"model wrote; give a template that writes earlier turns the same whatever follows "
-                              f"them, with --chat-template-file (ppo-rlhf ships one for ChatML models: "
-                              f"{tool_template_path()}, and one for Qwen3: {qwen3_training_template_path()})")
+            raise ConfigError(f"{where} {problem}, so an episode cannot continue from the tokens the model wrote; "
+                              f"{template_fix(problem, tokenizer, answer)}, with --chat-template-file"
+                              f"{shipped_templates_offer(tokenizer, source)}")
     source.chat_template = chosen
     if any(kind.answers == "tools" for kind in source.kinds.values()):
         source.parser, name = resolve_parser(source.parser, tokenizer, chosen or template, source.tools, where)

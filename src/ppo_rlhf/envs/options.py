@@ -113,10 +113,12 @@ class EnvironmentOptions:
         parse_config_values(self.environment_config)  # a malformed one fails here, at start
 
 
-def check_template_renders_tools(tokenizer, schemas: list[dict], where: str) -> None:
+def check_template_renders_tools(tokenizer, schemas: list[dict], where: str, offer=lambda: "") -> None:
     """ConfigError at start when tools are given but the chat template leaves them out of the
     prompt, or cannot render a tool's answer: the model would never learn they exist.  ``where``
-    names the template (envs/chat.py, ``template_name``)."""
+    names the template (envs/chat.py, ``template_name``); ``offer()``: the templates ppo-rlhf ships
+    that this tokenizer can run, for the message (envs/chat.py, ``shipped_templates_offer``; none
+    by default)."""
     if not schemas:
         return
     name = schemas[0]["function"]["name"]
@@ -135,8 +137,10 @@ def check_template_renders_tools(tokenizer, schemas: list[dict], where: str) -> 
         problem = f"raises on tools ({type(error).__name__}: {error})"
     if problem:
         raise ConfigError(f"{where} {problem}, so the model cannot see its tools; give a template "
-                          f"that renders them with --chat-template-file (ppo-rlhf ships one for ChatML models such "
-                          f"as SmolLM2 and Qwen: {tool_template_path()})")
+                          f"that renders them with --chat-template-file{offer()}")
+
+
+QUESTION = "sentinel-4f9a"  # a user's question in the template checks: kept by every template, JSON or not
 
 
 def tool_template_path():
@@ -156,12 +160,19 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
     if not file.is_file():
         raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; no such file (a Jinja chat template)")
     template = file.read_text()
+    if not template.strip():  # it would render every prompt as no tokens at all
+        raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; the file is empty; give a Jinja chat "
+                          f"template that writes each message (the model's own, or one of its family's)")
     try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template, tokenize=False,
-                                      add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], chat_template=template,
+                                                 tokenize=False, add_generation_prompt=True)
     except Exception as error:  # noqa: BLE001 -- jinja's syntax errors, a template that raises on a plain question
         raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; the template does not render a user's "
                           f"question ({type(error).__name__}: {error})") from None
+    if QUESTION not in rendered:
+        raise ConfigError(f"invalid value for 'chat_template_file': {path!r}; the template leaves a user's question "
+                          f"out of what it writes (it rendered {rendered[:80]!r}), so the model would never read the "
+                          f"prompts; write each message's content ({{{{ message['content'] }}}})")
     tokenizer.chat_template = template
 
 

@@ -196,11 +196,34 @@ def template_family(template: str | None) -> str | None:
     return None
 
 
+def check_parser_fits(parser, template: str | None, where: str) -> None:
+    """ConfigError at start when ``parser`` is one of ppo-rlhf's (``--tool-parser NAME``) and the
+    template teaches another family's calls (as ``--tool-parser auto`` tells them apart): every
+    call the model learns to write would be read as a plain answer.  A parser of one's own, or a
+    template of no family known here, is taken as given."""
+    name = next((name for name, known in PARSERS.items() if known is parser), None)
+    family = template_family(template)
+    if name is None or family is None or family == name:
+        return
+    raise ConfigError(f"invalid value for 'tool_parser': {name!r}; {where} teaches {family} tool calls "
+                      f"({FAMILY_CALLS[family]}), which the {name} parser does not read ({FAMILY_CALLS[name]}), so "
+                      f"every call the model writes would be taken for its answer; give --tool-parser {family}, or "
+                      f"auto (the default: the template's own family)")
+
+
+# How each family writes a call, for messages.
+FAMILY_CALLS = {"hermes": '<tool_call>{"name": ..., "arguments": ...}</tool_call>',
+                "llama3-json": '{"name": ..., "parameters": ...} as the whole turn',
+                "gpt-oss": "to=functions.NAME ... <|call|>"}
+
+
 def resolve_parser(parser, tokenizer, template: str | None, tools: list[dict], where: str
                    ) -> tuple[ToolCallParser, str]:
     """(the parser, its name for the run's plan) for ``--tool-parser auto`` or a parser already
-    chosen; ConfigError naming the template when auto finds none that fits."""
+    chosen; ConfigError naming the template when auto finds none that fits, or when a parser named
+    (--tool-parser NAME) reads another family's calls than the template teaches."""
     if parser != "auto":
+        check_parser_fits(parser, template, where)
         return parser, getattr(parser, "__name__", type(parser).__name__)
     if getattr(tokenizer, "response_template", None) is not None:
         resolved = ResponseTemplateParser(tokenizer, tools or None)

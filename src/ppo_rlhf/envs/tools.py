@@ -5,8 +5,9 @@ parameter): its JSON schema is read from them (transformers' ``get_json_schema``
 the chat templates use) and rendered into the prompt by the chat template.  ``async def`` tools
 are awaited.  Everything that can go wrong with a call is the model's mistake, not the run's: a
 call that cannot be read, an unknown tool, wrong arguments, a tool that raises or runs past
-``--tool-timeout`` -- the model gets an error message as the tool's answer and the episode goes
-on, and each is counted (``tools/calls``, ``tools/errors``, ``tools/timeouts``).
+``--tool-timeout``, or returns a value that cannot be written as text -- the model gets an error
+message naming the tool as its answer and the episode goes on, and each is counted
+(``tools/calls``, ``tools/errors``, ``tools/timeouts``).
 
 :class:`ToolEnvironment` is the environment of tools alone (``--tool`` without
 ``--environment``): each turn's calls are run and their results are the next observation; a turn
@@ -116,8 +117,12 @@ class ToolBox:
             raise
         except BaseException as error:  # noqa: BLE001 -- a tool's exception is its answer to the model
             return self.error(name, f"{name} raised {type(error).__name__}: {error}")
-        return ToolAnswer(tool_message(name, tool_result_text(result)), "ok",
-                          result if isinstance(result, list) else None)
+        try:
+            text = tool_result_text(result)
+        except Exception as error:  # noqa: BLE001 -- a value whose __str__ raises: the tool's failure, as a raise is
+            return self.error(name, f"{name} returned a value ({type(result).__name__}) that cannot be written as text "
+                                    f"({type(error).__name__}: {error})")
+        return ToolAnswer(tool_message(name, text), "ok", result if isinstance(result, list) else None)
 
     @staticmethod
     def error(name: str, text: str) -> ToolAnswer:

@@ -52,13 +52,22 @@ def require_model_folder(path: str | Path, what: str, prefer: tuple[str, ...] = 
     if not path.exists():
         raise FileNotFoundError(f"{what} not found: {path}")
     if not (path / "config.json").is_file():
-        described = critic_description(path) or run_folder_description(path, prefer)
-        if described is None and is_adapter_folder(path):
-            described = f"{path} is a LoRA adapter (adapter_config.json), not a full model folder"
-        if described is not None:
-            raise ModelError(f"{what} at {path}: {described}")
+        refuse_folder_of_another_kind(path, what, prefer)
+        if is_adapter_folder(path):
+            raise ModelError(f"{what} at {path}: {path} is a LoRA adapter (adapter_config.json), not a full model "
+                             f"folder")
         raise FileNotFoundError(f"{what} at {path} is not a Hugging Face model folder (no config.json)")
     return path
+
+
+def refuse_folder_of_another_kind(path: str | Path, what: str, prefer: tuple[str, ...] = ()) -> None:
+    """ModelError if ``path``, given as ``what``, is a folder ppo-rlhf wrote that holds no model of
+    its own: a critic, or a run folder (named with where its model is; ``prefer``: the checkpoints
+    that fit the role, e.g. actor or sft).  Every model-folder input goes through it, whichever
+    file is read first (a model's config.json, or its tokenizer: :func:`load_tokenizer`)."""
+    described = critic_description(path) or run_folder_description(path, prefer)
+    if described is not None:
+        raise ModelError(f"{what} at {path}: {described}")
 
 
 # What ppo-rlhf writes, read back to say what a folder given in the wrong place is (docs/design.md,
@@ -251,7 +260,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "spiece.model")
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, what: str = "model", prefer: tuple[str, ...] = ()):
+    """The tokenizer of a model folder (``what`` names the folder's role in messages; ``prefer``:
+    the checkpoints of a run folder that fit it, as :func:`require_model_folder` takes them)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
@@ -262,7 +273,9 @@ def load_tokenizer(path: str | Path):
                                 f"tokenizer and config.json)")
     # Checked here because AutoTokenizer, given a model folder without one, builds an empty
     # tokenizer of the model's type instead of failing.
-    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        if not (path / "config.json").is_file():  # a run folder or a critic: said what it is, and where its model is
+            refuse_folder_of_another_kind(path, what, prefer)
         raise FileNotFoundError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
                                 f"save one there with tokenizer.save_pretrained")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -312,7 +312,7 @@ class LocalJudge(Judge):
         if self.model is not None:
             return
         self.model = load_causal_lm(self.folder, self.dtype).eval().requires_grad_(False)
-        self.tokenizer = load_tokenizer(self.folder)
+        self.tokenizer = load_tokenizer(self.folder, "--reward-judge")
         if self.score.kind == "token":
             ids = self.tokenizer.encode(self.score.token, add_special_tokens=False)
             if len(ids) != 1:
@@ -320,6 +320,48 @@ class LocalJudge(Judge):
                                   f"{self.folder} reads {self.score.token!r} as {len(ids)} tokens ({ids}); give the "
                                   f"text of one token of its tokenizer (e.g. token:Yes)")
             self.token_id = ids[0]
+        self.check_context()
+
+    def answer_tokens(self) -> int:
+        """The positions the judge's answer takes after its input: a number's up to
+        --judge-max-new-tokens; a token's probability is read at the input's last position."""
+        return self.max_new_tokens if self.score.kind == "number" else 0
+
+    def check_context(self) -> None:
+        """ConfigError at start when the judge's positions cannot hold its template's own text (the
+        template with every variable empty, as the judge reads it) and its answer: no response could
+        be judged.  How long a prompt and a response make an input is known only as they come, and
+        an input that does not fit is refused then (:meth:`check_fits`)."""
+        from ppo_rlhf.models.loading import max_positions
+
+        positions = max_positions(self.model.config)
+        if positions is None:
+            return
+        try:
+            text = self.template.template.render(dict.fromkeys(self.template.variables, ""))
+        except Exception:  # noqa: BLE001 -- a template that computes with a column: measured as inputs come
+            return
+        fixed = self.encoded([text], "cpu")[0].shape[1]
+        if fixed + self.answer_tokens() > positions:
+            answer, shorter = ((f", and its answer up to {self.answer_tokens()} more (--judge-max-new-tokens)",
+                                " or --judge-max-new-tokens") if self.answer_tokens() else ("", ""))
+            raise ConfigError(f"--reward-judge {self.folder} has {positions} positions, but {self.template.name} alone "
+                              f"is {fixed} tokens as the judge reads it{answer}, before any prompt or response; "
+                              f"shorten the template{shorter}, or give a judge with a longer context")
+
+    def check_fits(self, ids: torch.Tensor) -> None:
+        """RewardError naming the judge when a batch's longest input (``ids``, left-padded (b, T))
+        and its answer would run past the judge's positions (its position embeddings would be
+        indexed past their end)."""
+        from ppo_rlhf.models.loading import max_positions
+
+        positions = max_positions(self.model.config)
+        if positions is not None and ids.shape[1] + self.answer_tokens() > positions:
+            answer = f" and its answer up to {self.answer_tokens()} more" if self.answer_tokens() else ""
+            raise RewardError(f"the judge {self.folder} has {positions} positions, but its input for a response "
+                              f"here is {ids.shape[1]} tokens{answer}; shorten what it reads (--max-length, "
+                              f"--max-new-tokens, --judge-template) or its answer (--judge-max-new-tokens), or give "
+                              f"a judge with a longer context")
 
     def encoded(self, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """The inputs as the judge reads them, left-padded: each as a user message through its chat
@@ -343,6 +385,7 @@ class LocalJudge(Judge):
         verdicts = []
         for start in range(0, len(texts), LOCAL_BATCH):
             ids, mask = self.encoded(texts[start:start + LOCAL_BATCH], device)
+            self.check_fits(ids)
             if self.score.kind == "token":
                 logits = self.model(input_ids=ids, attention_mask=mask,
                                     position_ids=position_ids_from_mask(mask)).logits[:, -1].float()  # (b, V)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import (HARDWARE, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, THREADS,
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, TEMPERATURES, THREADS,
                              ConfigError, above, at_least, check, load_yaml, option, to_dict)
 from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
@@ -60,7 +61,8 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
     max_length: int | None = option(None, "longest prompt + response in tokens (empty: 256, or 1024 with "
                                           "--environment or --tool)", range=above(1), group=ROLLOUT, first=True)
     do_sample: bool = option(False, "sample (temperature) instead of greedy decoding", group=ROLLOUT)
-    temperature: float = option(1.0, "sampling temperature", range=above(0), group=ROLLOUT)
+    temperature: float = option(1.0, "sampling temperature (below 0.01 sampling is greedy decoding: leave out "
+                                      "--do-sample)", range=TEMPERATURES, group=ROLLOUT)
     samples: int = option(1, "responses sampled for each prompt (needs --do-sample above 1): pass@k for k = 1..K "
                              "(Chen et al.'s unbiased estimator), mean@K and maj@K (majority vote on the parsed "
                              "answer), from the task's checker or a reward that gives 1 for right and 0 for wrong",
@@ -87,10 +89,40 @@ class EvalConfig(RewardOptions, RunFolderOptions, HardwareOptions, TaskOptions, 
         check(self.do_sample or self.samples == 1, "samples",
               "1 without --do-sample (greedy decoding gives every sample of a prompt the same response); add "
               "--do-sample for pass@k", self.samples)
+        self.validate_pass_at_k()
         check(self.max_length > self.max_new_tokens, "max_length", f"> max_new_tokens ({self.max_new_tokens})", self.max_length)
         self.validate_environment()
         self.chat_template = bool(self.chat_template)  # empty and nothing asked for it: off
         check_template_file_used(self)
+
+    def validate_pass_at_k(self) -> None:
+        """--samples K's pass@k needs a right-or-wrong outcome per response: refused here where the
+        settings say there is none, not after every sample has been drawn (the scores themselves
+        are checked as they come: evaluation.py, ``reward_outcomes``)."""
+        from ppo_rlhf.evaluation import pass_at_k_refusal
+
+        if self.samples == 1:
+            return
+        refusal = ("there is nothing to read one from: no --task with a checker and no reward"
+                   if self.task is None and not self.reward_count() and self.environment is None
+                   else pass_at_k_refusal(self))
+        if refusal is not None:
+            raise ConfigError(f"invalid value for 'samples': {self.samples}; pass@k needs a right-or-wrong outcome "
+                              f"per response, and {refusal}: give a reward that scores 1 for right and 0 for wrong "
+                              f"(e.g. --reward-fn ppo_rlhf.rewards:answer_match), a --task, or --samples 1")
+
+
+def eval_warnings(config: EvalConfig) -> list[str]:
+    """What an evaluation's settings make meaningless, said before it runs."""
+    from ppo_rlhf.trainers.ppo_plan import GREEDY_TEMPERATURE
+
+    warnings = []
+    if config.samples > 1 and config.temperature < GREEDY_TEMPERATURE:
+        warnings.append(f"--temperature {config.temperature:g} samples as greedy decoding does (two tokens one logit "
+                        f"apart are drawn {math.exp(1 / config.temperature):.3g} : 1), so the {config.samples} samples "
+                        f"of a prompt are nearly all the same response and pass@k says little more than pass@1; "
+                        f"sample at 0.6 to 1 for pass@k")
+    return warnings
 
 
 def training_run_warning(config: EvalConfig) -> str | None:
@@ -122,8 +154,10 @@ def run_eval(config: EvalConfig) -> dict:
     resolve_hub_models(config)  # a model named as on the Hub: its cached snapshot
     if config.out:
         check_run_folder(config.out, config.overwrite)
-    if rank() == 0 and (warning := training_run_warning(config)):
-        print(f"warning: {warning}", flush=True)
+    if rank() == 0:
+        for warning in [training_run_warning(config), *eval_warnings(config)]:
+            if warning:
+                print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
     config.check_episode_options_used()
     environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
@@ -147,7 +181,7 @@ def run_eval(config: EvalConfig) -> dict:
     lengths = None  # an episode's prompts as the model reads them: measured (and checked) before the model loads
     if environments is not None:  # the chat template checked for episodes before the model loads (envs/chat.py)
         environments.check_rows(rows[: config.size])
-        early = load_tokenizer(config.model)
+        early = load_tokenizer(config.model, "--model")
         prepare_for_config(early, environments, config)
         lengths = episode_prompt_lengths(early, environments, rows[: config.size], config.prompt_field,
                                          config.max_length - config.max_new_tokens)

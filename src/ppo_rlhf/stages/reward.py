@@ -15,7 +15,8 @@ from ppo_rlhf.config import to_dict
 from ppo_rlhf.data import drop_rows, load_rows
 from ppo_rlhf.formats import preference_rows
 from ppo_rlhf.models import build_sequence_classifier, load_tokenizer, save_pretrained_atomic
-from ppo_rlhf.models.loading import check_tokenizer, from_pretrained, refuse_adapter, require_model_folder
+from ppo_rlhf.models.loading import (POLICY_CHECKPOINTS, check_tokenizer, from_pretrained, refuse_adapter,
+                                    require_model_folder)
 from ppo_rlhf.models.lora import save_adapter, with_adapter
 from ppo_rlhf.distributed import on_main_process
 from ppo_rlhf.sharding import whole_weights
@@ -62,7 +63,7 @@ def run_reward(config: RewardConfig) -> dict:
     num_labels = 1 if config.mode == "pairwise" else config.num_labels
     refuse_adapter(config.model, "rm")
     if config.model:
-        tokenizer = load_tokenizer(config.model)
+        tokenizer = load_tokenizer(config.model, "--model", POLICY_CHECKPOINTS)  # a run folder: its model named
         model = load_classifier_from(config.model, num_labels, tokenizer, config.load_dtype)
         if config.lora:
             # SEQ_CLS: peft trains the new score head in full beside the adapter and saves it with it.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ppo_rlhf.config import (ENGINE, HARDWARE, KL, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, THREADS, UPDATE,
-                             ConfigError, above, any_number, at_least, between, check, option)
+from ppo_rlhf.config import (ENGINE, HARDWARE, KL, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, TEMPERATURES,
+                             THREADS, UPDATE, ConfigError, above, any_number, at_least, between, check, option)
 from ppo_rlhf.core import (IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                            RATIO_LEVELS, check_kl_placement)
 from ppo_rlhf.core.offpolicy import MASKING, default_cap
@@ -144,8 +144,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                           "--environment or --tool, whose prompts list tools and whose episodes "
                                           "hold several turns); prompts are cut from the left to fit",
                                     range=above(1), group=ROLLOUT, first=True)
-    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs",
-                                range=above(0), group=ROLLOUT)
+    temperature: float = option(1.0, "sampling temperature; the same one divides the logits of the log-probs "
+                                     "(below 0.01 sampling is greedy decoding: --no-do-sample)",
+                                range=TEMPERATURES, group=ROLLOUT)
     do_sample: bool = option(True, "sample responses, as PPO's gradient assumes; --no-do-sample: greedy rollouts, a "
                                    "debugging mode in which every copy of a prompt gets the same response and "
                                    "nothing is explored (it warns at start)", group=ROLLOUT)
@@ -406,10 +407,30 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
               self.eval_samples)
         self.validate_teacher()
         self.validate_rewards()
+        self.validate_pass_at_k()
         self.validate_environment()
         self.validate_episode_rewards()
         self.chat_template = bool(self.chat_template)  # empty and nothing asked for it: off (recorded so)
         # (--chat-template-file unused is refused by PPOTrainer: tools given in Python may use it.)
+
+    def validate_pass_at_k(self) -> None:
+        """--eval-samples K's pass@k needs held-out prompts to sample and a right-or-wrong outcome
+        per response: refused here where the settings say it has neither, not at the first sampled
+        evaluation (with --eval-every 0, after the last iteration).  The scores of the evaluation
+        before the first iteration are checked too (trainers/ppo_loop.py)."""
+        if self.eval_samples == 1:
+            return
+        check(self.eval_prompts is not None or self.task is not None, "eval_samples",
+              "1 without held-out prompts: the K samples are drawn for each held-out prompt, and without "
+              "--eval-prompts FILE (or a --task's own) the run evaluates nothing; give --eval-prompts FILE",
+              self.eval_samples)
+        from ppo_rlhf.evaluation import pass_at_k_refusal
+
+        refusal = pass_at_k_refusal(self)
+        if refusal is not None:
+            raise ConfigError(f"invalid value for 'eval_samples': {self.eval_samples}; pass@k needs a right-or-wrong "
+                              f"outcome per response, and {refusal}: give a reward that scores 1 for right and 0 for "
+                              f"wrong (--reward-fn), or --eval-samples 1")
 
     def validate_teacher(self) -> None:
         """--teacher's weight, and dynamic sampling, whose filter reads only the score: a group of

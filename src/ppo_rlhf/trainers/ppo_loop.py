@@ -26,7 +26,7 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.rollout.episodes import rollout_records
 from ppo_rlhf.envs.protocol import EnvironmentFailed
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
-from ppo_rlhf.evaluation import Evaluator
+from ppo_rlhf.evaluation import Evaluator, OutcomeError
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
@@ -135,6 +135,8 @@ class PPOLoop:
             progress.before, progress.samples_before = self.evaluate(sampled=False)
             if progress.before:
                 run_log.log(0, progress.before)
+        if self.evaluator and config.eval_samples > 1:  # pass@k's outcomes readable, from the scores just seen
+            self.evaluator.check_outcomes()
         try:
             self.run_iterations(train_rows, prompt_rng, checkpoints, run_log, progress)
         except (EnvironmentFailed, RewardError) as failure:  # the user's code failed: where a resume would go on
@@ -166,7 +168,7 @@ class PPOLoop:
                          max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
                          chat_template=config.chat_template, environments=self.environments,
                          limits=self.episode_limits, environment_weight=config.environment_reward_weight,
-                         seed=config.seed)
+                         seed=config.seed, samples_flag="--eval-samples")
 
     def evaluate(self, sampled: bool | None = None) -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
@@ -206,7 +208,9 @@ class PPOLoop:
     def run_iterations(self, train_rows: list[dict], prompt_rng: torch.Generator, checkpoints: Checkpoints,
                        run_log, progress: Progress) -> None:
         """The iterations left, each logged; evaluated every ``eval_every`` and at the end; saved
-        every ``save_every``, at the end, and at a Ctrl-C (interrupts.py)."""
+        every ``save_every``, at the end, and at a Ctrl-C (interrupts.py).  An evaluation that
+        refuses pass@k (OutcomeError, alike in every process) stops the run with the iteration it
+        evaluated logged and saved: its training is not lost to its evaluation."""
         config, main, first = self.config, is_main_process(), self.iteration
         out_folder = Path(config.out)
         curves = CURVES + reward_curves(self.reward)
@@ -220,16 +224,21 @@ class PPOLoop:
             metrics = self.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
             progress.train_seconds += time.perf_counter() - start
             metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
+            progress.scores.setdefault("first", metrics["score"])
+            progress.scores["last"] = metrics["score"]
             done = iteration + 1
-            self.evaluate_if_due(done, metrics, progress)
+            try:
+                self.evaluate_if_due(done, metrics, progress)
+            except OutcomeError:  # pass@k refused, alike in every process: the iteration's work is kept first
+                run_log.log(done, metrics)
+                self.save_checkpoint(checkpoints, done, prompt_rng, progress)
+                raise
             run_log.log(done, metrics)
             if "eval/response_length" in metrics:
                 run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
             self.show_samples_if_due(done, iteration == first, run_log)
             if config.save_rollouts and done % config.save_rollouts == 0:
                 self.save_rollouts(out_folder, done)
-            progress.scores.setdefault("first", metrics["score"])
-            progress.scores["last"] = metrics["score"]
             if main and iteration == first and (warning := score_spread_warning(metrics, done)):
                 tqdm.write(f"warning: {warning}")
             bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")

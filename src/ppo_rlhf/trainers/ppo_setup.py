@@ -17,6 +17,7 @@ import torch
 from ppo_rlhf.config import ConfigError, field_value
 from ppo_rlhf.data import drop_empty_prompts, environment_prompt, load_rows, prompt_check, with_environment_placeholders
 from ppo_rlhf.distributed import on_main_process, rank, world_size
+from ppo_rlhf.envs import check_tool_list
 from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
 from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.formats import prompt_rows
@@ -33,7 +34,7 @@ from ppo_rlhf.trainers.common import check_policy, seed_everything, set_threads
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from ppo_rlhf.trainers.resume import RUN_CONFIG, TRAINED, check_resume_settings, last_checkpoint, resumable
 from ppo_rlhf.trainers.roles import as_reward, load_roles, reward_functions
-from ppo_rlhf.trainers.teacher import Teacher, check_teacher_tokenizer, load_teacher
+from ppo_rlhf.trainers.teacher import Teacher, check_teacher, check_teacher_fits, load_teacher
 from ppo_rlhf.user_code import is_unnamed, recorded_name
 
 PPO_FIELDS = {field.name: field for field in dataclasses.fields(PPOConfig)}
@@ -102,6 +103,7 @@ def record_given_episodes(config: PPOConfig, environment=None, tools: list | Non
     name the same one: the run would play one and record the other."""
     if not isinstance(config, PPOConfig):
         return  # checked_config names the wrong class
+    check_tool_list(tools)  # before they are named: a single function is no list of them
     if environment is not None:
         given = environment if isinstance(environment, str) else recorded_name(environment)
         if config.environment is not None and config.environment != given:
@@ -205,13 +207,13 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     check_run_start(config)
     task = make_task(config, config.seed)
     train_rows, eval_rows = prompt_sets(config, task, environments)
-    if config.teacher:  # the teacher reads the student's token ids: one tokenizer, checked before any model loads
-        check_teacher_tokenizer(config.teacher, load_tokenizer(config.model), config.model)
+    if config.teacher:  # a causal LM other than the student, reading its token ids: checked before any model loads
+        check_teacher(config.teacher, config.model, load_tokenizer(config.model, "--model"), config.model)
     lengths = None  # an episode's prompts as the model reads them: measured (and checked) before any model loads
     if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
         environments.check_rows(train_rows + eval_rows)
         if config.model is not None:
-            early = load_tokenizer(config.model)
+            early = load_tokenizer(config.model, "--model")
             prepare_for_config(early, environments, config)
             lengths = episode_prompt_lengths(early, environments, train_rows + eval_rows, config.prompt_field,
                                              config.max_prompt_length)
@@ -230,6 +232,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
                  config.chat_template, config.max_prompt_length, config.max_new_tokens, config.chat_template_flag(),
                  lengths, episode_tokens)
+    check_teacher_fits(roles.teacher, config.max_length)
     generator = make_generator(config, roles.tokenizer, roles.actor, accelerator)
     return RunParts(roles.actor, roles.ref, roles.reward, roles.tokenizer, roles.critic, generator, accelerator,
                     task, train_rows, eval_rows, roles.teacher)
@@ -270,6 +273,7 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
     generator = generator or make_generator(config, tokenizer, model, accelerator)
     teacher = None
     if config.teacher:
-        check_teacher_tokenizer(config.teacher, tokenizer, "the tokenizer given")
+        check_teacher(config.teacher, None, tokenizer, "the tokenizer given")  # the student is in memory
         teacher = load_teacher(config.teacher, tokenizer, config.load_dtype)
+        check_teacher_fits(teacher, config.max_length)
     return ref, reward, tokenizer, generator, accelerator, teacher
