@@ -129,7 +129,8 @@ def test_an_adapter_given_as_the_model_is_merged_in_float32(zoo, adapters):
 
 
 def test_a_local_judge_adapter_is_merged_in_float32(zoo, adapters):
-    judge = make_judge(small_config(zoo, reward_judge=str(adapters["policy"])))
+    # token: scoring, whose template and --max-length fit the zoo model's 128 positions with no answer to write
+    judge = make_judge(small_config(zoo, reward_judge=str(adapters["policy"]), judge_score="token:the"))
     judge.load()
     assert_float32_merge(judge.model.state_dict(), zoo, adapters["policy"])
 
