@@ -132,12 +132,18 @@ def probe_tolerance(given: float | None, model, engine_dtype: torch.dtype) -> fl
     return given if given is not None else PROBE_TOLERANCE[probe_precision(model, engine_dtype)]
 
 
-@torch.no_grad()
 def probe_gap(model, ids: list[int], engine_logprobs: list[float], engine_dtype: torch.dtype) -> float:
     """The mean gap per position between an engine's log-probs of ``ids`` after the first (its
-    prompt log-probs of the raw logits) and the actor's own forward's, in the probe's precision:
-    the actor's side lifted to float32 where the engine is float32 (``probe_precision``); eval mode,
-    as the trainer's old pass (no dropout, a LoRA dropout included)."""
+    prompt log-probs of the raw logits) and the actor's own (``actor_probe_logprobs``)."""
+    actor = actor_probe_logprobs(model, ids, engine_dtype)
+    return (torch.tensor(engine_logprobs) - actor).abs().mean().item()
+
+
+@torch.no_grad()
+def actor_probe_logprobs(model, ids: list[int], engine_dtype: torch.dtype) -> torch.Tensor:
+    """(L - 1,) the actor's log-prob of each token of ``ids`` after the first, on the CPU, in the
+    probe's precision: the actor's side lifted to float32 where the engine is float32
+    (``probe_precision``); eval mode, as the trainer's old pass (no dropout, a LoRA dropout included)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -145,8 +151,7 @@ def probe_gap(model, ids: list[int], engine_logprobs: list[float], engine_dtype:
     with computed_in_float32(model) if lifted else contextlib.nullcontext():
         logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
     model.train(was_training)
-    actor = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
-    return (torch.tensor(engine_logprobs) - actor.cpu()).abs().mean().item()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0].cpu()
 
 
 def refuse_probe_gap(gap: float, tolerance: float, engine: str, sync: str, positions: int) -> None:

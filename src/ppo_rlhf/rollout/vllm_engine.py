@@ -62,19 +62,20 @@ INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build,
            'pip install vllm, the release built for your CUDA torch')
 
 
-def import_vllm():
+def import_vllm(asked_by: str = "--rollout-engine vllm", otherwise: str = "or use --rollout-engine torch"):
     """The vllm module, set up to run its engine in this process; a ConfigError saying how to
-    install it when it is absent or does not import."""
+    install it when it is absent or does not import (``asked_by``: what needs it; ``otherwise``:
+    what to do instead)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the trainer's process
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer's --num-threads rule
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the trainer's
     try:
         import vllm
     except ImportError as error:
-        raise ConfigError(f"--rollout-engine vllm: vLLM is not installed ({error}); install it with {INSTALL}, "
-                          f"or use --rollout-engine torch") from None
+        raise ConfigError(f"{asked_by}: vLLM is not installed ({error}); install it with {INSTALL}"
+                          + (f", {otherwise}" if otherwise else "")) from None
     except Exception as error:  # noqa: BLE001 -- a broken install (a torchvision built for another torch)
-        raise ConfigError(f"--rollout-engine vllm: vLLM is installed but does not import ({type(error).__name__}: "
+        raise ConfigError(f"{asked_by}: vLLM is installed but does not import ({type(error).__name__}: "
                           f"{error}); if torchvision, torchaudio or torchcodec are named, they were built for "
                           f"another torch: pip uninstall -y torchvision torchaudio torchcodec (vLLM's text "
                           f"models do not need them)") from None
@@ -106,22 +107,29 @@ def head_size(config) -> int:
 
 
 def check_model(vllm, model, device: torch.device) -> str:
-    """The architecture name vLLM will build; a ConfigError when vLLM cannot serve it."""
+    """The architecture name vLLM will build for the actor; a ConfigError when vLLM cannot serve it."""
     config = base_of(model).config
     architecture = (getattr(config, "architectures", None) or [type(base_of(model)).__name__])[0]
+    return check_architecture(vllm, config, architecture, device)
+
+
+def check_architecture(vllm, config, architecture: str, device: torch.device,
+                       who: str = "--rollout-engine vllm", whose: str = "the actor's",
+                       instead: str = "use --rollout-engine torch, or") -> str:
+    """``architecture``, where vLLM can serve it on ``device``; a ConfigError saying why not (``who``
+    asks, ``whose`` model it is, ``instead`` what else to do)."""
     supported = vllm.ModelRegistry.get_supported_archs()
     if architecture not in supported:
-        raise ConfigError(f"--rollout-engine vllm: vLLM {vllm.__version__} has no {architecture} (the actor's "
-                          f"architecture); use --rollout-engine torch, or a model vLLM supports (LlamaForCausalLM, "
-                          f"Qwen2ForCausalLM, GPT2LMHeadModel, ...)")
+        raise ConfigError(f"{who}: vLLM {vllm.__version__} has no {architecture} ({whose} architecture); {instead} "
+                          f"a model vLLM supports (LlamaForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, ...)")
     if device.type == "cpu":
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head_size(config) not in sizes:
-            raise ConfigError(f"--rollout-engine vllm: the actor's attention head size is {head_size(config)}, and "
-                              f"vLLM's CPU attention takes only {', '.join(map(str, sizes))} (hidden size / heads); "
-                              f"use --rollout-engine torch, or a model with one of those head sizes")
+            raise ConfigError(f"{who}: {whose} attention head size is {head_size(config)}, and vLLM's CPU attention "
+                              f"takes only {', '.join(map(str, sizes))} (hidden size / heads); {instead} a model "
+                              f"with one of those head sizes")
     return architecture
 
 

@@ -182,7 +182,8 @@ def run_eval(config: EvalConfig) -> dict:
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
                                 config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples))
+                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples),
+                                tokenizer=tokenizer)
         generator.fixed_weights = True  # the evaluated model never changes: sent once, not per batch
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,

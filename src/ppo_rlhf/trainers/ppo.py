@@ -329,6 +329,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         else:
             kl_per_response = float("nan")
         self.iteration += 1
+        self.policy_moved()
 
         # 8. the iteration's metrics
         return self.iteration_metrics(experience, update_stats, stage_metrics, kl_coef, entropy_coef, kl_per_response,
@@ -346,8 +347,16 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         }
         return state  # the weights are saved beside it (trainers/ppo_loop.py, trained_modules)
 
+    def policy_moved(self) -> None:
+        """An engine with weights of its own that is told versions (a generation server: rollout/
+        server_client.py) learns that the actor is now at ``self.iteration`` (updates made)."""
+        moved = getattr(self.generator, "policy_moved", None)
+        if moved is not None:
+            moved(self.iteration)
+
     def load_state_dict(self, state: dict) -> None:
         self.iteration = state["iteration"]
+        self.policy_moved()
         if "optimizer" in state:  # a checkpoint's is restored with its weights (trainers/resume.py)
             load_whole_optimizer_state(self.optimizer, state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])

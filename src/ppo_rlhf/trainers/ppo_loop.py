@@ -32,6 +32,7 @@ from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.rollout.reward import RewardError
+from ppo_rlhf.rollout.server_api import ServerRefused, ServerUnavailable
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.sharding import gathered, local_optimizer_state
 from ppo_rlhf.tasks import make_task
@@ -137,7 +138,8 @@ class PPOLoop:
                 run_log.log(0, progress.before)
         try:
             self.run_iterations(train_rows, prompt_rng, checkpoints, run_log, progress)
-        except (EnvironmentFailed, RewardError) as failure:  # the user's code failed: where a resume would go on
+        except (EnvironmentFailed, RewardError, ServerUnavailable, ServerRefused) as failure:
+            # the user's code failed, or a generation server stopped answering: where a resume would go on
             failure.resume_from, failure.resume_unit = checkpoints.saved_step, "iteration"
             raise
         if self.evaluator and progress.final_eval is None:  # resumed at the end: no iteration ran

@@ -239,7 +239,7 @@ def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generato
     """The rollout engine --rollout-engine asks for; each process samples its own rollouts."""
     return make_engine(config, actor, stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
                        config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                       config.max_length, max_rows=config.batch_size)
+                       config.max_length, max_rows=config.batch_size, tokenizer=tokenizer)
 
 
 def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator,

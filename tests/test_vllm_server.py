@@ -1,0 +1,291 @@
+"""The generation server, ``ppo-rlhf serve``, and ``--rollout-engine vllm-server`` (docs/design.md,
+"The generation server"), on vLLM's CPU build: a synchronous run on a server is the colocated
+engine's run (the same actor to the bit), weights reach it by shared memory and over HTTP and pass
+the probe after every push, two servers answer as one, a run resumes on a new server, and a server
+that is absent, serves another model, dies mid-run or lets a push time out stops the run with a
+clear message.  The servers run in processes of their own, started once per module.  Where vLLM
+is not installed the server tests skip, saying why (`make vllm-venv` installs it); the refusals
+that need no vLLM (nothing listening, options without the server engine, serve without vLLM) run
+everywhere."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.rollout.server_api import identity_mismatch
+from zoo import THREADS, free_port, run, run_failing, same_actor_as_straight_run
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason='vLLM is not installed: make vllm-venv (pip install -e ".[vllm]") '
+                                                     'runs these tests in .venv-vllm')
+# A tiny model of the built-in task whose attention heads vLLM's CPU build takes (128 / 2 = 64).
+VLLM_TINY = ["--n-layer", 1, "--n-head", 2, "--n-embd", 128, *THREADS]
+SERVER_START = 240  # seconds a server may take to say it is ready (a loaded 2-core machine: about 40)
+
+
+class Server:
+    """``ppo-rlhf serve`` in a process of its own, on a free port; its URL once it says it is ready."""
+
+    def __init__(self, model: Path, *extra):
+        command = [sys.executable, "-m", "ppo_rlhf.cli", "serve", "--model", str(model), "--port", "0",
+                   "--max-model-len", "64", "--memory-utilization", "0.01", "--num-threads", "1", *map(str, extra)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines: queue.SimpleQueue = queue.SimpleQueue()
+        self.log: list[str] = []
+        threading.Thread(target=self.read, daemon=True).start()
+        self.url: str | None = None
+
+    def read(self) -> None:
+        for line in self.process.stdout:
+            self.log.append(line)
+            self.lines.put(line)
+
+    def ready(self) -> str:
+        """The server's URL, waiting for its ready line."""
+        deadline = time.monotonic() + SERVER_START
+        while self.url is None:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            except queue.Empty:
+                raise AssertionError("the server did not say it was ready:\n" + "".join(self.log[-30:])) from None
+            if "ready at " in line:
+                self.url = line.rsplit("ready at ", 1)[1].strip()
+            elif self.process.poll() is not None and self.lines.empty():
+                raise AssertionError("the server stopped:\n" + "".join(self.log[-30:]))
+        return self.url
+
+    def info(self) -> dict:
+        from ppo_rlhf.rollout.server_api import INFO, Connection
+
+        return Connection(self.ready(), 30).call("GET", INFO)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# ------------------------------------------------------------ refusals that need no vLLM
+def test_a_url_with_nothing_listening_is_refused_at_start(tmp_path, capsys):
+    """ppo and eval with --server-url where nothing listens: a configuration error naming the URL and
+    what to start there, before any model loads (the model folder does not even exist)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    for command in (["ppo", "--task", "doubling", "--model", tmp_path / "none", "--out", tmp_path / "ppo"],
+                    ["eval", "--task", "doubling", "--model", tmp_path / "none"]):
+        error = run_failing([*command, "--rollout-engine", "vllm-server", "--server-url", url, *THREADS], capsys)
+        assert f"--server-url {url}" in error and "nothing listens there" in error, error
+        assert "ppo-rlhf serve --model" in error, error
+
+
+def test_server_options_are_refused_without_the_server_engine():
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    with pytest.raises(ConfigError, match="'server_url'.*without --rollout-engine vllm-server"):
+        build_config(PPOConfig, {"task": "doubling", "server_url": ["http://127.0.0.1:8000"]})
+    with pytest.raises(ConfigError, match="'server_url'.*one URL or more with --rollout-engine vllm-server"):
+        build_config(PPOConfig, {"task": "doubling", "rollout_engine": "vllm-server"})
+    for key, value in (("server_timeout", 5.0), ("weight_transfer", "http")):
+        with pytest.raises(ConfigError, match=f"'{key}'.*without --rollout-engine vllm-server"):
+            build_config(PPOConfig, {"task": "doubling", key: value})
+    config = build_config(PPOConfig, {"task": "doubling", "rollout_engine": "vllm-server",
+                                      "server_url": "http://a:1,http://b:2"})
+    assert config.server_url == ["http://a:1", "http://b:2"] and config.is_correction == "token-truncate"
+
+
+def test_another_model_or_tokenizer_is_named():
+    """What the check at start compares (rollout/server_api.py): the architecture, each size, the
+    tokenizer, and with an agent the chat template."""
+    ours = {"architecture": "LlamaForCausalLM", "shape": {"hidden_size": 128, "vocab_size": 320},
+            "tokenizer": "abc", "vocabulary": 320, "chat_template": "t1"}
+    assert identity_mismatch(dict(ours), ours, agent=True) is None
+    assert "serves a GPT2LMHeadModel and the actor is a LlamaForCausalLM" in identity_mismatch(
+        {**ours, "architecture": "GPT2LMHeadModel"}, ours, agent=False)
+    assert "hidden_size is 64 and the actor's 128" in identity_mismatch(
+        {**ours, "shape": {"hidden_size": 64, "vocab_size": 320}}, ours, agent=False)
+    assert "its tokenizer is another" in identity_mismatch({**ours, "tokenizer": "xyz"}, ours, agent=False)
+    assert identity_mismatch({**ours, "chat_template": "t2"}, ours, agent=False) is None
+    assert "chat template differs" in identity_mismatch({**ours, "chat_template": "t2"}, ours, agent=True)
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the refusal is for a machine without it")
+def test_serve_without_vllm_is_refused_saying_how_to_install(tmp_path, capsys):
+    error = run_failing(["serve", "--model", tmp_path / "none", "--port", 0], capsys)
+    assert "vLLM is not installed" in error and 'pip install -e ".[vllm]"' in error, error
+
+
+# ------------------------------------------------------------ on servers
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("server_sft") / "run"
+    run(["sft", "--task", "doubling", "--steps", 4, "--batch-size", 16, "--eval-every", 0, "--out", out, *VLLM_TINY])
+    return out / "checkpoints" / "sft"
+
+
+@pytest.fixture(scope="module")
+def servers(sft_model):
+    """Two servers of the SFT model (the second is started now too: they build at once)."""
+    started = [Server(sft_model), Server(sft_model)]
+    try:
+        for server in started:
+            server.ready()
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+def ppo(model: Path, out: Path, engine: list, *extra) -> list:
+    return ["ppo", "--task", "doubling", "--model", model, "--out", out, *engine,
+            "--reward-fn", "ppo_rlhf.tasks.doubling:rule_reward", "--batch-size", 8, "--mini-batch-size", 8,
+            "--ppo-epochs", 1, "--max-new-tokens", 7, "--max-length", 19, "--eval-every", 0, "--eval-size", 16,
+            "--no-eval-sampled", "--lr", 1e-3, *THREADS, *extra]
+
+
+def colocated() -> list:
+    return ["--rollout-engine", "vllm", "--vllm-memory-utilization", 0.01]
+
+
+def on(*servers: Server, transfer: str = "auto") -> list:
+    return ["--rollout-engine", "vllm-server", "--server-url", ",".join(server.ready() for server in servers),
+            "--weight-transfer", transfer]
+
+
+def records(out: Path) -> list[dict]:
+    from ppo_rlhf.runlog import read_metrics
+
+    return [record for record in read_metrics(out / "metrics.jsonl") if record["step"] > 0]
+
+
+@needs_vllm
+def test_a_synchronous_run_on_a_server_is_the_colocated_engines_run(sft_model, servers, tmp_path):
+    """Three iterations with the weights pushed to a server by shared memory after each update, and
+    the same on the colocated engine: the same actor to the bit (the same tokens sampled, the same
+    seeds); every push past the probe, the engine's log-probs the trainer's."""
+    run(ppo(sft_model, tmp_path / "colocated", colocated(), "--iterations", 3))
+    run(ppo(sft_model, tmp_path / "served", on(servers[0], transfer="shared-memory"), "--iterations", 3))
+    same_actor_as_straight_run(tmp_path / "colocated", tmp_path / "served", sft_model)
+    for record in records(tmp_path / "served"):
+        assert record["rollout/logprob_diff_max"] < 1e-4 and abs(record["is/weight_mean"] - 1) < 1e-3
+        if record["step"] > 1:  # the first push came with the held-out evaluation before the run
+            assert record["time/weight_sync"] > 0 and record["rollout/probe_gap"] < 1e-5
+
+
+@needs_vllm
+def test_two_servers_pushed_over_http_answer_as_the_colocated_engine(sft_model, servers, tmp_path):
+    """The rows spread over two servers, the weights streamed to each over HTTP: the colocated
+    engine's run still (each response's seed is its own), and both servers answered."""
+    before = [server.info()["served"] for server in servers]
+    run(ppo(sft_model, tmp_path / "colocated", colocated(), "--iterations", 2))
+    run(ppo(sft_model, tmp_path / "served", on(*servers, transfer="http"), "--iterations", 2))
+    same_actor_as_straight_run(tmp_path / "colocated", tmp_path / "served", sft_model)
+    after = [server.info()["served"] for server in servers]
+    assert all(a > b for a, b in zip(after, before)), (before, after)
+    assert records(tmp_path / "served")[-1]["rollout/probe_gap"] < 1e-5
+
+
+@needs_vllm
+def test_lora_pushes_merge_the_adapter_and_pass_the_probe(sft_model, servers, tmp_path):
+    """Under --lora the policy goes to the server merged (W + scale B A in float32), as to the
+    colocated engine: every push's probe within round-off, and the run is the colocated one."""
+    lora = ["--lora", "--lora-r", 4, "--lr", 5e-3]
+    run(ppo(sft_model, tmp_path / "colocated", colocated(), "--iterations", 2, *lora))
+    run(ppo(sft_model, tmp_path / "served", on(servers[0]), "--iterations", 2, *lora))
+    from safetensors.torch import load_file
+
+    straight, served = (load_file(str(tmp_path / name / "checkpoints" / "actor" / "adapter_model.safetensors"))
+                        for name in ("colocated", "served"))
+    for key in straight:
+        torch.testing.assert_close(served[key], straight[key], atol=1e-6, rtol=1e-5, msg=key)
+    assert records(tmp_path / "served")[-1]["rollout/probe_gap"] < 1e-5
+
+
+@needs_vllm
+def test_a_server_serving_another_model_is_refused_at_start(servers, tmp_path, capsys):
+    """The actor is a Llama and the server serves the GPT-2 SFT model: refused before any rollout,
+    naming both."""
+    from test_vllm_engine import tiny_llama
+
+    model, tokenizer = tiny_llama()
+    model.save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    error = run_failing(["eval", "--task", "doubling", "--model", tmp_path / "llama", "--size", 4, *on(servers[0]),
+                         *THREADS], capsys)
+    assert f"--server-url {servers[0].url} serves" in error and "not this run's model" in error, error
+    assert "serves a GPT2LMHeadModel and the actor is a LlamaForCausalLM" in error, error
+
+
+@needs_vllm
+def test_a_push_that_times_out_stops_saying_so(sft_model, servers):
+    """A rollout that never lets go of the weights (a lease held): the push waits out
+    --server-timeout, and the trainer says which push timed out and why."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ppo_rlhf.rollout.server_api import LEASES, Connection, ServerUnavailable
+    from ppo_rlhf.rollout.server_client import ServerGenerator
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(sft_model), AutoTokenizer.from_pretrained(sft_model)
+    generator = ServerGenerator([servers[1].ready()], [tokenizer.eos_token_id], tokenizer.pad_token_id, 4, True,
+                                timeout=2.0)
+    held = Connection(servers[1].url, 30).call("POST", LEASES, {"timeout": 30})
+    try:
+        with pytest.raises(ServerUnavailable, match="the weight push of version 0 .* timed out: the push waited past "
+                                                    "its timeout for the rollouts holding the weights"):
+            generator.sync(model)
+    finally:
+        Connection(servers[1].url, 30).call("DELETE", f"{LEASES}/{held['lease']}")
+    assert generator.sync(model) > 0  # let go: the push goes through
+    generator.close()
+
+
+def kill_after_first_iteration(server: Server, out: Path) -> threading.Thread:
+    """A thread that kills ``server`` once the run in ``out`` has logged its first iteration."""
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            metrics = out / "metrics.jsonl"
+            if metrics.is_file() and any(json.loads(line)["step"] == 1 for line in metrics.read_text().splitlines()
+                                         if line.strip()):
+                server.stop(kill=True)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@needs_vllm
+def test_a_server_that_dies_mid_run_stops_it_and_a_resume_on_a_new_one_goes_on(sft_model, servers, tmp_path, capsys):
+    """The server is killed once the first iteration is logged: the run stops at its next call
+    with a message naming the server and the command that resumes it, its last checkpoint whole;
+    --resume on another server (--server-url may change) reaches the straight run's actor."""
+    doomed = Server(sft_model)
+    doomed.ready()
+    stopped, straight = tmp_path / "stopped", tmp_path / "straight"
+    watcher = kill_after_first_iteration(doomed, stopped)
+    error = run_failing(ppo(sft_model, stopped, on(doomed), "--iterations", 3, "--save-every", 1), capsys)
+    watcher.join()
+    assert f"the generation server at {doomed.url} does not answer" in error, error
+    assert "continue from its checkpoint after iteration" in error and "--resume" in error, error
+    run(ppo(sft_model, straight, on(servers[1]), "--iterations", 3))
+    run(ppo(sft_model, stopped, on(servers[1]), "--iterations", 3, "--save-every", 1, "--resume"))
+    same_actor_as_straight_run(straight, stopped, sft_model)
+    assert [record["step"] for record in records(stopped)] == [1, 2, 3]
