@@ -289,3 +289,53 @@ def test_a_server_that_dies_mid_run_stops_it_and_a_resume_on_a_new_one_goes_on(s
     run(ppo(sft_model, stopped, on(servers[1]), "--iterations", 3, "--save-every", 1, "--resume"))
     same_actor_as_straight_run(straight, stopped, sft_model)
     assert [record["step"] for record in records(stopped)] == [1, 2, 3]
+
+
+@needs_vllm
+def test_two_trainer_processes_share_one_server_and_train_like_one(sft_model, servers, tmp_path):
+    """Two data-parallel processes on one server, greedy rollouts: process 0 pushes, process 1's
+    calls wait on the server for that push (no collective through the server), and the final actor
+    is one process's on the colocated engine (GPT-2's key bias aside: tests/test_multiprocess.py)."""
+    from safetensors.torch import load_file
+
+    from test_multiprocess import difference_outside_key_bias
+    from zoo import launched
+
+    args = ["--no-do-sample", "--iterations", 3, "--mini-batch-size", 4, "--ppo-epochs", 2, "--eval-every", 1]
+    run(ppo(sft_model, tmp_path / "one", colocated(), *args))
+    done = launched([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                     f"--master_port={free_port()}", "-m", "ppo_rlhf.cli",
+                     *map(str, ppo(sft_model, tmp_path / "two", on(servers[1]), *args))], 600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (load_file(str(tmp_path / name / "checkpoints" / "actor" / "model.safetensors")) for name in ("one", "two"))
+    start = load_file(str(sft_model / "model.safetensors"))
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4  # it trained
+    assert max(difference_outside_key_bias(one[k], two[k], k) for k in one) <= 1e-5
+
+
+@needs_vllm
+def test_episodes_on_a_server_are_the_colocated_engines(tmp_path):
+    """Two-turn episodes (tests/toy_envs.py's LetterGame) with each turn its own request on a server
+    of a chat model: the run is the colocated engine's (each turn's seed is its own), the lease
+    kept the rollout on one version, and the push's probe, which waited for a prompt, was checked
+    when the rollout ended."""
+    from test_vllm_engine import chatml_model
+    from zoo import PROMPTS, write_jsonl
+
+    model = chatml_model(tmp_path / "model")
+    server = Server(model)
+    try:
+        prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
+        common = ["--model", model, "--prompts", prompts, "--environment",
+                  f"{Path(__file__).parent / 'toy_envs.py'}:LetterGame", "--estimator", "grpo",
+                  "--samples-per-prompt", 2, "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1,
+                  "--max-new-tokens", 6, "--max-length", 64, "--iterations", 2, "--eval-every", 0, "--save-every", 0,
+                  "--lr", 1e-3, *THREADS]
+        run(["ppo", *common, *colocated(), "--out", tmp_path / "colocated"])
+        run(["ppo", *common, *on(server), "--out", tmp_path / "served"])
+    finally:
+        server.stop()
+    same_actor_as_straight_run(tmp_path / "colocated", tmp_path / "served", model)
+    served = records(tmp_path / "served")
+    assert all(record["rollout/probe_gap"] < 1e-5 for record in served)
+    assert max(record["episode/turns"] for record in served) == 2.0
