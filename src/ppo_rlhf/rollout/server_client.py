@@ -29,6 +29,7 @@ server grants once process 0's push has landed."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import secrets
 import time
@@ -157,6 +158,7 @@ class ServerGenerator:
             return 0.0
         start = time.perf_counter()
         if self.pushes:
+            self.last_probe = {}
             version = self.version
             answers = list(self.pool.map(lambda index: self.push_to(index, model, version), range(len(self.servers))))
             self.syncs += 1
@@ -296,6 +298,22 @@ class ServerGenerator:
                 with contextlib.suppress(ServerUnavailable, ServerRefused):  # a server gone: the error is on its way
                     server.call("DELETE", f"{LEASES}/{lease['lease']}", timeout=30.0, what="a lease's end")
             self.last_sync_seconds = seconds
+
+    def worker_view(self) -> "ServerGenerator":
+        """These servers for the asynchronous loop's rollout worker (trainers/ppo_async.py): the
+        same draw count, connections and threads; it never pushes, and samples from whatever
+        version of the run is loaded (each response says which)."""
+        view = copy.copy(self)
+        view.pushes, view.any_version, view.holding, view.leases = False, True, False, []
+        view.last_logprobs, view.last_versions, view.last_probe = None, [], {}
+        return view
+
+    def abort_leases(self) -> None:
+        """The rollout in progress stopped from another thread: its leases closed, which aborts its
+        calls on the servers (they answer with an error)."""
+        for server, lease in zip(self.servers, list(self.leases)):
+            with contextlib.suppress(ServerUnavailable, ServerRefused):
+                server.call("DELETE", f"{LEASES}/{lease['lease']}", timeout=30.0, what="a lease's end")
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

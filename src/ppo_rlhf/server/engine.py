@@ -92,6 +92,7 @@ class Running:
 
     lease: str
     collect: Callable  # called with (index, answer) when it finishes
+    fail: Callable  # called with an error when it is aborted (its lease closed)
     index: int
     stop_ids: list[int]
     max_tokens: int
@@ -158,7 +159,7 @@ class ServedEngine:
                     reply.send({"responses": answers, "version": granted.version})
 
             for index, request in enumerate(requests):
-                self.add(granted, collect, index, request)
+                self.add(granted, collect, reply.fail, index, request)
             if not requests:
                 reply.send({"responses": [], "version": granted.version})
 
@@ -274,9 +275,11 @@ class ServedEngine:
         if lease.running:
             self.core.abort_request(sorted(lease.running))
             for request_id in lease.running:
-                self.running.pop(request_id, None)
+                running = self.running.pop(request_id, None)
+                if running is not None:  # its call is answered: nothing more comes for it
+                    running.fail(Refusal(f"aborted: the lease it ran under ({key}) was closed", 409))
 
-    def add(self, lease: Lease, collect: Callable, index: int, request: dict) -> None:
+    def add(self, lease: Lease, collect: Callable, fail: Callable, index: int, request: dict) -> None:
         request_id = f"request-{next(self.counter)}"
         probe_ids = request.get("probe_ids")
         if probe_ids is not None:
@@ -284,7 +287,7 @@ class ServedEngine:
         else:
             params, ids = request["params"], request["ids"]
         params.output_kind = self.vllm.sampling_params.RequestOutputKind.FINAL_ONLY
-        self.running[request_id] = Running(lease.key, collect, index, request.get("stop_ids", []),
+        self.running[request_id] = Running(lease.key, collect, fail, index, request.get("stop_ids", []),
                                            request.get("max_tokens", 0), probe_ids)
         lease.running.add(request_id)
         lease.used = time.monotonic()

@@ -12,6 +12,7 @@ Run folder:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.sharding import gathered, local_optimizer_state
 from ppo_rlhf.tasks import make_task
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
+from ppo_rlhf.trainers.ppo_async import AsyncRollouts
 from ppo_rlhf.trainers.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
 from ppo_rlhf.trainers.ppo_setup import check_run_start, draw_batch, prompt_sets
 from ppo_rlhf.trainers.resume import Checkpoints, open_checkpoints
@@ -179,7 +181,9 @@ class PPOLoop:
             return {}, []
         sampled = self.config.eval_sampled if sampled is None else sampled
         scoring_model = getattr(self.evaluator.reward, "model", None)
-        with self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
+        # An asynchronous run's worker holds the environments while it plays a batch: wait for it.
+        worker = self.rollouts.lock if self.rollouts is not None else contextlib.nullcontext()
+        with worker, self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
             metrics, samples = self.evaluator(self.actor, generator=self.decoding(do_sample=False))
             if sampled:
                 seed = self.config.seed + rank()  # each process its own draws (evaluation.py's default)
@@ -213,33 +217,50 @@ class PPOLoop:
         out_folder = Path(config.out)
         curves = CURVES + reward_curves(self.reward)
         bar = tqdm(range(first, config.iterations), desc="ppo", mininterval=1.0, disable=not main)
-        for iteration in bar:
-            start = time.perf_counter()
 
-            def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
-                return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
+        def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
+            return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
 
-            metrics = self.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
-            progress.train_seconds += time.perf_counter() - start
-            metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
-            done = iteration + 1
-            self.evaluate_if_due(done, metrics, progress)
-            run_log.log(done, metrics)
-            if "eval/response_length" in metrics:
-                run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
-            self.show_samples_if_due(done, iteration == first, run_log)
-            if config.save_rollouts and done % config.save_rollouts == 0:
-                self.save_rollouts(out_folder, done)
-            progress.scores.setdefault("first", metrics["score"])
-            progress.scores["last"] = metrics["score"]
-            if main and iteration == first and (warning := score_spread_warning(metrics, done)):
-                tqdm.write(f"warning: {warning}")
-            bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
-            stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
-            if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
-                self.save_checkpoint(checkpoints, done, prompt_rng, progress)
-            if stop:
-                raise RunInterrupted(done, "iteration", checkpoints.saved_step)
+        # --max-staleness N: a rollout worker generates the next batches while this thread trains
+        # (trainers/ppo_async.py); the first batch is this thread's own, the worker starts after it.
+        rollouts = self.rollouts = (AsyncRollouts(self, draw, prompt_rng, config.max_staleness, config.iterations)
+                                    if config.max_staleness else None)
+        try:
+            for iteration in bar:
+                start = time.perf_counter()
+                if rollouts is None:
+                    rows, more = draw(), draw  # draw_more: --dynamic-sampling's extra prompts
+                elif iteration == first:
+                    rows, more = rollouts.first(), rollouts.first
+                else:
+                    rows, more = rollouts.take(), rollouts.take
+                metrics = self.step(rows, draw_more=more)
+                if rollouts is not None:
+                    rollouts.start()
+                progress.train_seconds += time.perf_counter() - start
+                metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
+                done = iteration + 1
+                self.evaluate_if_due(done, metrics, progress)
+                run_log.log(done, metrics)
+                if "eval/response_length" in metrics:
+                    run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
+                self.show_samples_if_due(done, iteration == first, run_log)
+                if config.save_rollouts and done % config.save_rollouts == 0:
+                    self.save_rollouts(out_folder, done)
+                progress.scores.setdefault("first", metrics["score"])
+                progress.scores["last"] = metrics["score"]
+                if main and iteration == first and (warning := score_spread_warning(metrics, done)):
+                    tqdm.write(f"warning: {warning}")
+                bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
+                stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
+                if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
+                    self.save_checkpoint(checkpoints, done, prompt_rng, progress)
+                if stop:
+                    raise RunInterrupted(done, "iteration", checkpoints.saved_step)
+        finally:
+            if rollouts is not None:
+                rollouts.stop()
+                self.rollouts = None
 
     def evaluate_if_due(self, done: int, metrics: dict, progress: Progress) -> None:
         config = self.config
@@ -285,9 +306,14 @@ class PPOLoop:
         state = self.state_dict()
         state.pop("optimizer")  # Checkpoints saves it (gathered, when sharded)
         sample_rng = getattr(self.generator, "rng", None)
-        sample_rngs = gather_objects([sample_rng.get_state() if sample_rng is not None else None])
+        sample_state = sample_rng.get_state() if sample_rng is not None else None
+        prompt_state = prompt_rng.get_state()
+        if self.rollouts is not None:  # asynchronous: where the first batch not yet trained was drawn from
+            prompt_state, draws = self.rollouts.resume_state()
+            sample_state = torch.tensor([draws], dtype=torch.long)
+        sample_rngs = gather_objects([sample_state])
         checkpoints.save(done, self.trained_modules(), self.optimizer, accelerator=self.accelerator, state={
-            "trainer": state, "prompt_rng": prompt_rng.get_state(), "sample_rng_by_process": sample_rngs,
+            "trainer": state, "prompt_rng": prompt_state, "sample_rng_by_process": sample_rngs,
             "progress": progress.saved()})
 
     def restore(self, checkpoints: Checkpoints, prompt_rng: torch.Generator) -> Progress:
