@@ -39,9 +39,10 @@ SERVER_START = 240  # seconds a server may take to say it is ready (a loaded 2-c
 class Server:
     """``ppo-rlhf serve`` in a process of its own, on a free port; its URL once it says it is ready."""
 
-    def __init__(self, model: Path, *extra):
+    def __init__(self, model: Path, *extra, max_model_len: int = 64):
         command = [sys.executable, "-m", "ppo_rlhf.cli", "serve", "--model", str(model), "--port", "0",
-                   "--max-model-len", "64", "--memory-utilization", "0.01", "--num-threads", "1", *map(str, extra)]
+                   "--max-model-len", str(max_model_len), "--memory-utilization", "0.01", "--num-threads", "1",
+                   *map(str, extra)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: queue.SimpleQueue = queue.SimpleQueue()
@@ -427,3 +428,129 @@ def test_dynamic_sampling_takes_its_extra_batches_from_the_worker(sft_model, ser
     run(ppo(sft_model, tmp_path / "run", on(servers[0]), "--max-staleness", 1, "--iterations", 2, "--estimator",
             "grpo", "--samples-per-prompt", 2, "--dynamic-sampling", "--max-resample-rounds", 2))
     assert [record["dynamic_sampling/rounds"] for record in records(tmp_path / "run")] == [3, 3]
+
+
+# ------------------------------------------------------------ agents on the OpenAI endpoint
+AGENTS = Path(__file__).parent / "toy_agents.py"
+
+
+def test_an_agent_needs_the_server_engine_and_plays_alone():
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    with pytest.raises(ConfigError, match="'agent'.*without --rollout-engine vllm-server"):
+        build_config(PPOConfig, {"task": "doubling", "agent": f"{AGENTS}:tool_loop"})
+    server = {"rollout_engine": "vllm-server", "server_url": ["http://127.0.0.1:1"]}
+    with pytest.raises(ConfigError, match="'tool'.*left out with --agent"):
+        build_config(PPOConfig, {"task": "doubling", "agent": f"{AGENTS}:tool_loop", "tool": ["a:b"], **server})
+    config = build_config(PPOConfig, {"task": "doubling", "agent": f"{AGENTS}:tool_loop", **server})
+    assert config.max_length == 1024  # an episode's room, as with --environment
+
+
+@pytest.fixture(scope="module")
+def agent_server(tmp_path_factory):
+    """A tiny Qwen2 saved with ppo-rlhf's ChatML tools template, served with a tool parser that
+    reads a call of add(1, 2) in every turn."""
+    from ppo_rlhf.envs.options import tool_template_path
+    from test_vllm_engine import tool_model
+    from transformers import AutoTokenizer
+
+    folder = tool_model(tmp_path_factory.mktemp("agent") / "model")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = tool_template_path().read_text()
+    tokenizer.save_pretrained(folder)
+    server = Server(folder, "--tool-parser", f"{AGENTS}:every_turn_calls_add", max_model_len=1024)
+    try:
+        server.ready()
+        yield folder, server
+    finally:
+        server.stop()
+
+
+def agent_run(folder: Path, server: Server, out: Path, agent: str, *extra) -> list:
+    from zoo import PROMPTS, write_jsonl
+
+    rows = write_jsonl(out.parent / f"{out.name}-prompts.jsonl", [{"prompt": p} for p in PROMPTS[:4]])
+    return ["ppo", "--model", folder, "--prompts", rows, "--agent", f"{AGENTS}:{agent}", *on(server),
+            "--estimator", "reinforce++", "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1,
+            "--max-new-tokens", 5, "--max-length", 1024, "--max-turns", 3, "--iterations", 1, "--eval-every", 0,
+            "--save-every", 0, "--save-rollouts", 1, "--out", out, "--lr", 1e-3, *THREADS, *extra]
+
+
+def calls_by_episode(log: Path) -> list[list[dict]]:
+    """The calls the agents logged, grouped by episode (its base URL), in the order made."""
+    calls: dict[str, list[dict]] = {}
+    for line in log.read_text().splitlines():
+        call = json.loads(line)
+        calls.setdefault(call["episode"], []).append(call)
+    return list(calls.values())
+
+
+def trained_sequence(calls: list[dict]) -> tuple[list[int], list[int], list[int]]:
+    """What the trainer is to train on for these calls: the first prompt, then each answer as
+    sampled with what came between answers, the loss on the answers' tokens alone."""
+    ids, mask = [], []
+    for call in calls:
+        between = call["prompt_ids"][len(calls[0]["prompt_ids"]) + len(ids):]
+        ids += between + call["token_ids"]
+        mask += [0] * len(between) + [1] * len(call["token_ids"])
+    return calls[0]["prompt_ids"], ids, mask
+
+
+def trained_as_sampled(out: Path, episodes: list[list[dict]]) -> None:
+    """Each episode the run trained on (--save-rollouts) is one of the agents', as sampled."""
+    expected = [trained_sequence(calls) for calls in episodes]
+    for line in (out / "rollouts" / "iteration_0001.jsonl").open():
+        record = json.loads(line)
+        assert (record["prompt_ids"], record["response_ids"], record["loss_mask"]) in expected, record
+        expected.remove((record["prompt_ids"], record["response_ids"], record["loss_mask"]))
+    assert not expected
+
+
+@needs_vllm
+def test_an_agent_with_its_own_tool_loop_is_trained_on_the_tokens_it_was_answered_with(agent_server, tmp_path,
+                                                                                       monkeypatch):
+    """An agent written against the openai package runs its own tool loop (the server reads a call in
+    every answer; the agent runs it and sends the result back as a tool message): each of its three
+    calls extends the one before, the trainer trains on one sequence per episode -- the first
+    prompt, each answer's token ids as the server sampled them, the template's tokens of the tool
+    results between them (out of the loss) -- with the engine's log-probs of exactly those tokens."""
+    folder, server = agent_server
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PPO_RLHF_AGENT_LOG", str(log))
+    run(agent_run(folder, server, tmp_path / "run", "tool_loop"))
+    episodes = calls_by_episode(log)
+    assert len(episodes) == 4 and all(len(calls) == 3 for calls in episodes)
+    assert all(call["finish_reason"] in ("tool_calls", "length") for calls in episodes for call in calls)
+    trained_as_sampled(tmp_path / "run", episodes)
+    logged = records(tmp_path / "run")[-1]
+    assert logged["env/agent_calls"] == 3 and logged["env/agent_calls_not_trained"] == 0
+    assert logged["rollout/logprob_diff_max"] < 1e-4 and logged["rollout/probe_gap"] < 1e-5
+
+
+@needs_vllm
+def test_an_async_agent_on_completions_and_one_that_starts_over(agent_server, tmp_path, monkeypatch):
+    """/v1/completions: a prompt that continues the last prompt and answer as text extends it (the
+    answer's ids kept as sampled); a chat agent whose second call starts a history of its own
+    trains on its last call alone, the first counted as not trained."""
+    folder, server = agent_server
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PPO_RLHF_AGENT_LOG", str(log))
+    run(agent_run(folder, server, tmp_path / "completions", "completions"))
+    trained_as_sampled(tmp_path / "completions", calls_by_episode(log))
+    log.unlink()
+    run(agent_run(folder, server, tmp_path / "restarts", "restarts"))
+    trained_as_sampled(tmp_path / "restarts", [calls[1:] for calls in calls_by_episode(log)])
+    assert records(tmp_path / "restarts")[-1]["env/agent_calls_not_trained"] == 1
+
+
+@needs_vllm
+@pytest.mark.parametrize("agent, said", [
+    ("asks_another_model", "raised NotFoundError: .*The model `gpt-4o` does not exist: this server serves"),
+    ("returns_nothing", "returned None on .*; an agent returns the episode's reward, a finite number")])
+def test_an_agent_that_asks_for_another_model_or_returns_no_reward_stops_the_run(agent_server, tmp_path, capsys,
+                                                                                 agent, said):
+    import re
+
+    folder, server = agent_server
+    error = run_failing(agent_run(folder, server, tmp_path / "run", agent), capsys)
+    assert re.search(f"agent .*{agent} {said}", error), error

@@ -84,9 +84,9 @@ class Connection:
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as error:
                 connection.close()
                 self.local.connection = None
-                # A kept-alive connection the server closed meanwhile: one fresh try (never for a
-                # stream, which is spent).
-                if attempt == 0 and stream is None and isinstance(error, http.client.RemoteDisconnected):
+                # A kept-alive connection the server closed meanwhile (it reads as one of these on
+                # the next call): one try on a fresh connection (never for a stream, which is spent).
+                if attempt == 0 and stream is None:
                     continue
                 raise self.unavailable(what, error) from None
             except (OSError, http.client.HTTPException) as error:

@@ -74,7 +74,9 @@ def serve(model: str, port: int, host: str = "127.0.0.1", name: str | None = Non
                               f"or 0 for a free one") from None
         listening.listen(256)  # connections wait in the backlog until the server accepts them
         address = f"http://{host}:{listening.getsockname()[1]}"
-        server = uvicorn.Server(uvicorn.Config(build_app(served), log_level="warning", lifespan="on"))
+        # Trainers keep their connections between rollouts (an update takes a while): kept open 10 minutes.
+        server = uvicorn.Server(uvicorn.Config(build_app(served), log_level="warning", lifespan="on",
+                                               timeout_keep_alive=600))
         ready(f"ppo-rlhf serve: {served.name} ({architectures[0]}, {dtype}, up to {length} tokens, {max_rows} "
               f"sequences at once) ready at {address}")
         server.run(sockets=[listening])

@@ -163,8 +163,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         else:
             ref, reward, tokenizer, generator, accelerator, teacher = complete_parts(
                 config, model, ref, reward, tokenizer, generator, accelerator, pays)
-            if self.environments is not None:  # the template's checks for episodes (envs/chat.py)
-                prepare_episode_chat(tokenizer, self.environments,
+            if self.environments is not None and not hasattr(self.environments, "play"):  # the template's checks
+                prepare_episode_chat(tokenizer, self.environments,                      # for episodes (envs/chat.py)
                                      template_name(config.model or "model=", config.chat_template_file))
         self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator, teacher)
 

@@ -15,6 +15,7 @@ import torch
 from ppo_rlhf.core import informative_groups, overlong_penalty
 from ppo_rlhf.distributed import gather_rows, max_across_processes, sum_across_processes
 from ppo_rlhf.envs import environment_source
+from ppo_rlhf.rollout.agents import AgentSource
 from ppo_rlhf.rollout.episodes import Episodes, episode_seeds, roll_out, score_episodes
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.reward import unscored_rows
@@ -32,6 +33,8 @@ def environments_of(config: PPOConfig, environment=None, tools: list | None = No
     rollouts.  Episode options without episodes are refused here, at start: a config may be built
     with them for objects given to the trainer."""
     config.check_episode_options_used()
+    if config.agent is not None:  # an agent plays the episodes itself, on the server's OpenAI endpoint
+        return AgentSource(config.agent, config.env_workers)
     environment, tools = episode_objects(config, environment, tools)
     return environment_source(environment, tools, tool_parser=config.tool_parser,
                               tool_timeout=config.tool_timeout, env_workers=config.env_workers,
