@@ -96,6 +96,22 @@ def test_a_url_with_nothing_listening_is_refused_at_start(tmp_path, capsys):
         assert "ppo-rlhf serve --model" in error, error
 
 
+def test_a_url_where_something_else_answers_is_refused_at_start(tmp_path, capsys):
+    """Another web server at --server-url (one that answers 404 to everything): not taken for a
+    generation server."""
+    import http.server
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        error = run_failing(["eval", "--task", "doubling", "--model", tmp_path / "none", "--rollout-engine",
+                             "vllm-server", "--server-url", url, *THREADS], capsys)
+    finally:
+        server.shutdown()
+    assert f"--server-url {url}: what answers there is not ppo-rlhf serve (its /ppo-rlhf/info answers 404" in error
+
+
 def test_server_options_are_refused_without_the_server_engine():
     from ppo_rlhf.trainers.ppo_config import PPOConfig
 

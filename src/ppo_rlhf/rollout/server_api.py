@@ -42,13 +42,15 @@ class Connection:
     """JSON calls to one server, over one kept-alive HTTP connection per thread (calls from
     several threads at once each use their own)."""
 
-    def __init__(self, url: str, timeout: float):
+    def __init__(self, url: str, timeout: float, grace: float = 0.0):
+        """``timeout``: the seconds a call may take, as messages say it; the socket waits ``grace``
+        seconds more, so that a server's own answer to a wait it timed out arrives first."""
         parsed = urllib.parse.urlsplit(url if "//" in url else f"http://{url}")
         if parsed.scheme not in ("http", "") or not parsed.hostname:
             raise ValueError(f"{url!r} is not an http://host:port URL")
         self.url = f"http://{parsed.hostname}:{parsed.port or 80}{parsed.path.rstrip('/')}"
         self.host, self.port, self.prefix = parsed.hostname, parsed.port or 80, parsed.path.rstrip("/")
-        self.timeout = timeout
+        self.timeout, self.grace = timeout, grace
         self.local = threading.local()
 
     def connection(self, timeout: float) -> http.client.HTTPConnection:
@@ -67,6 +69,7 @@ class Connection:
         seconds (default: the connection's), ServerRefused for an error it answers with.  ``what``
         names the call in the messages."""
         timeout = self.timeout if timeout is None else timeout
+        said, timeout = timeout, timeout + self.grace
         headers = {"Content-Type": "application/json"}
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(2):
@@ -92,7 +95,7 @@ class Connection:
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
                 self.local.connection = None
-                raise self.unavailable(what, error, timeout) from None
+                raise self.unavailable(what, error, said) from None
         try:
             answer = json.loads(payload or b"{}")
         except ValueError:

@@ -70,7 +70,7 @@ class ServerGenerator:
         self.do_sample, self.temperature, self.seed, self.process = do_sample, temperature, seed, process
         self.timeout, self.given_tolerance = timeout, probe_tolerance
         try:
-            self.servers = [Connection(url, timeout + 60) for url in urls]  # a server's own 504 comes first
+            self.servers = [Connection(url, timeout, grace=60) for url in urls]  # a server's own 504 comes first
         except ValueError as error:
             raise ConfigError(f"--server-url: {error}") from None
         self.infos = [self.checked_info(server) for server in self.servers]
@@ -415,9 +415,13 @@ def check_servers_answer(urls: list[str], timeout: float) -> None:
             info = server.call("GET", INFO, what="the check at start")
         except ValueError as error:
             raise ConfigError(f"--server-url: {error}") from None
-        except (ServerUnavailable, ServerRefused) as error:
+        except ServerRefused as error:
+            raise ConfigError(f"--server-url {url}: what answers there is not ppo-rlhf serve (its {INFO} answers "
+                              f"{error.status}: {error.message[:80]}); start one with ppo-rlhf serve --model MODEL"
+                              ) from None
+        except ServerUnavailable as error:
             raise ConfigError(f"--server-url {url}: {error}") from None
-        if "drop_token" not in info:
+        if not isinstance(info, dict) or "drop_token" not in info:
             raise ConfigError(f"--server-url {url}: what answers there is not ppo-rlhf serve (its {INFO} says "
                               f"{str(info)[:120]}); start one with ppo-rlhf serve --model MODEL")
 
