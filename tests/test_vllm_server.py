@@ -219,6 +219,19 @@ def test_two_servers_pushed_over_http_answer_as_the_colocated_engine(sft_model, 
 
 
 @needs_vllm
+def test_eval_on_a_server_answers_as_the_torch_engine(sft_model, servers, tmp_path):
+    """eval --rollout-engine vllm-server: the evaluated model pushed to the server once, its greedy
+    answers the torch engine's."""
+    summaries = {}
+    for name, engine in (("torch", ["--rollout-engine", "torch"]), ("served", on(servers[0]))):
+        run(["eval", "--task", "doubling", "--model", sft_model, "--size", 16, "--max-new-tokens", 7, "--max-length",
+             19, *engine, "--out", tmp_path / name, *THREADS])
+        summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert summaries["served"]["samples"] == summaries["torch"]["samples"]
+    assert summaries["served"]["exact_match"] == summaries["torch"]["exact_match"]
+
+
+@needs_vllm
 def test_lora_pushes_merge_the_adapter_and_pass_the_probe(sft_model, servers, tmp_path):
     """Under --lora the policy goes to the server merged (W + scale B A in float32), as to the
     colocated engine: every push's probe within round-off, and the run is the colocated one."""
@@ -340,13 +353,13 @@ def test_episodes_on_a_server_are_the_colocated_engines(tmp_path):
     from zoo import PROMPTS, write_jsonl
 
     model = chatml_model(tmp_path / "model")
-    server = Server(model)
+    server = Server(model, max_model_len=128)
     try:
         prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
         common = ["--model", model, "--prompts", prompts, "--environment",
                   f"{Path(__file__).parent / 'toy_envs.py'}:LetterGame", "--estimator", "grpo",
                   "--samples-per-prompt", 2, "--batch-size", 4, "--mini-batch-size", 4, "--ppo-epochs", 1,
-                  "--max-new-tokens", 6, "--max-length", 64, "--iterations", 2, "--eval-every", 0, "--save-every", 0,
+                  "--max-new-tokens", 6, "--max-length", 128, "--iterations", 2, "--eval-every", 0, "--save-every", 0,
                   "--lr", 1e-3, *THREADS]
         run(["ppo", *common, *colocated(), "--out", tmp_path / "colocated"])
         run(["ppo", *common, *on(server), "--out", tmp_path / "served"])

@@ -18,6 +18,7 @@ Agents run as environments' calls do (envs/calls.py): a plain def on a thread of
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import Counter
 
@@ -130,14 +131,15 @@ class AgentSource:
         client = kind(base_url=base_url, api_key=API_KEY, max_retries=0, timeout=timeout)
         try:
             reward = await self.calls.call(self.function, (client, model, row), name=f"agent {self.name}")
+        except asyncio.CancelledError:
+            raise  # another episode failed: a plain def still running on its thread keeps its client
         except EnvironmentFailed:
+            await closed(client)
             raise
         except Exception as error:  # noqa: BLE001 -- the agent's bug, or a call the server refused: named
+            await closed(client)
             raise AgentFailed(f"agent {self.name} raised {type(error).__name__}: {error} (on {where(row)})") from error
-        finally:
-            closing = client.close()
-            if hasattr(closing, "__await__"):
-                await closing
+        await closed(client)
         if not is_number(reward) or not math.isfinite(float(reward)):
             raise AgentFailed(f"agent {self.name} returned {reward!r:.80} on {where(row)}; an agent returns the "
                               f"episode's reward, a finite number")
@@ -177,6 +179,13 @@ class AgentSource:
             runs.append(AgentRun(self.name, reward, len(calls), len(trained)))
         return assemble(tokenizer.pad_token_id, firsts, tokens, owned, engine, ends, texts, finished, turns, runs,
                         prompts, [[{"role": "assistant", "content": text}] for text in texts], device)
+
+
+async def closed(client) -> None:
+    """An OpenAI client closed (an AsyncOpenAI's close is awaited)."""
+    closing = client.close()
+    if hasattr(closing, "__await__"):
+        await closing
 
 
 def assemble(pad: int, firsts, tokens, owned, engine, ends, texts, finished, turns, runs, prompts, conversations,

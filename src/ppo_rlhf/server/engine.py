@@ -103,7 +103,7 @@ class ServedEngine:
     """The engine and the thread that steps it (module docstring).  ``llm``: vLLM's ``LLM``;
     ``engine_input(ids)``: a prompt of token ids as the engine takes a request's."""
 
-    def __init__(self, vllm, llm, engine_input: Callable, lease_idle: float = 600.0):
+    def __init__(self, vllm, llm, engine_input: Callable, lease_idle: float = 300.0):
         self.vllm, self.llm, self.core = vllm, llm, llm.llm_engine
         self.engine_input = engine_input
         self.lease_idle = lease_idle

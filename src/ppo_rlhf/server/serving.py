@@ -21,7 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def serve(model: str, port: int, host: str = "127.0.0.1", name: str | None = None, dtype: str = "float32",
           max_model_len: int | None = None, max_rows: int = 256, memory_utilization: float = 0.1,
           device: str = "auto", seed: int = 0, chat_template_file: str | None = None, tool_parser: str = "auto",
-          nccl: bool = False, lease_idle: float = 600.0, ready=print) -> None:
+          nccl: bool = False, lease_idle: float = 300.0, ready=print) -> None:
     """Serve ``model`` on ``host:port`` (port 0: a free one) until stopped; ``ready(line)`` is
     called with the line saying where, once the engine is built and the port listens."""
     from transformers import AutoConfig

@@ -42,9 +42,9 @@ class ServeConfig:
                                        range=between(0, 1, low_open=True), group=ENGINE)
     nccl_weight_transfer: bool = option(False, "also take weight pushes over NCCL (--weight-transfer nccl: GPUs on "
                                                "both sides, vLLM's weight-transfer engine, as TRL 1.16)", group=ENGINE)
-    lease_idle: float = option(600.0, "seconds a rollout's hold on the weights may stay unused before it is dropped "
-                                      "(its trainer stopped); a push waits for the holds", range=above(0),
-                               group=ENGINE)
+    lease_idle: float = option(300.0, "seconds a rollout's hold on the weights may stay unused (none of its requests "
+                                      "running) before it is dropped (its trainer stopped); a push waits for the "
+                                      "holds", range=above(0), group=ENGINE)
 
     # --- hardware
     device: str = option("auto", "where the engine runs: auto (a GPU if there is one), cpu or cuda",
