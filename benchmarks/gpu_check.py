@@ -136,8 +136,9 @@ def server_runs(device: str, layout: str, scratch: Path) -> dict:
     check = {"check": f"generation server, {layout}", "device": device}
     if importlib.util.find_spec("vllm") is None:
         return {**check, "skipped": "vLLM is not installed in this Python (pip install vllm)"}
-    if device == "cuda" and layout == "two-gpus" and torch.cuda.device_count() < 2:
-        return {**check, "skipped": f"{torch.cuda.device_count()} GPU(s) here; the layout needs two"}
+    if layout == "two-gpus" and (device != "cuda" or torch.cuda.device_count() < 2):
+        count = torch.cuda.device_count() if device == "cuda" else 0
+        return {**check, "skipped": f"{count} GPU(s) here; the layout needs two"}
     from transformers import AutoModelForCausalLM, LlamaConfig
     from zoo import make_tokenizer
 
