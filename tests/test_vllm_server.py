@@ -583,3 +583,17 @@ def test_an_agent_that_asks_for_another_model_or_returns_no_reward_stops_the_run
     folder, server = agent_server
     error = run_failing(agent_run(folder, server, tmp_path / "run", agent), capsys)
     assert re.search(f"agent .*{agent} {said}", error), error
+
+
+@needs_vllm
+def test_eval_plays_the_held_out_prompts_with_the_agent(agent_server, tmp_path):
+    """eval --agent: each held-out prompt played by the agent on the served model, the score its
+    reward."""
+    from zoo import PROMPTS, write_jsonl
+
+    folder, server = agent_server
+    prompts = write_jsonl(tmp_path / "held_out.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
+    run(["eval", "--model", folder, "--prompts", prompts, "--agent", f"{AGENTS}:restarts", *on(server),
+         "--max-new-tokens", 3, "--max-length", 1024, "--out", tmp_path / "eval", *THREADS])
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["score"] == pytest.approx(0.5) and summary["prompts"] == 3, summary

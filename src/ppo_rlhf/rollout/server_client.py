@@ -207,7 +207,7 @@ class ServerGenerator:
             return {}
         worst = max(range(len(gaps)), key=lambda i: float("inf") if gaps[i] != gaps[i] else gaps[i])
         refuse_probe_gap(gaps[worst], self.probe_tolerance(model), f"the generation server at {self.servers[worst].url}",
-                         f"weight push {self.syncs} (policy version {self.pushed if self.pushed is not None else self.version})",
+                         f"weight push {self.syncs} (policy version {self.version})",
                          len(self.probe_ids) - 1)
         return {"rollout/probe_gap": gaps[worst], "time/engine_probe": time.perf_counter() - start}
 

@@ -126,7 +126,7 @@ def _as_object(arguments):
 def chat_extension(previous: EpisodeCall | None, messages: list[dict]) -> list[dict] | None:
     """The messages after the previous call's answer, where ``messages`` extend the previous
     call's messages and that answer; None where they do not (or there is no previous chat call)."""
-    if previous is None or previous.messages is None:
+    if previous is None or previous.messages is None or previous.answer is None:  # (an answer still to come)
         return None
     normal = [normal_message(message) for message in messages]
     before = len(previous.messages)
