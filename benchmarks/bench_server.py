@@ -183,9 +183,10 @@ def write(results: list[dict], args, name: str) -> None:
         base = by.get(("colocated", r["seed"]))
         ratio = r["samples_per_s"] / base["samples_per_s"] if base else None
         equal_time = accuracy_at(r["curve"], base["curve"][-1][0]) if base and base["curve"] else None
-        lines.append(f"| {r['arm']} | {r['seed']} | {r['iteration_s']:.1f} | {r['samples_per_s']:.2f} | "
-                     f"{'' if ratio is None else f'{ratio:.2f}x'} | {r['tokens_per_s']:.0f} | {r['generation_s']:.1f} | "
-                     f"{r['update_s']:.1f} | {r['staleness_mean']:.2f} ({r['staleness_max']:.0f}) | {r['dropped']:.0f} | "
+        times = "" if ratio is None else f"{ratio:.2f}x"
+        lines.append(f"| {r['arm']} | {r['seed']} | {r['iteration_s']:.1f} | {r['samples_per_s']:.2f} | {times} | "
+                     f"{r['tokens_per_s']:.0f} | {r['generation_s']:.1f} | {r['update_s']:.1f} | "
+                     f"{r['staleness_mean']:.2f} ({r['staleness_max']:.0f}) | {r['dropped']:.0f} | "
                      f"{r['final_accuracy']} | {equal_time} |")
     lines += ["", "The ideal overlap (the synchronous server run's generation and update, each at its one-thread "
               "speed, fully overlapped: max of the two an iteration):", ""]
@@ -195,8 +196,8 @@ def write(results: list[dict], args, name: str) -> None:
             ideal = sync["ideal_iteration_s"]
             base = by.get(("colocated", seed))
             reached = by.get(("staleness 1", seed))
-            lines.append(f"- seed {seed}: {ideal:.1f} s an iteration, {sync['samples_per_s'] * sync['iteration_s'] / ideal:.2f} "
-                         f"samples / s"
+            samples = sync["samples_per_s"] * sync["iteration_s"] / ideal
+            lines.append(f"- seed {seed}: {ideal:.1f} s an iteration, {samples:.2f} samples / s"
                          + (f", {base['iteration_s'] / ideal:.2f}x the colocated run" if base else "")
                          + (f"; staleness 1 reached {ideal / reached['iteration_s']:.0%} of it" if reached else ""))
     lines += ["", "Held-out accuracy against training seconds (evaluation excluded):", ""]

@@ -337,7 +337,8 @@ def test_two_trainer_processes_share_one_server_and_train_like_one(sft_model, se
                      f"--master_port={free_port()}", "-m", "ppo_rlhf.cli",
                      *map(str, ppo(sft_model, tmp_path / "two", on(servers[1]), *args))], 600)
     assert done.returncode == 0, done.stderr[-3000:]
-    one, two = (load_file(str(tmp_path / name / "checkpoints" / "actor" / "model.safetensors")) for name in ("one", "two"))
+    one, two = (load_file(str(tmp_path / name / "checkpoints" / "actor" / "model.safetensors"))
+                for name in ("one", "two"))
     start = load_file(str(sft_model / "model.safetensors"))
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4  # it trained
     assert max(difference_outside_key_bias(one[k], two[k], k) for k in one) <= 1e-5

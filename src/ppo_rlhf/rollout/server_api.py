@@ -14,7 +14,8 @@ import threading
 import urllib.parse
 
 HEALTH, MODELS, INFO = "/health", "/v1/models", "/ppo-rlhf/info"
-GENERATE, LEASES, WEIGHTS, UPLOAD = "/ppo-rlhf/generate", "/ppo-rlhf/leases", "/ppo-rlhf/weights", "/ppo-rlhf/weights/upload"
+GENERATE, LEASES = "/ppo-rlhf/generate", "/ppo-rlhf/leases"
+WEIGHTS, UPLOAD = "/ppo-rlhf/weights", "/ppo-rlhf/weights/upload"
 NCCL_INIT, NCCL_WEIGHTS = "/ppo-rlhf/weights/nccl-init", "/ppo-rlhf/weights/nccl"
 EPISODES = "/ppo-rlhf/episodes"  # an agent's episode: its OpenAI base URL is EPISODES/<key>/v1
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

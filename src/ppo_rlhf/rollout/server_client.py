@@ -128,9 +128,9 @@ class ServerGenerator:
                 raise ConfigError(f"--server-url {server.url} serves {info.get('name')}, not this run's model: "
                                   f"{mismatch}; start the server with the run's --model (its base, under --lora)")
             if info["max_model_len"] < max_length:
-                raise ConfigError(f"--server-url {server.url} takes sequences of at most {info['max_model_len']} tokens, "
-                                  f"and this run's reach {max_length} (--max-length); start it with --max-model-len "
-                                  f"{max_length} or more")
+                raise ConfigError(f"--server-url {server.url} takes sequences of at most {info['max_model_len']} "
+                                  f"tokens, and this run's reach {max_length} (--max-length); start it with "
+                                  f"--max-model-len {max_length} or more")
         dtypes = {info["dtype"] for info in self.infos}
         if len(dtypes) > 1:
             raise ConfigError(f"--server-url: the servers run in {', '.join(sorted(dtypes))}; start them with one "
@@ -206,9 +206,9 @@ class ServerGenerator:
         if not gaps:
             return {}
         worst = max(range(len(gaps)), key=lambda i: float("inf") if gaps[i] != gaps[i] else gaps[i])
-        refuse_probe_gap(gaps[worst], self.probe_tolerance(model), f"the generation server at {self.servers[worst].url}",
-                         f"weight push {self.syncs} (policy version {self.version})",
-                         len(self.probe_ids) - 1)
+        refuse_probe_gap(gaps[worst], self.probe_tolerance(model),
+                         f"the generation server at {self.servers[worst].url}",
+                         f"weight push {self.syncs} (policy version {self.version})", len(self.probe_ids) - 1)
         return {"rollout/probe_gap": gaps[worst], "time/engine_probe": time.perf_counter() - start}
 
     def want(self) -> dict:
@@ -393,8 +393,9 @@ class ServerRequests:
         if self.probing and engine.probe_ids is not None:
             body = {"requests": [], "probe_ids": engine.probe_ids, "timeout": engine.timeout}
             answers = list(engine.pool.map(
-                lambda index: engine.servers[index].call("POST", GENERATE, {**body, "lease": engine.leases[index]["lease"]},
-                                                         what="the weight probe"), range(len(engine.servers))))
+                lambda index: engine.servers[index].call(
+                    "POST", GENERATE, {**body, "lease": engine.leases[index]["lease"]}, what="the weight probe"),
+                range(len(engine.servers))))
             probe = engine.check_probe(self.model, [answer["probe"] for answer in answers])
             engine.probe_due = False
             if self.decoding is engine:

@@ -37,7 +37,8 @@ def safetensors_header(layout: list[tuple[str, torch.dtype, tuple[int, ...]]]) -
     entries, offset = {}, 0
     for name, dtype, shape in layout:
         size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        entries[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        entries[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                         "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(entries, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
@@ -120,7 +121,8 @@ class NcclPush:
         self.connection, self.timeout = connection, timeout
         init = NCCLTrainerInitInfo(master_address=get_ip(), master_port=get_open_port(),
                                    world_size=int(info.get("world_size", 1)) + 1)
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=self, source=policy_source(model, dtype))
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=self,
+                                                                   source=policy_source(model, dtype))
         self.pending: dict = {}  # the push in progress: its version and probe, for the update's call
         self.answer: dict | None = None
 

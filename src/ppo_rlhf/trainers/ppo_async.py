@@ -139,7 +139,8 @@ class AsyncRollouts:
                 with self.lock:
                     start = time.perf_counter()
                     rows = self.draw()
-                    episodes = self.trainer.generate_episodes(rows, self.view, self.trainer.batch_seeds(index, len(rows)))
+                    seeds = self.trainer.batch_seeds(index, len(rows))
+                    episodes = self.trainer.generate_episodes(rows, self.view, seeds)
                     batch = Generated(rows, episodes, list(self.view.last_versions), index, self.drawing,
                                       time.perf_counter() - start)
                 with self.condition:
