@@ -5,7 +5,7 @@ server" and "Asynchronous rollouts").
 
     make vllm-venv smollm2                                   # once (or --model /work/main/runs/smollm2-135m-instruct)
     .venv-vllm/bin/python benchmarks/bench_server.py         # the whole measurement: hours on 2 cores
-    .venv-vllm/bin/python benchmarks/bench_server.py --quick # 2 iterations an arm, seed 0: checks the script
+    .venv-vllm/bin/python benchmarks/bench_server.py --quick # 3 iterations an arm, seed 0: checks the script
 
 Each arm runs the README's ``ppo`` command (its flags, the seed, a held-out evaluation every
 ``--eval-every`` iterations), the colocated one with ``--rollout-engine vllm --num-threads 2`` and the
@@ -17,7 +17,8 @@ push) and update (scoring, passes, update).  The ideal-overlap bound is the sync
 run's: generation and update fully overlapped, each at its measured one-thread speed, an iteration
 takes max(generation, update) instead of their sum.  The target (issue 59): staleness 1 at least
 1.25x the colocated run's samples a second, its held-out accuracy at equal training time no lower,
-on both seeds.  Writes RESULTS/server.json and server.md (``--quick``: server_quick.*).
+on both seeds.  Writes RESULTS/server.json and server.md (``--quick``: in the scratch folder, as a
+check that everything runs, not figures).
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ def accuracy_at(curve: list, seconds: float) -> float | None:
     return seen[-1] if seen else None
 
 
-def write(results: list[dict], args, name: str) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1) + "\n")
+def write(results: list[dict], args, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "server.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1) + "\n")
     by = {(r["arm"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
     lines = [f"# A generation server and asynchronous rollouts on 2 cores (issue 59)", "",
@@ -203,7 +204,7 @@ def write(results: list[dict], args, name: str) -> None:
     lines += ["", "Held-out accuracy against training seconds (evaluation excluded):", ""]
     for r in results:
         lines.append(f"- {r['arm']}, seed {r['seed']}: " + ", ".join(f"{at:.0f} s {acc:.3f}" for at, acc in r["curve"]))
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (folder / "server.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -216,11 +217,11 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--scratch", default=str(ROOT / "runs" / "bench_server"))
-    parser.add_argument("--quick", action="store_true", help="2 iterations of 16 rows an arm, seed 0, 4 held-out "
+    parser.add_argument("--quick", action="store_true", help="3 iterations of 16 rows an arm, seed 0, 4 held-out "
                                                              "prompts: checks that the script runs")
     args = parser.parse_args()
     if args.quick:
-        args.iterations, args.batch_size, args.eval_every, args.eval_size = 2, 16, 2, 4
+        args.iterations, args.batch_size, args.eval_every, args.eval_size = 3, 16, 3, 4
         args.seeds = "0"
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"{args.model} holds no model: make smollm2 (or --model FOLDER)")
@@ -233,7 +234,7 @@ def main() -> None:
             results.append(run_arm(arm, seed, args, scratch))
             print(f"  {results[-1]['iteration_s']:.1f} s an iteration, {results[-1]['samples_per_s']:.2f} samples/s, "
                   f"held-out {results[-1]['final_accuracy']}", flush=True)
-            write(results, args, "server_quick" if args.quick else "server")
+            write(results, args, scratch if args.quick else RESULTS)
 
 
 if __name__ == "__main__":
