@@ -33,9 +33,10 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm-venv: $(VLLM_STAMP)
 
-# The vLLM engine's tests (tests/test_vllm_engine.py: skipped in .venv, which has no vLLM).
+# The vLLM engine's and the generation server's tests (tests/test_vllm_engine.py,
+# tests/test_vllm_server.py: skipped in .venv, which has no vLLM).
 test-vllm: vllm-venv
-	$(VLLM_VENV)/bin/python -m pytest -p no:xdist tests/test_vllm_engine.py
+	$(VLLM_VENV)/bin/python -m pytest -p no:xdist tests/test_vllm_engine.py tests/test_vllm_server.py
 
 demo: install
 	$(VENV)/bin/ppo-rlhf demo --overwrite

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.generation import EngineWeightsError
     from ppo_rlhf.rollout.reward import RewardError
+    from ppo_rlhf.rollout.server_api import ServerRefused, ServerUnavailable
     from ppo_rlhf.trainers.guard import DivergenceError
 
     parser = build_parser()
@@ -102,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed, ToolParserFailed) as error:
+    except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed, ToolParserFailed,
+            ServerUnavailable, ServerRefused) as error:
         # Bad input (a missing file, a row without a field, a folder holding the wrong kind of
-        # model, a reward function's bad output, an environment or a tool parser that raised): the
-        # message names the culprit; no traceback.  Mid-run, how to continue once it is fixed, where
-        # this command can.
+        # model, a reward function's bad output, an environment or a tool parser that raised, a
+        # generation server that does not answer): the message names the culprit; no traceback.
+        # Mid-run, how to continue once it is fixed, where this command can.
         hint = failure_resume_hint(error, _can_resume(parser, args.command))
         print(f"ppo-rlhf {args.command}: {error}{hint}", file=sys.stderr)
         return 2

@@ -196,6 +196,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "rollout_micro_batch_size", "train_micro_batch_size", "share_prompts",  # how the same sums are split into passes
     "reward_timeout", "reward_retries", "reward_backoff",  # how patiently the same scores are fetched
     "vllm_probe_tolerance",  # the bound of a check on the engine's weights: a run stopped by it may go on with another
+    "server_url", "server_timeout", "weight_transfer",  # where the same rollouts are generated, how the weights get there
 })
 
 

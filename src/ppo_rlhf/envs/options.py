@@ -25,8 +25,13 @@ class EnvironmentOptions:
     tool: list[str] = option([], "a tool the model may call, module:function (type hints and a docstring give its "
                                  "schema); repeat the flag for several; alone, an episode ends at the first turn "
                                  "without a tool call")
-    max_turns: int = option(8, "with --environment or --tool: the model's turns in an episode at most",
-                            range=above(0))
+    agent: str | None = option(None, "play each prompt with an agent of your own, module:function called as "
+                                     "function(client, model, row) and returning the episode's reward: client an "
+                                     "openai.OpenAI (AsyncOpenAI for an async def) on the generation server's "
+                                     "OpenAI-compatible endpoint, model the name to call; every call is answered by "
+                                     "the current policy and trained on as sampled (--rollout-engine vllm-server)")
+    max_turns: int = option(8, "with --environment or --tool: the model's turns in an episode at most (--agent: "
+                               "its calls to the model)", range=above(0))
     max_episode_tokens: int | None = option(None, "with --environment or --tool: the tokens after the prompt at most "
                                                   "(the model's and the environment's); empty: what --max-length "
                                                   "leaves after the prompt", range=above(0))
@@ -72,7 +77,7 @@ class EnvironmentOptions:
 
     def has_episodes(self) -> bool:
         """Whether rollouts are multi-turn episodes (by the flags, or objects given to PPOTrainer, recorded so)."""
-        return self.environment is not None or bool(self.tool)
+        return self.environment is not None or bool(self.tool) or self.agent is not None
 
     def check_episode_options_used(self) -> None:
         """At start, once it is known whether rollouts are episodes: an episode option set without
@@ -85,13 +90,16 @@ class EnvironmentOptions:
             if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
                 default = field.default if field.default_factory is MISSING else field.default_factory()
                 check(getattr(self, field.name) == default, field.name,
-                      "left out without --environment or --tool", getattr(self, field.name))
+                      "left out without --environment or --tool (or --agent)", getattr(self, field.name))
 
     def validate_environment(self) -> None:
         """The rules between the episode options, where rollouts are episodes (by the flags, or
         objects given to PPOTrainer, recorded in ``environment`` and ``tool`` before it checks the
         config again)."""
         if not self.has_episodes():
+            return
+        if self.agent is not None:
+            self.validate_agent()
             return
         require_chat_template(self, "--environment / --tool (an episode's turns are chat messages)")
         gym = (self.environment or "").startswith("gym:")
@@ -111,6 +119,23 @@ class EnvironmentOptions:
         from ppo_rlhf.envs import parse_config_values
 
         parse_config_values(self.environment_config)  # a malformed one fails here, at start
+
+
+    def validate_agent(self) -> None:
+        """--agent plays the episodes itself, on a generation server's OpenAI endpoint: no
+        environment or tool beside it, none of the options of the episodes ppo-rlhf plays."""
+        check(getattr(self, "rollout_engine", "vllm-server") == "vllm-server", "agent",
+              "left out without --rollout-engine vllm-server (an agent calls a generation server's OpenAI-compatible "
+              "endpoint: ppo-rlhf serve)", self.agent)
+        for key in ("environment", "tool"):
+            check(not getattr(self, key), key, "left out with --agent (the agent plays the episodes itself; give "
+                                               "it its tools)", getattr(self, key))
+        for key in ("action_names", "observation_text", "max_episode_tokens"):
+            check(not getattr(self, key), key, "left out with --agent (--max-length bounds an agent's episode)",
+                  getattr(self, key))
+        check(self.turn_rewards == "sum", "turn_rewards", "sum with --agent (the agent returns one reward)",
+              self.turn_rewards)
+        check(self.environment_config == "", "environment_config", "left out with --agent", self.environment_config)
 
 
 def check_template_renders_tools(tokenizer, schemas: list[dict], where: str, offer=lambda: "") -> None:

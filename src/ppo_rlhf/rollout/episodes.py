@@ -108,7 +108,10 @@ def roll_out(model, tokenizer, generator: Generator, rows: list[dict], prompts: 
     """The batch's episodes: one turn each without an environment ``source``
     (envs.EnvironmentSource), else as long as each one lasts.  ``seeds``: one per row, for the
     environments' reset (resume and several processes draw the same episodes).  ``progress``:
-    called after each turn with (turns played, episodes still going)."""
+    called after each turn with (turns played, episodes still going).  A source that plays its
+    episodes itself (an agent's: rollout/agents.py) is handed the batch."""
+    if source is not None and hasattr(source, "play"):
+        return source.play(model, tokenizer, generator, rows, prompts, limits)
     if source is None:
         out = generate_responses(model, tokenizer, generator, prompts, limits.max_prompt_length, limits.chat_template)
         b = len(prompts)

@@ -160,11 +160,16 @@ def run_eval(config: EvalConfig) -> dict:
                 print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
     config.check_episode_options_used()
-    environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
-                                      tool_timeout=config.tool_timeout, env_workers=config.env_workers,
-                                      environment_config=config.environment_config,
-                                      action_names=config.action_names or None,
-                                      observation_text=config.observation_text)
+    if config.agent is not None:  # an agent plays the episodes itself, on the server's OpenAI endpoint
+        from ppo_rlhf.rollout.agents import AgentSource
+
+        environments = AgentSource(config.agent, config.env_workers)
+    else:
+        environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
+                                          tool_timeout=config.tool_timeout, env_workers=config.env_workers,
+                                          environment_config=config.environment_config,
+                                          action_names=config.action_names or None,
+                                          observation_text=config.observation_text)
     if config.prompts:
         required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
         rows = load_rows(config.prompts, required, convert, config.data_split)
@@ -179,8 +184,8 @@ def run_eval(config: EvalConfig) -> dict:
     functions = reward_functions(config, None) if scored else []
     check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
     lengths = None  # an episode's prompts as the model reads them: measured (and checked) before the model loads
-    if environments is not None:  # the chat template checked for episodes before the model loads (envs/chat.py)
-        environments.check_rows(rows[: config.size])
+    if environments is not None and config.agent is None:  # the chat template checked for episodes before the
+        environments.check_rows(rows[: config.size])          # model loads (envs/chat.py)
         early = load_tokenizer(config.model, "--model")
         prepare_for_config(early, environments, config)
         lengths = episode_prompt_lengths(early, environments, rows[: config.size], config.prompt_field,
@@ -217,7 +222,8 @@ def run_eval(config: EvalConfig) -> dict:
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
                                 config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples))
+                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples),
+                                tokenizer=tokenizer, agent=config.agent is not None)
         generator.fixed_weights = True  # the evaluated model never changes: sent once, not per batch
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,

@@ -290,6 +290,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                         "(empty: 2, geometric-mask 1.001)", range=at_least(1), group=ENGINE)
     is_floor: float | None = option(None, "--is-correction's lower end for the masking modes (empty: 1 / is_cap)",
                                     range=between(0, 1, low_open=True), group=ENGINE)
+    max_staleness: int = option(0, "--rollout-engine vllm-server: generate the next batches while the trainer updates "
+                                   "on this one, each sample at most this many policy versions (updates) older than "
+                                   "the policy it trains (TRL's max_staleness); an older one is dropped and counted, "
+                                   "the rest weighted by --is-correction; 0: synchronous, each rollout after the "
+                                   "update's push", range=at_least(0), group=ENGINE)
 
     # --- hardware and memory
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
@@ -406,6 +411,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
               "1 with --no-eval-sampled (the K samples are the sampled evaluation's; drop --no-eval-sampled)",
               self.eval_samples)
         self.validate_teacher()
+        self.validate_staleness()
         self.validate_rewards()
         self.validate_pass_at_k()
         self.validate_environment()
@@ -539,6 +545,22 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         else:
             for key in ("max_resample_rounds", "dynamic_sampling_on"):
                 check(getattr(self, key) is None, key, "left out without --dynamic-sampling", getattr(self, key))
+
+    def validate_staleness(self) -> None:
+        """--max-staleness above 0: a generation server to overlap with (a colocated engine shares the
+        trainer's process and takes turns with it), no ReMax (its greedy baseline would come from
+        another policy than the samples), no FSDP (the worker rolls out while the update gathers)."""
+        if self.max_staleness == 0:
+            return
+        check(self.rollout_engine == "vllm-server", "max_staleness",
+              "0 without --rollout-engine vllm-server (the torch and vllm engines generate in the trainer's own "
+              "process, between its updates: nothing runs beside them)", self.max_staleness)
+        check(self.estimator != "remax", "max_staleness",
+              "0 with --estimator remax: its greedy baseline is rolled out with the policy of now, and the samples "
+              "with an older one", self.max_staleness)
+        check(sharding_from_launch() is None, "max_staleness",
+              "0 under an FSDP launch (the worker would roll out while the update gathers the sharded layers); "
+              "launch data parallel", self.max_staleness)
 
     def validate_is_correction(self) -> None:
         """--is-correction's bounds: a cap for every mode but none, a floor for the masking modes only;

@@ -12,6 +12,7 @@ Run folder:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -32,10 +33,12 @@ from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.rollout.reward import RewardError
+from ppo_rlhf.rollout.server_api import ServerRefused, ServerUnavailable
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.sharding import gathered, local_optimizer_state
 from ppo_rlhf.tasks import make_task
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
+from ppo_rlhf.trainers.ppo_async import AsyncRollouts
 from ppo_rlhf.trainers.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
 from ppo_rlhf.trainers.ppo_setup import check_run_start, draw_batch, prompt_sets
 from ppo_rlhf.trainers.resume import Checkpoints, open_checkpoints
@@ -139,7 +142,8 @@ class PPOLoop:
             self.evaluator.check_outcomes()
         try:
             self.run_iterations(train_rows, prompt_rng, checkpoints, run_log, progress)
-        except (EnvironmentFailed, RewardError) as failure:  # the user's code failed: where a resume would go on
+        except (EnvironmentFailed, RewardError, ServerUnavailable, ServerRefused) as failure:
+            # the user's code failed, or a generation server stopped answering: where a resume would go on
             failure.resume_from, failure.resume_unit = checkpoints.saved_step, "iteration"
             raise
         if self.evaluator and progress.final_eval is None:  # resumed at the end: no iteration ran
@@ -179,7 +183,9 @@ class PPOLoop:
             return {}, []
         sampled = self.config.eval_sampled if sampled is None else sampled
         scoring_model = getattr(self.evaluator.reward, "model", None)
-        with self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
+        # An asynchronous run's worker holds the environments while it plays a batch: wait for it.
+        worker = self.rollouts.lock if self.rollouts is not None else contextlib.nullcontext()
+        with worker, self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
             metrics, samples = self.evaluator(self.actor, generator=self.decoding(do_sample=False))
             if sampled:
                 seed = self.config.seed + rank()  # each process its own draws (evaluation.py's default)
@@ -215,38 +221,55 @@ class PPOLoop:
         out_folder = Path(config.out)
         curves = CURVES + reward_curves(self.reward)
         bar = tqdm(range(first, config.iterations), desc="ppo", mininterval=1.0, disable=not main)
-        for iteration in bar:
-            start = time.perf_counter()
 
-            def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
-                return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
+        def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
+            return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
 
-            metrics = self.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
-            progress.train_seconds += time.perf_counter() - start
-            metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
-            progress.scores.setdefault("first", metrics["score"])
-            progress.scores["last"] = metrics["score"]
-            done = iteration + 1
-            try:
-                self.evaluate_if_due(done, metrics, progress)
-            except OutcomeError:  # pass@k refused, alike in every process: the iteration's work is kept first
+        # --max-staleness N: a rollout worker generates the next batches while this thread trains
+        # (trainers/ppo_async.py); the first batch is this thread's own, the worker starts after it.
+        rollouts = self.rollouts = (AsyncRollouts(self, draw, prompt_rng, config.max_staleness, config.iterations)
+                                    if config.max_staleness else None)
+        try:
+            for iteration in bar:
+                start = time.perf_counter()
+                if rollouts is None:
+                    rows, more = draw(), draw  # draw_more: --dynamic-sampling's extra prompts
+                elif iteration == first:
+                    rows, more = rollouts.first(), rollouts.first
+                else:
+                    rows, more = rollouts.take(), rollouts.take
+                metrics = self.step(rows, draw_more=more)
+                if rollouts is not None:
+                    rollouts.start()
+                progress.train_seconds += time.perf_counter() - start
+                metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
+                progress.scores.setdefault("first", metrics["score"])
+                progress.scores["last"] = metrics["score"]
+                done = iteration + 1
+                try:
+                    self.evaluate_if_due(done, metrics, progress)
+                except OutcomeError:  # pass@k refused, alike in every process: the iteration's work is kept first
+                    run_log.log(done, metrics)
+                    self.save_checkpoint(checkpoints, done, prompt_rng, progress)
+                    raise
                 run_log.log(done, metrics)
-                self.save_checkpoint(checkpoints, done, prompt_rng, progress)
-                raise
-            run_log.log(done, metrics)
-            if "eval/response_length" in metrics:
-                run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
-            self.show_samples_if_due(done, iteration == first, run_log)
-            if config.save_rollouts and done % config.save_rollouts == 0:
-                self.save_rollouts(out_folder, done)
-            if main and iteration == first and (warning := score_spread_warning(metrics, done)):
-                tqdm.write(f"warning: {warning}")
-            bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
-            stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
-            if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
-                self.save_checkpoint(checkpoints, done, prompt_rng, progress)
-            if stop:
-                raise RunInterrupted(done, "iteration", checkpoints.saved_step)
+                if "eval/response_length" in metrics:
+                    run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
+                self.show_samples_if_due(done, iteration == first, run_log)
+                if config.save_rollouts and done % config.save_rollouts == 0:
+                    self.save_rollouts(out_folder, done)
+                if main and iteration == first and (warning := score_spread_warning(metrics, done)):
+                    tqdm.write(f"warning: {warning}")
+                bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
+                stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
+                if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
+                    self.save_checkpoint(checkpoints, done, prompt_rng, progress)
+                if stop:
+                    raise RunInterrupted(done, "iteration", checkpoints.saved_step)
+        finally:
+            if rollouts is not None:
+                rollouts.stop()
+                self.rollouts = None
 
     def evaluate_if_due(self, done: int, metrics: dict, progress: Progress) -> None:
         config = self.config
@@ -292,9 +315,14 @@ class PPOLoop:
         state = self.state_dict()
         state.pop("optimizer")  # Checkpoints saves it (gathered, when sharded)
         sample_rng = getattr(self.generator, "rng", None)
-        sample_rngs = gather_objects([sample_rng.get_state() if sample_rng is not None else None])
+        sample_state = sample_rng.get_state() if sample_rng is not None else None
+        prompt_state = prompt_rng.get_state()
+        if self.rollouts is not None:  # asynchronous: where the first batch not yet trained was drawn from
+            prompt_state, draws = self.rollouts.resume_state()
+            sample_state = torch.tensor([draws], dtype=torch.long)
+        sample_rngs = gather_objects([sample_state])
         checkpoints.save(done, self.trained_modules(), self.optimizer, accelerator=self.accelerator, state={
-            "trainer": state, "prompt_rng": prompt_rng.get_state(), "sample_rng_by_process": sample_rngs,
+            "trainer": state, "prompt_rng": prompt_state, "sample_rng_by_process": sample_rngs,
             "progress": progress.saved()})
 
     def restore(self, checkpoints: Checkpoints, prompt_rng: torch.Generator) -> Progress:

@@ -62,8 +62,9 @@ class IterationMetrics:
             **timings,
             "time/iteration": total_time,
             "tokens_per_s": n_tokens / total_time,
+            # (An asynchronous run's generation ran beside the trainer: the worker's own seconds.)
             "generated_tokens_per_s": stage_metrics.get("dynamic_sampling/generated_tokens", n_response_tokens)
-                                      / timings["time/generate"],
+                                      / stage_metrics.get("async/generate_seconds", timings["time/generate"]),
             # Dynamic sampling: its counts, and the score of the batch as drawn (the kept groups are
             # chosen for their spread, so their mean says less of how the policy does).
             **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},

@@ -68,7 +68,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         *([f"merged:    {float32_merge_note(merges)}"] if merges else []),
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
         f"up to {config.max_new_tokens} new tokens" + (" a turn" if environments is not None else "")
-        + _engine(config, trainer.actor),
+        + _engine(config, trainer.actor, trainer.generator),
         *([episode_line(config, environments)] if environments is not None else []),
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
@@ -208,9 +208,10 @@ def score_spread_warning(metrics: dict, iteration: int) -> str | None:
     return None
 
 
-def _engine(config, actor=None) -> str:
+def _engine(config, actor=None, generator=None) -> str:
     """The rollout engine, when it is not the built-in one: its precision and the weight probe's,
-    from ``actor`` where it is built (a LoRA base kept in bf16 computes in bf16)."""
+    from ``actor`` where it is built (a LoRA base kept in bf16 computes in bf16); a server's from
+    the ``generator`` that asked it."""
     if config.rollout_engine == "torch":
         return ""
     mode = config.is_correction
@@ -224,9 +225,17 @@ def _engine(config, actor=None) -> str:
 
     from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, engine_dtype, probe_precision  # (vLLM is not imported)
 
-    dtype = engine_dtype(config.mixed_precision)
+    dtype = getattr(generator, "dtype", None) or engine_dtype(config.mixed_precision)
     compared = probe_precision(actor, dtype) if actor is not None else dtype
     tolerance = config.vllm_probe_tolerance or PROBE_TOLERANCE[compared]
     name = str(dtype).removeprefix("torch.")
-    return (f"; engine vllm in {name} (weights synced before each rollout and checked by a probe in "
-            f"{str(compared).removeprefix('torch.')}, tolerance {tolerance:g}; {weights})")
+    probe = f"checked by a probe in {str(compared).removeprefix('torch.')}, tolerance {tolerance:g}"
+    if config.rollout_engine == "vllm-server":
+        servers = ", ".join(getattr(generator, "servers_described", lambda: config.server_url)())
+        staleness = getattr(config, "max_staleness", 0)
+        timing = ("synchronous: each rollout after the update's push" if not staleness else
+                  f"asynchronous: the next batches generated while the trainer updates, samples at most {staleness} "
+                  f"versions old")
+        return (f"; engine vllm-server at {servers} in {name} (weights pushed after each update, {probe}; {timing}; "
+                f"{weights})")
+    return f"; engine vllm in {name} (weights synced before each rollout and {probe}; {weights})"

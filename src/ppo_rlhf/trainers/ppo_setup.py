@@ -212,7 +212,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     lengths = None  # an episode's prompts as the model reads them: measured (and checked) before any model loads
     if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
         environments.check_rows(train_rows + eval_rows)
-        if config.model is not None:
+        if config.model is not None and not hasattr(environments, "play"):  # (an agent renders its own prompts)
             early = load_tokenizer(config.model, "--model")
             prepare_for_config(early, environments, config)
             lengths = episode_prompt_lengths(early, environments, train_rows + eval_rows, config.prompt_field,
@@ -242,7 +242,8 @@ def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generato
     """The rollout engine --rollout-engine asks for; each process samples its own rollouts."""
     return make_engine(config, actor, stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
                        config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                       config.max_length, max_rows=config.batch_size)
+                       config.max_length, max_rows=config.batch_size, tokenizer=tokenizer,
+                       agent=config.agent is not None)
 
 
 def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator,
