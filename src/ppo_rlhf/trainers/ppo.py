@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import TrainerState
 
 from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import AdaptiveKLController, FixedKLController
@@ -196,6 +197,11 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
+        # The run's progress as transformers' Trainer keeps it: what TRL gives reward functions as
+        # trainer_state (global_step: iterations done; max_steps: the run's), moved on by step().
+        self.state = TrainerState(max_steps=config.iterations)
+        if reward is not None:
+            reward.follow_run(self.state)
         self.draws = 0  # rollouts drawn in this iteration (the environments' seeds)
         self.episode_limits = EpisodeLimits(config.max_prompt_length, config.max_length, config.max_turns,
                                             config.max_episode_tokens, config.chat_template)
@@ -299,6 +305,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         another batch of rows, for --dynamic-sampling (see make_experience)."""
         check_step_rows(rows, self.config.prompt_field, environment_prompt if self.environments is not None
                         else prompt_check(self.config.chat_template))
+        self.state.global_step, self.state.max_steps = self.iteration, self.config.iterations
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
@@ -329,6 +336,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         else:
             kl_per_response = float("nan")
         self.iteration += 1
+        self.state.global_step = self.iteration
 
         # 8. the iteration's metrics
         return self.iteration_metrics(experience, update_stats, stage_metrics, kl_coef, entropy_coef, kl_per_response,

@@ -37,7 +37,7 @@ from ppo_rlhf.sharding import gathered, local_optimizer_state
 from ppo_rlhf.tasks import make_task
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
 from ppo_rlhf.trainers.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
-from ppo_rlhf.trainers.ppo_setup import check_run_start, draw_batch, prompt_sets
+from ppo_rlhf.trainers.ppo_setup import PromptCursor, check_run_start, draw_batch, prompt_sets
 from ppo_rlhf.trainers.resume import Checkpoints, open_checkpoints
 
 # Each panel drawn when its metric was logged: the built-in task's exact match, a reasoning task's
@@ -121,6 +121,7 @@ class PPOLoop:
         check_run_start(config)  # cheap, and a trainer built around in-memory models has not yet
         train_rows, eval_rows = self.prompt_rows()
         prompt_rng = torch.Generator().manual_seed(config.seed)
+        self.prompt_cursor = PromptCursor()  # --prompt-order in-order's place in the prompts
         self.trained_into = out  # from here on the folder is this run's (a refused start may be tried again)
         for notice in on_main_process(start_run_folder, out, config.overwrite):
             print(notice)
@@ -215,14 +216,17 @@ class PPOLoop:
             start = time.perf_counter()
 
             def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
-                return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
+                return batch_for_rank(draw_batch(train_rows, config, prompt_rng, self.prompt_cursor))
 
+            # The passes over the prompts so far, as a reward function reads them (trainer_state.epoch).
+            self.state.epoch = iteration * (config.batch_size // config.samples_per_prompt) / len(train_rows)
             metrics = self.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
             progress.train_seconds += time.perf_counter() - start
             metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
             done = iteration + 1
             self.evaluate_if_due(done, metrics, progress)
             run_log.log(done, metrics)
+            self.state.log_history.append({**metrics, "step": done})
             if "eval/response_length" in metrics:
                 run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
             self.show_samples_if_due(done, iteration == first, run_log)
@@ -286,7 +290,7 @@ class PPOLoop:
         sample_rngs = gather_objects([sample_rng.get_state() if sample_rng is not None else None])
         checkpoints.save(done, self.trained_modules(), self.optimizer, accelerator=self.accelerator, state={
             "trainer": state, "prompt_rng": prompt_rng.get_state(), "sample_rng_by_process": sample_rngs,
-            "progress": progress.saved()})
+            "prompt_cursor": self.prompt_cursor.position, "progress": progress.saved()})
 
     def restore(self, checkpoints: Checkpoints, prompt_rng: torch.Generator) -> Progress:
         """This run where the checkpoint left it; returns the summary's progress."""
@@ -296,6 +300,7 @@ class PPOLoop:
         actor_group, critic_group = self.optimizer.param_groups
         actor_group["lr"], critic_group["lr"] = self.config.lr, self.config.critic_lr or self.config.lr
         prompt_rng.set_state(saved["prompt_rng"])
+        self.prompt_cursor.position = saved.get("prompt_cursor", 0)  # a checkpoint from before --prompt-order: 0
         sample_rng = saved["sample_rng_by_process"][rank()]  # the world size was checked at start
         if sample_rng is not None and getattr(self.generator, "rng", None) is not None:
             self.generator.rng.set_state(sample_rng)
