@@ -23,7 +23,7 @@ import datasets
 import pytest
 from datasets import Dataset
 
-from zoo import PROMPTS, family_model, pythia_like
+from zoo import PROMPTS, CallsFirst, family_model, pythia_like
 
 SCRIPTS = Path(__file__).parent / "trl_scripts"
 MODULES = {"trl": "ppo_rlhf.trl", "trl.trainer.utils": "ppo_rlhf.trl.utils", "trl.rewards": "ppo_rlhf.trl.rewards",
@@ -152,11 +152,26 @@ def test_trls_rloo_quick_start_runs_as_written(offline, monkeypatch, qwen3):
     assert len(metrics) == 3 and metrics[0]["kl_coef"] == 0.05  # RLOO's beta
 
 
-def test_trls_environment_example_runs_as_written(offline, monkeypatch, qwen3):
+def scripted(monkeypatch, call: str) -> None:
+    """The run's rollout engine writes ``call`` first in every episode: a tiny random model calls no
+    tool of its own, and the programs' rewards read what the calls did."""
+    from ppo_rlhf.trainers import ppo_setup
+
+    monkeypatch.setattr(ppo_setup, "make_generator", lambda config, tokenizer, actor, accelerator:
+                        CallsFirst(tokenizer, call))
+
+
+def test_trls_environment_example_runs_as_written(offline, monkeypatch, qwen3, capsys):
+    scripted(monkeypatch, '<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>')
     run_script("grpo_environment.py", [], monkeypatch, offline,
                {"Qwen/Qwen3-0.6B": qwen3, "max_steps=1000": "max_steps=1"})
-    metrics = metrics_of(offline / "trainer_output")  # TRL's default output_dir of a GRPOConfig given
-    assert len(metrics) == 1 and "reward/environment" in metrics[0]
+    out = offline / "trainer_output"  # TRL's default output_dir of a GRPOConfig given
+    assert len(metrics_of(out)) == 1
+    plan = capsys.readouterr().out  # the run says what it does that TRL would not
+    assert "reset() seeded per prompt group" in plan and "episodes render with ppo-rlhf's training template" in plan
+    for sample in [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]:
+        target = int(sample["prompt"][-1]["content"].split("by ")[1].rstrip("."))  # reset() drew it, said it
+        assert "[tool] 3" in sample["response"] and sample["score"] == float(target == 3)  # get_reward
 
 
 def test_trls_openenv_echo_script_runs_as_written(offline, monkeypatch, qwen3):
@@ -178,7 +193,11 @@ def test_trls_openenv_echo_script_runs_as_written(offline, monkeypatch, qwen3):
     echo_env.EchoEnv, models.EchoAction, echo_env.models = EchoEnv, EchoAction, models
     monkeypatch.setitem(sys.modules, "echo_env", echo_env)
     monkeypatch.setitem(sys.modules, "echo_env.models", models)
+    scripted(monkeypatch, '<tool_call>\n{"name": "echo", "arguments": {"message": "Hello World!"}}\n</tool_call>')
     run_script("echo.py", ["--model", qwen3, "--env-host", "http://localhost:1"], monkeypatch, offline,
                {"logging_steps=2,": "logging_steps=2, max_steps=2,"})  # its 3 epochs cut to a test's 2 steps
     metrics = metrics_of(offline / "trainer_output")  # TRL's default output_dir
-    assert len(metrics) == 2 and all(m["score"] == 0.0 for m in metrics)  # a tiny random model echoes nothing
+    assert len(metrics) == 2 and all(m["score"] == pytest.approx(1.2) for m in metrics)  # len("Hello World!") / 10
+    rollouts = [json.loads(line) for line in (offline / "trainer_output" / "rollouts" / "iteration_0001.jsonl")
+                .read_text().splitlines()]  # log_completions=True: each iteration's rollouts kept
+    assert rollouts[0]["messages"][1] == {"role": "tool", "name": "echo", "content": "Hello World!"}

@@ -271,7 +271,8 @@ ONLINE_FIELDS: dict[str, Fate] = {
     "sync_ref_model": refused("the reference stays the model training started from"),
     "ref_model_mixup_alpha": inert("only with sync_ref_model, which is refused"),
     "ref_model_sync_steps": inert("only with sync_ref_model, which is refused"),
-    "log_completions": maps("sample_every 1 (training rollouts printed and kept in samples.jsonl each iteration)"),
+    "log_completions": maps("sample_every 1 and save_rollouts 1: each iteration's rollouts printed, kept in "
+                            "samples.jsonl and rollouts/iteration_N.jsonl (TRL's completions table)"),
     "log_multimodal": inert("text only here"),
     "num_completions_to_print": inert("the first rollouts of each logged iteration are printed"),
     "log_unique_prompts": inert("samples.jsonl keeps each rollout logged"),

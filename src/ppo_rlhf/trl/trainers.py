@@ -200,10 +200,21 @@ class TRLTrainer:
         (default: args.output_dir), as TRL saves them; the run folder's checkpoints/actor holds
         the same model already."""
         output_dir = Path(output_dir or self.args.output_dir)
-        if is_main_process():
-            output_dir.mkdir(parents=True, exist_ok=True)
+        if not is_main_process():
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if hasattr(self.model, "peft_config"):  # the policy adapter as a peft folder at output_dir, as TRL's "default"
+            import shutil
+
+            from ppo_rlhf.models.lora import save_adapter
+
+            staging = save_adapter(self.model, self.model.active_adapter, output_dir / ".adapter-staging")
+            for file in staging.iterdir():
+                shutil.move(str(file), str(output_dir / file.name))
+            staging.rmdir()
+        else:
             self.model.save_pretrained(output_dir)
-            self.processing_class.save_pretrained(output_dir)
+        self.processing_class.save_pretrained(output_dir)
 
     def push_to_hub(self, *args, **kwargs):
         raise ConfigError("push_to_hub: ppo-rlhf runs offline and uploads nothing; the trained model is in "

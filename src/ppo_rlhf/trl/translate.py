@@ -178,7 +178,8 @@ def online_settings(config, kind: str, prompts: int | None, processes: int = 1) 
         "clip_ratio_high": config.epsilon_high, "reward_weights": list(config.reward_weights or []),
         "prompt_order": "random" if config.shuffle_dataset else "in-order",
         "chat_template_kwargs": template_kwargs_text(config.chat_template_kwargs),
-        "sample_every": 1 if config.log_completions else 10,
+        # TRL's completions table: each iteration's rollouts printed, kept in samples.jsonl and rollouts/.
+        "sample_every": 1 if config.log_completions else 10, "save_rollouts": 1 if config.log_completions else 0,
     })
     if config.num_generations_eval is not None:
         settings["eval_samples"] = config.num_generations_eval
