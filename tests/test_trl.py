@@ -73,7 +73,8 @@ def test_trls_batch_arithmetic():
 @pytest.mark.parametrize("fields, estimator, aggregation, policy_loss", [
     ({}, "grpo", "token-mean", "clip"), ({"loss_type": "grpo"}, "grpo", "sequence-mean", "clip"),
     ({"loss_type": "dr_grpo", "scale_rewards": "none"}, "dr-grpo", "sequence-sum-norm", "clip"),
-    ({"scale_rewards": False}, "dr-grpo", "token-mean", "clip"), ({"loss_type": "cispo"}, "grpo", "token-mean", "cispo")])
+    ({"scale_rewards": False}, "dr-grpo", "token-mean", "clip"),
+    ({"loss_type": "cispo"}, "grpo", "token-mean", "cispo")])
 def test_grpos_loss_and_scaling(fields, estimator, aggregation, policy_loss):
     settings, _ = online_settings(GRPOConfig(num_generations=2, per_device_train_batch_size=2, **fields), "grpo", 4)
     assert (settings["estimator"], settings["loss_aggregation"], settings.get("policy_loss", "clip")) == (
@@ -142,6 +143,25 @@ def test_ppo_reads_pre_tokenized_prompts_and_refuses_text(zoo, tmp_path):
         PPOTrainer(args=PPOConfig(output_dir=str(tmp_path / "run")), processing_class=tokenizer, model=model,
                    ref_model=None, reward_model=None, value_model=None,
                    train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+
+
+def test_ppo_trains_where_the_scripts_pad_token_lies_past_the_embeddings(zoo, tmp_path, capsys):
+    """TRL's scripts add [PAD] to the tokenizer and leave the model as it is; zoo's GPT-2 has no spare row."""
+    from transformers import AutoModelForSequenceClassification
+
+    from ppo_rlhf.trl import PPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo["gpt2"], padding_side="left")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    policy = AutoModelForCausalLM.from_pretrained(zoo["gpt2"])
+    critic, reward = (AutoModelForSequenceClassification.from_pretrained(zoo["gpt2"], num_labels=1) for _ in range(2))
+    data = Dataset.from_dict({"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS]})
+    args = PPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, total_episodes=2,
+                     response_length=4, num_ppo_epochs=1, report_to="none", gradient_checkpointing=False)
+    PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None, reward_model=reward,
+               train_dataset=data, value_model=critic).train()
+    assert "lies past the model's 300 embeddings" in capsys.readouterr().out
+    assert (tmp_path / "run" / "summary.json").is_file()
 
 
 # ---------------------------------------------------------------- training through them

@@ -234,7 +234,8 @@ def test_an_episode_gives_reward_functions_typed_calls_and_the_think_block_apart
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder)
-    call = '<think>\nadd three\n</think>\n\n<tool_call>\n{"name": "increment", "arguments": {"step": "3"}}\n</tool_call>'
+    call = ('<think>\nadd three\n</think>\n\n<tool_call>\n{"name": "increment", "arguments": {"step": "3"}}\n'
+            '</tool_call>')
     config = PPOConfig(model=str(folder), prompts=[{"prompt": [{"role": "user", "content": "count"}]}] * 2,
                        out=str(tmp_path / "run"), iterations=1, estimator="grpo", samples_per_prompt=2,
                        max_turns=2, save_rollouts=1, **{**BUDGET, "max_new_tokens": 40, "max_length": 1024})

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import datasets
 import pytest
-from datasets import Dataset
 
 from zoo import PROMPTS, CallsFirst, family_model, pythia_like
 

@@ -253,7 +253,7 @@ class ResponseTemplateParser:
             else:
                 calls.append(ToolCall(function["name"], arguments))
         content = str(parsed.get("content") or "")
-        if parsed.get("reasoning_content"):  # the think block back in front: assistant_message splits every parser's alike
+        if parsed.get("reasoning_content"):  # the think block back in front: assistant_message splits all alike
             content = f"<think>\n{parsed['reasoning_content']}\n</think>\n\n{content}"
         return content, calls
 

@@ -200,6 +200,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         # The run's progress as transformers' Trainer keeps it: what TRL gives reward functions as
         # trainer_state (global_step: iterations done; max_steps: the run's), moved on by step().
         self.state = TrainerState(max_steps=config.iterations)
+        self.steps_per_iteration = 1  # the state's steps an iteration counts (ppo_rlhf.trl: TRL's optimizer steps)
         if reward is not None:
             reward.follow_run(self.state)
         self.draws = 0  # rollouts drawn in this iteration (the environments' seeds)
@@ -305,7 +306,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         another batch of rows, for --dynamic-sampling (see make_experience)."""
         check_step_rows(rows, self.config.prompt_field, environment_prompt if self.environments is not None
                         else prompt_check(self.config.chat_template))
-        self.state.global_step, self.state.max_steps = self.iteration, self.config.iterations
+        self.state.global_step = self.iteration * self.steps_per_iteration
+        self.state.max_steps = self.config.iterations * self.steps_per_iteration
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
@@ -336,7 +338,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         else:
             kl_per_response = float("nan")
         self.iteration += 1
-        self.state.global_step = self.iteration
+        self.state.global_step = self.iteration * self.steps_per_iteration
 
         # 8. the iteration's metrics
         return self.iteration_metrics(experience, update_stats, stage_metrics, kl_coef, entropy_coef, kl_per_response,

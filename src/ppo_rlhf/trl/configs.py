@@ -5,8 +5,9 @@ has them (docs/migrating_from_trl.md).
 
 Each is a ``transformers.TrainingArguments``, as TRL's are, so ``HfArgumentParser`` reads them
 from a script's command line and every field has TRL's name, type and default.  What each field
-becomes here is ppo_rlhf/trl/fields.py's table; a trainer of ppo_rlhf/trl/trainers.py reads the
-config when it is built and refuses a field set to something this project has no counterpart for.
+becomes here is ppo_rlhf/trl/fields.py's table; a trainer of ppo_rlhf.trl (ppo_trainer.py,
+online_trainers.py) reads the config when it is built and refuses a field set to something this
+project has no counterpart for.
 
 The field declarations are TRL's (Apache-2.0, (c) the HuggingFace team; read in the trl 0.23.0,
 0.29.0 and 1.16.0 wheels), each help text cut to its first sentence.  ``__post_init__`` keeps

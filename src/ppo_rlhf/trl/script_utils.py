@@ -35,7 +35,8 @@ class ModelConfig:
         "help": 'Model checkpoint for weights initialization.'})
     model_revision: str = field(default='main', metadata={"help": 'Specific model version to use.'})
     dtype: str | None = field(default=None, metadata={
-        "help": 'Override the default `torch.dtype` and load the model under this dtype.', "choices": ['auto', 'bfloat16', 'float16', 'float32']})
+        "help": 'Override the default `torch.dtype` and load the model under this dtype.',
+        "choices": ['auto', 'bfloat16', 'float16', 'float32']})
     trust_remote_code: bool = field(default=False, metadata={
         "help": 'Whether to allow for custom models defined on the Hub in their own modeling files.'})
     attn_implementation: str | None = field(default=None, metadata={
@@ -63,7 +64,8 @@ class ModelConfig:
         "help": 'Quantization type.', "choices": ['fp4', 'nf4']})
     use_bnb_nested_quant: bool = field(default=False, metadata={"help": 'Whether to use nested quantization.'})
     torch_dtype: str | None = field(default=None, metadata={
-        "help": 'Override the default `torch.dtype` and load the model under this dtype.', "choices": ['auto', 'bfloat16', 'float16', 'float32']})
+        "help": 'Override the default `torch.dtype` and load the model under this dtype.',
+        "choices": ['auto', 'bfloat16', 'float16', 'float32']})
 
 
     def __post_init__(self):

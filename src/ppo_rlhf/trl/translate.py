@@ -66,8 +66,9 @@ def report_to(config) -> str:
     names = [name for name in config.report_to or [] if name != "none"]
     unknown = [name for name in names if name not in TRACKERS]
     if unknown and "all" not in names:
-        raise refused_value(config, "report_to", config.report_to, f"ppo-rlhf writes metrics.jsonl and reports to "
-                                                                   f"{', '.join(TRACKERS)}; {unknown[0]} is none of them")
+        raise refused_value(config, "report_to", config.report_to,
+                            f"ppo-rlhf writes metrics.jsonl and reports to {', '.join(TRACKERS)}; {unknown[0]} is none "
+                            f"of them")
     names = [name for name in names if name in TRACKERS]
     return ",".join(names) or "none"
 
@@ -185,8 +186,8 @@ def online_settings(config, kind: str, prompts: int | None, processes: int = 1) 
         settings["eval_samples"] = config.num_generations_eval
     settings.update(model_init_settings(config))
     if kind == "grpo":
-        settings.update(grpo_loss(config), kl_in="loss", kl_estimator="k3", ratio_level=config.importance_sampling_level,
-                        entropy_coef=config.entropy_coef)
+        settings.update(grpo_loss(config), kl_in="loss", kl_estimator="k3",
+                        ratio_level=config.importance_sampling_level, entropy_coef=config.entropy_coef)
         notes.append("KL: beta x k3 per token in the loss, as TRL's GRPO" if config.beta else
                      "KL: none (beta 0, TRL's default)")
     else:  # RLOO: the KL summed into the reward, the leave-one-out baseline, advantages as they come
@@ -266,7 +267,8 @@ def model_init_settings(config) -> dict:
     if dtype is None:
         return {}
     name = str(dtype).replace("torch.", "")
-    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "float": "float32", "half": "float16"}.get(name, name)
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "float": "float32", "half": "float16"}
+    name = aliases.get(name, name)
     if name not in ("auto", "float32", "bfloat16", "float16"):
         raise refused_value(config, "model_init_kwargs", kwargs, "allowed dtypes: auto, float32, bfloat16, float16")
     return {"dtype": name}
