@@ -93,6 +93,10 @@ class OnlineTrainer(TRLTrainer):
             notes.append("train_dataset is streamed: its rows are read in order, as many as the run draws")
         rewards = (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
                    if reward_funcs is not None else None)
+        if rewards:  # TRL's string is a reward model's name or folder: a Hub name read from the local cache
+            from ppo_rlhf.hub import local_model
+
+            rewards = [local_model(r, "reward_funcs") if isinstance(r, str) and ":" not in r else r for r in rewards]
         self.start(args, callbacks, settings, notes, reward=rewards, environment=environment_factory,
                    tools=list(tools) if tools else None, **parts)
 
