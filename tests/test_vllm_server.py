@@ -389,8 +389,10 @@ def test_a_batch_older_than_max_staleness_is_dropped_and_counted():
     rows counted), one by version 3 is trained; a batch whose rows came from two versions is as
     old as its oldest row."""
     from ppo_rlhf.trainers.ppo_async import AsyncRollouts, Generated
+    from ppo_rlhf.trainers.ppo_setup import PromptCursor
 
-    rollouts = AsyncRollouts(Stub(5), draw=lambda: [], prompt_rng=torch.Generator(), max_staleness=2, last=10)
+    rollouts = AsyncRollouts(Stub(5), draw=lambda: [], prompt_rng=torch.Generator(), max_staleness=2, last=10,
+                             cursor=PromptCursor())
     for index, versions in enumerate(([2, 2], [2, 4], [3, 5])):
         rollouts.ready.append(Generated([{"prompt": "a"}, {"prompt": "b"}], None, versions, index,
                                         (None, index), 0.0))

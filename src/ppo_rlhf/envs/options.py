@@ -65,6 +65,15 @@ class EnvironmentOptions:
     chat_template_file: str | None = option(None, "a Jinja chat template to use instead of the tokenizer's (one that "
                                                   "renders tools, for a model whose own does not); saved with the "
                                                   "trained model")
+    chat_template_kwargs: str = option("", "variables every rendering of the chat template gets, 'key=value,...' "
+                                           "(values read as YAML; TRL's chat_template_kwargs), e.g. "
+                                           "enable_thinking=false for Qwen3's template")
+
+    def template_kwargs(self) -> dict:
+        """--chat-template-kwargs as a dict (ConfigError naming it for a malformed one)."""
+        from ppo_rlhf.config import parse_key_values
+
+        return parse_key_values(self.chat_template_kwargs or "", "chat_template_kwargs", "enable_thinking=false")
 
     def resolve_max_length(self) -> None:
         """--max-length left empty: 256, or 1024 where rollouts are episodes (by the flags, or objects
@@ -87,7 +96,7 @@ class EnvironmentOptions:
         if self.has_episodes():
             return
         for field in fields(EnvironmentOptions):
-            if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
+            if field.name not in ("environment", "tool", "chat_template_file", "chat_template_kwargs"):  # any chat
                 default = field.default if field.default_factory is MISSING else field.default_factory()
                 check(getattr(self, field.name) == default, field.name,
                       "left out without --environment or --tool (or --agent)", getattr(self, field.name))
@@ -95,7 +104,8 @@ class EnvironmentOptions:
     def validate_environment(self) -> None:
         """The rules between the episode options, where rollouts are episodes (by the flags, or
         objects given to PPOTrainer, recorded in ``environment`` and ``tool`` before it checks the
-        config again)."""
+        config again); --chat-template-kwargs' form for every run."""
+        self.template_kwargs()
         if not self.has_episodes():
             return
         if self.agent is not None:
@@ -199,6 +209,29 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
                           f"out of what it writes (it rendered {rendered[:80]!r}), so the model would never read the "
                           f"prompts; write each message's content ({{{{ message['content'] }}}})")
     tokenizer.chat_template = template
+
+
+def apply_chat_template_kwargs(tokenizer, kwargs: dict) -> None:
+    """--chat-template-kwargs: every ``apply_chat_template`` of this tokenizer renders with them (a
+    call's own keywords win), the prompts', the episodes' and the checks' alike, as TRL passes
+    ``chat_template_kwargs`` to each of its renderings.  Set on the tokenizer object, not saved
+    with it: the trained model's template stays its own."""
+    if not kwargs:
+        return
+    render = type(tokenizer).apply_chat_template
+
+    def apply_chat_template(conversation, *args, **given):
+        return render(tokenizer, conversation, *args, **{**kwargs, **given})
+
+    tokenizer.apply_chat_template = apply_chat_template
+    tokenizer.chat_template_kwargs = dict(kwargs)
+
+
+def prepare_template(tokenizer, config) -> None:
+    """What a run's options do to the tokenizer's chat template: --chat-template-file, then
+    --chat-template-kwargs."""
+    apply_chat_template_file(tokenizer, config.chat_template_file)
+    apply_chat_template_kwargs(tokenizer, config.template_kwargs())
 
 
 def require_chat_template(config, asked_by: str) -> None:

@@ -22,7 +22,7 @@ from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
-from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_file_used
+from ppo_rlhf.envs.options import EnvironmentOptions, check_template_file_used, prepare_template
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -197,7 +197,7 @@ def run_eval(config: EvalConfig) -> dict:
               f"where its update is not rounded away (--dtype bfloat16 holds it in bf16, in half the memory, the "
               f"update rounded once)", flush=True)
     model, tokenizer = load_causal_lm(config.model, dtype), load_tokenizer(config.model)
-    apply_chat_template_file(tokenizer, config.chat_template_file)
+    prepare_template(tokenizer, config)
     accelerator = config.accelerator()
     model.to(accelerator.device)
     reward = build_reward(config, tokenizer, None, functions) if scored else None

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import TrainerState
 
 from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import AdaptiveKLController, FixedKLController
@@ -197,6 +198,12 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
+        # The run's progress as transformers' Trainer keeps it: what TRL gives reward functions as
+        # trainer_state (global_step: iterations done; max_steps: the run's), moved on by step().
+        self.state = TrainerState(max_steps=config.iterations)
+        self.steps_per_iteration = 1  # the state's steps an iteration counts (ppo_rlhf.trl: TRL's optimizer steps)
+        if reward is not None:
+            reward.follow_run(self.state)
         self.draws = 0  # rollouts drawn in this iteration (the environments' seeds)
         self.sampled_versions: list[int] = []  # this iteration's: the policy version that sampled each row
         self.rollouts = None  # an asynchronous run's rollout worker (trainers/ppo_async.py), while it runs
@@ -303,6 +310,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         another batch of rows, for --dynamic-sampling (see make_experience)."""
         check_step_rows(rows, self.config.prompt_field, environment_prompt if self.environments is not None
                         else prompt_check(self.config.chat_template))
+        self.state.global_step = self.iteration * self.steps_per_iteration
+        self.state.max_steps = self.config.iterations * self.steps_per_iteration
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
@@ -338,6 +347,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         self.policy_moved()
         if self.rollouts is not None:  # asynchronous: the new weights to the servers now, for the worker
             self.push_weights(stage_metrics)
+        self.state.global_step = self.iteration * self.steps_per_iteration
 
         # 8. the iteration's metrics
         return self.iteration_metrics(experience, update_stats, stage_metrics, kl_coef, entropy_coef, kl_per_response,

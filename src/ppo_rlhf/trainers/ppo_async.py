@@ -37,7 +37,7 @@ class Generated(list):
     def __init__(self, rows: list[dict], episodes, versions: list, index: int, drawn_from: tuple, seconds: float):
         super().__init__(rows)
         self.episodes, self.versions, self.index = episodes, versions, index
-        self.drawn_from = drawn_from  # (the prompt generator's state, the draw count) before it was drawn
+        self.drawn_from = drawn_from  # (the prompt generator's state, the draw count, the cursor) before it was drawn
         self.seconds = seconds  # the worker's seconds generating it
         self.waited = 0.0  # the trainer's seconds waiting for it
 
@@ -52,8 +52,9 @@ class AsyncRollouts:
     generation server's and whose ``generate_episodes`` plays a batch."""
 
     def __init__(self, trainer, draw: Callable[[], list[dict]], prompt_rng: torch.Generator, max_staleness: int,
-                 last: int):
+                 last: int, cursor):
         self.trainer, self.draw, self.prompt_rng, self.limit = trainer, draw, prompt_rng, max_staleness
+        self.cursor = cursor  # --prompt-order in-order's place in the prompts (trainers/ppo_setup.py, PromptCursor)
         self.view = trainer.generator.worker_view()
         self.ready: deque[Generated] = deque()
         self.condition = threading.Condition()
@@ -106,15 +107,18 @@ class AsyncRollouts:
                 return batch
             self.dropped += len(batch)
 
-    def resume_state(self) -> tuple[torch.Tensor, int]:
-        """(prompt generator state, draw count) where the first batch not yet trained was drawn
-        from: what a checkpoint keeps, so that a resume draws it again."""
+    def resume_state(self) -> tuple[torch.Tensor, int, int]:
+        """(prompt generator state, draw count, prompt cursor's position) where the first batch not
+        yet trained was drawn from: what a checkpoint keeps, so that a resume draws it again."""
         with self.condition:
             if self.ready:
                 return self.ready[0].drawn_from
             if self.drawing is not None:
                 return self.drawing
-            return self.prompt_rng.get_state(), self.view.rng.draws
+            return self.where_drawn()
+
+    def where_drawn(self) -> tuple[torch.Tensor, int, int]:
+        return self.prompt_rng.get_state(), self.view.rng.draws, self.cursor.position
 
     def stop(self) -> None:
         """The worker stopped: a rollout in progress aborted (its leases closed), the thread joined."""
@@ -135,7 +139,7 @@ class AsyncRollouts:
                     if self.stopping:
                         return
                     index = self.next_index
-                    self.drawing = (self.prompt_rng.get_state(), self.view.rng.draws)
+                    self.drawing = self.where_drawn()
                 with self.lock:
                     start = time.perf_counter()
                     rows = self.draw()

@@ -10,6 +10,7 @@ from ppo_rlhf.config import (ENGINE, HARDWARE, KL, MODEL_DATA, REWARD, ROLLOUT, 
 from ppo_rlhf.core import (IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                            RATIO_LEVELS, check_kl_placement)
 from ppo_rlhf.core.offpolicy import MASKING, default_cap
+from ppo_rlhf.data import hold_data_objects
 from ppo_rlhf.envs.options import EnvironmentOptions
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
@@ -87,7 +88,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)",
                                group=MODEL_DATA, first=True)
     prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
-                                       "Face cache); {prompt}, {messages} or Alpaca {instruction, input}",
+                                       "Face cache; from Python also a datasets Dataset, IterableDataset or "
+                                       "DatasetDict); {prompt}, {messages} or Alpaca {instruction, input}",
                                  group=MODEL_DATA, first=True)
     eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)",
                                       group=MODEL_DATA)
@@ -159,6 +161,10 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                                    "whatever the overlong or missing-EOS penalties make of it); score: "
                                                    "after the shaping; empty: accuracy with --dynamic-sampling",
                                              choices=(None, "accuracy", "score"), group=ROLLOUT)
+    prompt_order: str = option("random", "how each iteration's prompts are drawn: random (with replacement, from "
+                                         "--seed's generator) or in-order (the rows in turn from the first, wrapping "
+                                         "around: TRL's shuffle_dataset=False, and how a streamed data set is read)",
+                               choices=("random", "in-order"), group=ROLLOUT)
     max_resample_rounds: int | None = option(None, f"dynamic sampling: extra rounds of sampling at most per "
                                                    f"iteration; after them the batch is completed with dropped "
                                                    f"groups (empty: {MAX_RESAMPLE_ROUNDS})", range=at_least(0),
@@ -352,6 +358,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     save_rollouts: int = option(0, "every N iterations, write that iteration's rollouts to rollouts/iteration_N.jsonl: "
                                    "prompts, messages, token ids, the loss mask, rewards, tool calls (0: never)",
                                 range=at_least(0), group=RUN)
+
+    def __post_init__(self) -> None:
+        # Data sets given in memory (PPOConfig(prompts=dataset)) are kept aside, the fields recording them.
+        hold_data_objects(self, ("prompts", "eval_prompts"))
+        super().__post_init__()
 
     @staticmethod
     def saved_settings_now(saved: dict) -> dict:

@@ -40,7 +40,7 @@ from ppo_rlhf.tasks import make_task
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
 from ppo_rlhf.trainers.ppo_async import AsyncRollouts
 from ppo_rlhf.trainers.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
-from ppo_rlhf.trainers.ppo_setup import check_run_start, draw_batch, prompt_sets
+from ppo_rlhf.trainers.ppo_setup import PromptCursor, check_run_start, draw_batch, prompt_sets
 from ppo_rlhf.trainers.resume import Checkpoints, open_checkpoints
 
 # Each panel drawn when its metric was logged: the built-in task's exact match, a reasoning task's
@@ -124,6 +124,7 @@ class PPOLoop:
         check_run_start(config)  # cheap, and a trainer built around in-memory models has not yet
         train_rows, eval_rows = self.prompt_rows()
         prompt_rng = torch.Generator().manual_seed(config.seed)
+        self.prompt_cursor = PromptCursor()  # --prompt-order in-order's place in the prompts
         self.trained_into = out  # from here on the folder is this run's (a refused start may be tried again)
         for notice in on_main_process(start_run_folder, out, config.overwrite):
             print(notice)
@@ -223,15 +224,18 @@ class PPOLoop:
         bar = tqdm(range(first, config.iterations), desc="ppo", mininterval=1.0, disable=not main)
 
         def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
-            return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
+            return batch_for_rank(draw_batch(train_rows, config, prompt_rng, self.prompt_cursor))
 
         # --max-staleness N: a rollout worker generates the next batches while this thread trains
         # (trainers/ppo_async.py); the first batch is this thread's own, the worker starts after it.
-        rollouts = self.rollouts = (AsyncRollouts(self, draw, prompt_rng, config.max_staleness, config.iterations)
+        rollouts = self.rollouts = (AsyncRollouts(self, draw, prompt_rng, config.max_staleness, config.iterations,
+                                                  self.prompt_cursor)
                                     if config.max_staleness else None)
         try:
             for iteration in bar:
                 start = time.perf_counter()
+                # The passes over the prompts so far, as a reward function reads them (trainer_state.epoch).
+                self.state.epoch = iteration * (config.batch_size // config.samples_per_prompt) / len(train_rows)
                 if rollouts is None:
                     rows, more = draw(), draw  # draw_more: --dynamic-sampling's extra prompts
                 elif iteration == first:
@@ -253,6 +257,7 @@ class PPOLoop:
                     self.save_checkpoint(checkpoints, done, prompt_rng, progress)
                     raise
                 run_log.log(done, metrics)
+                self.state.log_history.append({**metrics, "step": done})
                 if "eval/response_length" in metrics:
                     run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
                 self.show_samples_if_due(done, iteration == first, run_log)
@@ -316,14 +321,14 @@ class PPOLoop:
         state.pop("optimizer")  # Checkpoints saves it (gathered, when sharded)
         sample_rng = getattr(self.generator, "rng", None)
         sample_state = sample_rng.get_state() if sample_rng is not None else None
-        prompt_state = prompt_rng.get_state()
+        prompt_state, cursor_position = prompt_rng.get_state(), self.prompt_cursor.position
         if self.rollouts is not None:  # asynchronous: where the first batch not yet trained was drawn from
-            prompt_state, draws = self.rollouts.resume_state()
+            prompt_state, draws, cursor_position = self.rollouts.resume_state()
             sample_state = torch.tensor([draws], dtype=torch.long)
         sample_rngs = gather_objects([sample_state])
         checkpoints.save(done, self.trained_modules(), self.optimizer, accelerator=self.accelerator, state={
             "trainer": state, "prompt_rng": prompt_state, "sample_rng_by_process": sample_rngs,
-            "progress": progress.saved()})
+            "prompt_cursor": cursor_position, "progress": progress.saved()})
 
     def restore(self, checkpoints: Checkpoints, prompt_rng: torch.Generator) -> Progress:
         """This run where the checkpoint left it; returns the summary's progress."""
@@ -333,6 +338,7 @@ class PPOLoop:
         actor_group, critic_group = self.optimizer.param_groups
         actor_group["lr"], critic_group["lr"] = self.config.lr, self.config.critic_lr or self.config.lr
         prompt_rng.set_state(saved["prompt_rng"])
+        self.prompt_cursor.position = saved.get("prompt_cursor", 0)  # a checkpoint from before --prompt-order: 0
         sample_rng = saved["sample_rng_by_process"][rank()]  # the world size was checked at start
         if sample_rng is not None and getattr(self.generator, "rng", None) is not None:
             self.generator.rng.set_state(sample_rng)
