@@ -464,10 +464,10 @@ def test_a_textarena_game_is_played_through_the_protocol():
     assert terminated and reward == 1.0
 
 
-def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
+def test_sft_trains_every_assistant_turn_of_a_trace_in_one_row_and_lists_its_tools(qwen):
     from ppo_rlhf.config import build_config as build
     from ppo_rlhf.formats import completion_rows
-    from ppo_rlhf.trainers.sft import SFTConfig, _prompts
+    from ppo_rlhf.trainers.sft import SFTConfig, sft_token_rows
 
     _, tokenizer = qwen
     schema = ToolBox([add], 1.0).schemas[0]
@@ -477,11 +477,12 @@ def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
                           {"role": "tool", "name": "add", "content": "3"},
                           {"role": "assistant", "content": "It is 3."}], "tools": [schema], "_source": "t.jsonl:1"}
     rows = completion_rows("prompt", "completion", True)([trace])
-    assert [r["completion"] for r in rows] == [trace["messages"][1]["content"], "It is 3."]  # the tool's answer: context
-    assert [len(r["prompt"]) for r in rows] == [1, 3]
-    prompts = _prompts(tokenizer, rows, build(SFTConfig, {"chat_template": True}))
-    assert all('"name": "add"' in p for p in prompts)  # the template lists the row's tools, as PPO's episodes do
-    assert prompts[1].endswith("<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert len(rows) == 1  # one row: every assistant turn trained at once
+    [(ids, labels)] = sft_token_rows(tokenizer, rows, build(SFTConfig, {"chat_template": True}))
+    assert '"name": "add"' in tokenizer.decode(ids[:ids.index(tokenizer.convert_tokens_to_ids("<|im_end|>"))])
+    learned = tokenizer.decode([token for token, label in zip(ids, labels) if label != -100])
+    # the tool's answer: context; each turn ends at the template's end of turn, as an episode's turn does
+    assert learned == trace["messages"][1]["content"] + "<|im_end|>It is 3.<|im_end|>"
 
 
 def test_a_trl_environment_class_given_in_python(room_for_tools, tmp_path):
