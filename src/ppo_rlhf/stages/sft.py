@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ppo_rlhf.config import ConfigError, to_dict
+from ppo_rlhf.config import ConfigError, recipe_line, to_dict
 from ppo_rlhf.data import DataError, load_rows, prompt_check, row_complaint, text
 from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.evaluation import Evaluator
@@ -19,7 +19,7 @@ from ppo_rlhf.formats import CONVERSATION, completion_rows
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_fits, check_tokenizer, refuse_adapter
 from ppo_rlhf.rollout.sequences import stop_token_ids
-from ppo_rlhf.distributed import on_main_process
+from ppo_rlhf.distributed import is_main_process, on_main_process
 from ppo_rlhf.sharding import whole_weights
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
@@ -62,6 +62,8 @@ def run_sft(config: SFTConfig) -> dict:
     rows, evaluator = sft_evaluator(config, task, model, tokenizer, rows)
     for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)
+    if config.recipe and is_main_process():
+        print(f"ppo-rlhf sft: recipe {recipe_line(config)}")
     checkpoints = open_checkpoints(config, out, config.steps, "step")
     run_log = open_run_log(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)

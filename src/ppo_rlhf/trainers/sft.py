@@ -25,8 +25,9 @@ from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank
 from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.formats import CONVERSATION
 from ppo_rlhf.hardware import HardwareOptions
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models.loading import check_scratch_model
+from ppo_rlhf.recipes import recipe_names
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -80,6 +81,11 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
     max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0), group=UPDATE)
     max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
                                    "(each is skipped)", range=at_least(1), group=UPDATE)
+    recipe: str | None = option(None, "measured settings in place of the defaults (ppo_rlhf/recipes.py, docs/agents.md "
+                                      "\"Recipes\"): agents-warm-up (conversations through the chat template: the "
+                                      "warm-up before ppo --recipe agents-grpo or agents-ppo); a setting given in "
+                                      "--config or by a flag wins over the recipe's; printed at start",
+                                choices=(None, *recipe_names("SFTConfig")), group=UPDATE)
 
     # --- hardware
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
@@ -341,7 +347,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if run_log is not None:
                 run_log.log(done, record)
-        stop = stop_requested()  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
+        stop = stop_after(done, config.steps)  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
         if checkpoints is not None and (checkpoints.due(done, config.steps) or (stop and checkpoints.every)):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "order": order, "cursor": cursor, "order_rng": generator.get_state(), "evaluations": evaluations,
