@@ -158,6 +158,16 @@ def test_a_second_signal_aborts_naming_only_a_checkpoint_on_disk(sft_model, tmp_
     assert checkpoint_step(some) == 2
 
 
+def test_a_stop_in_the_last_step_of_the_demos_sft_keeps_it_and_begins_no_other_stage(tmp_path):
+    out = tmp_path / "demo"
+    (tmp_path / "stages.yaml").write_text("sft: {batch_size: 8, n_layer: 2, n_head: 2, n_embd: 32}\n")
+    result = signalled(["demo", "--sft-steps", 2, "--rm-steps", 2, "--ppo-iterations", 1, "--num-threads", 1,
+                        "--stages-config", tmp_path / "stages.yaml", "--out", out], at=2)
+    assert result.returncode == 143 and "Traceback" not in result.stderr, result.stderr
+    assert "ppo-rlhf demo: interrupted after stage 1; this command cannot resume" in result.stderr, result.stderr
+    assert (out / "sft" / "checkpoints" / "sft" / "model.safetensors").exists() and not (out / "rm").exists()
+
+
 # stage: (its command line, the signal, the exit code, the trained weights it writes)
 STOPPED = {
     "sft-sigint": (sft_args, signal.SIGINT, 130, "checkpoints/sft/model.safetensors"),
