@@ -152,6 +152,7 @@ def main() -> None:
     model = tiny_smollm2(Path(args.tokenizer), OUT / "tiny-smollm2")
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.chat_template = tool_template_path().read_text()
+    load_before = os.getloadavg()[1]
     result = {"benchmark": "sft_rows", "date": time.strftime("%Y-%m-%d"), "before": args.before,
               "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch threads",
               "settings": {k: getattr(args, k) for k in ("traces", "steps", "batch_size", "max_length", "repeats")},
@@ -173,6 +174,7 @@ def main() -> None:
                 layouts[layout]["seconds_per_epoch"] = round(per_step * layouts[layout]["rows"] / args.batch_size, 1)
                 print(name, layout, layouts[layout], flush=True)
             result["warm_ups"][name] = layouts
+    result["load_average_5min"] = [round(load_before, 2), round(os.getloadavg()[1], 2)]  # at the start, at the end
     report(result)
 
 
@@ -195,7 +197,11 @@ def report(result: dict) -> None:
     lines += ["", "Rows and tokens counted by this tree's code for both layouts; seconds from each revision's own "
               f"`ppo-rlhf sft` (the loop's time from its metrics, and the whole command's; the fastest of "
               f"{settings['repeats']} runs). An epoch trains every assistant turn of the data once: rows / batch "
-              "size steps, at the measured seconds a step."]
+              "size steps, at the measured seconds a step.", "",
+              f"The machine's 5-minute load average was {result['load_average_5min'][0]} at the start and "
+              f"{result['load_average_5min'][1]} at the end, on {os.cpu_count()} cores: other work ran beside "
+              "these runs, and a step's seconds varied with it between runs of the same work. The tokens are "
+              "exact; the seconds an epoch follow the tokens an epoch."]
     (RESULTS / "sft_rows.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -22,6 +22,7 @@ from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, 
                              option)
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.envs.chat import qwen3_training_template_path
 from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.formats import CONVERSATION
 from ppo_rlhf.hardware import HardwareOptions
@@ -139,18 +140,6 @@ def padded_examples(token_rows: list[tuple[list[int], list[int]]], max_length: i
     return input_ids, attention_mask, labels
 
 
-def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], max_length: int,
-                         add_special_tokens: bool = True, stop_ids: list[int] | None = None):
-    """Right-padded (N, L) input ids, attention mask and labels (-100 outside the completion).
-
-    ``add_special_tokens=False`` for prompts already formatted by a chat template, which writes
-    its own BOS and turn markers (the same way PPO encodes them).  ``stop_ids``: the ids that end
-    a response (default: the tokenizer's EOS alone)."""
-    token_rows = [(p + target, [-100] * len(p) + target)
-                  for p, target in completion_token_rows(tokenizer, prompts, completions, add_special_tokens, stop_ids)]
-    return padded_examples(token_rows, max_length, tokenizer.pad_token_id)
-
-
 def completion_token_rows(tokenizer, prompts: list[str], completions: list[str], add_special_tokens: bool = True,
                           stop_ids: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids and the EOS that ends them) of each row, before any cut."""
@@ -218,6 +207,10 @@ def fit_rows(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int]
               f"end, a conversation's last turns), {len(rows) - len(kept)} dropped (the prompt fills it, leaving "
               f"nothing to learn)")
     warn_unstopped_turns(tokenizer, rows, token_rows, stop_ids)
+    if any(CONVERSATION in row for row in rows) and training_template(tokenizer) is not None:
+        print(f"chat template: Qwen3's writes a turn's think block only while the turn is last, so the conversations "
+              f"render with ppo-rlhf's training template ({qwen3_training_template_path()}), which writes it in "
+              f"every turn, as episodes do")
     return [row for row, _ in kept], min(limit, max(length for _, length in kept))
 
 
