@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.distributed import end_processes, is_main_process
     from ppo_rlhf.envs.protocol import EnvironmentFailed
     from ppo_rlhf.envs.tools import ToolParserFailed
-    from ppo_rlhf.interrupts import RunInterrupted, failure_resume_hint, interrupted_message, stop_on_signals
+    from ppo_rlhf.interrupts import (RunInterrupted, aborted_message, failure_resume_hint, interrupted_message,
+                                     stop_on_signals)
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.generation import EngineWeightsError
     from ppo_rlhf.rollout.reward import RewardError
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         end_processes()  # every process stopped at the same step (interrupts.stop_requested)
         return interrupted.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C, or one in a command without safe points
-        hint = "; its last checkpoint is whole: --resume continues from it" if _can_resume(parser, args.command) else ""
-        print(f"ppo-rlhf {args.command}: interrupted{hint}", file=sys.stderr)
+        print(aborted_message(args.command, _can_resume(parser, args.command)), file=sys.stderr)
         return 130
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)

@@ -2,13 +2,14 @@
 
 Every field is declared with :func:`option`, which carries the one-line help text shown by
 ``--help`` and, for a number, the range it must lie in (:class:`Range`).  Precedence: dataclass
-default < YAML file < command-line flag.  Unknown keys and invalid values fail at start with a
+default < ``--recipe`` (recipes.py) < YAML file < command-line flag.  Unknown keys and invalid values fail at start with a
 message that names the key and says what is allowed (docs/design.md, "Configuration").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextvars
 import copy
 import dataclasses
 import difflib
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from ppo_rlhf.recipes import recipe_settings
 
 C = TypeVar("C")
 
@@ -300,10 +303,77 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "config") -
                 f"(allowed: {', '.join(sorted(fields))})"
             )
         kwargs[name] = field_value(cls, fields[name], value)
-    config = cls(**kwargs)
-    if not hasattr(config, "__post_init__"):  # one that checks itself when built (run_folder.py) is done
-        check_config(config)
+    given = _GIVEN.set(frozenset(kwargs))  # a recipe's settings give way to these, equal to a default or not
+    try:
+        config = cls(**kwargs)
+        if not hasattr(config, "__post_init__"):  # one that checks itself when built (run_folder.py) is done
+            check_config(config)
+    finally:
+        _GIVEN.reset(given)
     return config
+
+
+# The fields given to the config being built (build_config: the YAML's and the flags' keys); None
+# while a config is built in Python, whose given fields are those that differ from their defaults.
+_GIVEN: contextvars.ContextVar = contextvars.ContextVar("given_fields", default=None)
+
+
+def apply_recipe(config: Any) -> None:
+    """``config.recipe``'s settings (recipes.py) in place of the defaults: every field of the recipe
+    not given (in the YAML or by a flag; built in Python: still at its default) takes the recipe's
+    value.  Done once, when the config is first checked."""
+    name = getattr(config, "recipe", None)
+    if not name:
+        return
+    fields = {field.name: field for field in dataclasses.fields(config)}
+    given = _GIVEN.get()
+    for key, value in recipe_settings(type(config).__name__, name).items():
+        field = fields[key]
+        default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+        if (key not in given) if given is not None else getattr(config, key) == default:
+            setattr(config, key, copy.deepcopy(value))
+
+
+def recipe_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings of ``config.recipe`` that the config holds otherwise: field -> (its value, the
+    recipe's).  Empty without a recipe."""
+    name = getattr(config, "recipe", None)
+    if not name:
+        return {}
+    return {key: (getattr(config, key), value) for key, value in recipe_settings(type(config).__name__, name).items()
+            if getattr(config, key) != value}
+
+
+def from_recipe(config: Any, message: str) -> str:
+    """Where a refused value came from when the recipe set it (the user never gave it), for the
+    refusal's message; "" otherwise."""
+    name = getattr(config, "recipe", None)
+    if not name or not message.startswith("invalid value for '"):
+        return ""
+    key = message.removeprefix("invalid value for '").split("'", 1)[0]
+    settings = recipe_settings(type(config).__name__, name)
+    if key not in settings or key in recipe_overrides(config):
+        return ""
+    return f" ({key} {settings[key]!r} is --recipe {name}'s: give the option another value, or leave the recipe out)"
+
+
+def recipe_line(config: Any) -> str | None:
+    """The recipe as a run's plan prints it: its flags, and those given over it (None: no recipe)."""
+    name = getattr(config, "recipe", None)
+    if not name:
+        return None
+    fields = {field.name: field for field in dataclasses.fields(config)}
+
+    def flag(key: str, value: Any) -> str:
+        spelled = flag_name(fields[key])
+        if isinstance(value, bool):
+            return spelled if value else f"--no-{spelled.removeprefix('--')}"
+        return f"{spelled} {value:g}" if isinstance(value, float) else f"{spelled} {value}"
+
+    settings = " ".join(flag(key, value) for key, value in recipe_settings(type(config).__name__, name).items())
+    overrides = recipe_overrides(config)
+    given = "; given over it: " + ", ".join(flag(key, value) for key, (value, _) in overrides.items()) if overrides else ""
+    return f"{name} ({settings}){given}"
 
 
 def field_value(cls: type, field: dataclasses.Field, value: Any) -> Any:
@@ -351,6 +421,10 @@ def check_config(config: Any) -> None:
     "Configuration")."""
     fields = dataclasses.fields(config)
     record = config.__dict__.get(_CHECKED)
+    if record is None and getattr(config, "recipe", None) is not None:
+        named = next(field for field in fields if field.name == "recipe")
+        config.recipe = field_value(type(config), named, config.recipe)  # a name it has, before its settings
+        apply_recipe(config)
     if record is not None:
         given, derived = record
         for field in fields:
@@ -361,7 +435,10 @@ def check_config(config: Any) -> None:
     given = {field.name: copy.deepcopy(getattr(config, field.name)) for field in fields}
     validate = getattr(config, "validate", None)
     if validate is not None:
-        validate()
+        try:
+            validate()
+        except ConfigError as error:
+            raise ConfigError(f"{error}{from_recipe(config, str(error))}") from None
     config.__dict__[_CHECKED] = (given, {field.name: copy.deepcopy(getattr(config, field.name)) for field in fields})
 
 

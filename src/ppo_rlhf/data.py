@@ -46,10 +46,13 @@ def text(value: Any) -> str | None:
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def chat_messages(value: Any, last_may_be_empty: bool = False) -> str | None:
+def chat_messages(value: Any, last_may_be_empty: bool = False, tool_calls: bool = False) -> str | None:
     """A non-empty list of chat messages, each ``{role, content}`` with a role of ``ROLES`` and
     text content that is not empty.  ``last_may_be_empty``: the last message is a reply, which a
-    stage may take empty (and drop the row with a count) rather than refuse."""
+    stage may take empty (and drop the row with a count) rather than refuse.  ``tool_calls``: an
+    assistant message may carry TRL's and transformers' ``tool_calls`` (:func:`tool_call_list`),
+    and its content may then be empty or absent: the calls are what it says (sft's conversations,
+    which the chat template renders whole)."""
     if not isinstance(value, list):
         return f"must be a list of chat messages {{role, content}}, got {_shown(value)}"
     if not value:
@@ -59,12 +62,46 @@ def chat_messages(value: Any, last_may_be_empty: bool = False) -> str | None:
             return f"message {i} must be {{'role': string, 'content': string}}, got {_shown(message)}"
         if message["role"] not in ROLES:
             return f"message {i} has role {message['role']!r}; allowed roles: {', '.join(ROLES)}"
-        if "content" not in message:
+        calls = message.get("tool_calls")
+        if tool_calls and calls is not None:
+            complaint = tool_call_list(calls) if message["role"] == "assistant" else \
+                "is only an assistant message's (the model's calls; a tool's answer is a 'tool' message)"
+            if complaint:
+                return f"message {i} (role {message['role']!r}) field 'tool_calls' {complaint}"
+            if message.get("content") is None:  # TRL's and transformers': a call's content may be left out
+                continue
+        elif "content" not in message:
             return f"message {i} (role {message['role']!r}) has no 'content'"
         if not isinstance(message["content"], str):
             return f"message {i} (role {message['role']!r}) must have text content, got {_shown(message['content'])}"
-        if not message["content"].strip() and not (last_may_be_empty and i == len(value) - 1):
-            return f"message {i} (role {message['role']!r}) has empty content"
+        if not message["content"].strip() and not (last_may_be_empty and i == len(value) - 1) \
+                and not (tool_calls and calls is not None):
+            hint = (" (its tool_calls are read from an sft conversation, {messages} or a prompt and completion of "
+                    "messages)" if calls is not None else "")
+            return f"message {i} (role {message['role']!r}) has empty content{hint}"
+    return None
+
+
+def tool_call_list(value: Any) -> str | None:
+    """An assistant message's ``tool_calls`` as TRL and transformers' chat templates take them:
+    ``[{"type": "function", "function": {"name": ..., "arguments": {...}}}]``, the arguments an
+    object or the JSON text of one (OpenAI's)."""
+    shape = "[{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}]"
+    if not isinstance(value, list) or not value:
+        return f"must be a non-empty list of calls {shape}, got {_shown(value)}"
+    for j, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            return f"call {j} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': {{...}}}}}}, " \
+                   f"got {_shown(call)}"
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return f"call {j} ({function['name']}) has arguments that are text but not JSON: {_shown(arguments)}"
+        if not isinstance(arguments, dict):
+            return f"call {j} ({function['name']}) must have arguments that are an object, got {_shown(arguments)}"
     return None
 
 

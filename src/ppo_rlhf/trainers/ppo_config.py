@@ -14,6 +14,7 @@ from ppo_rlhf.data import hold_data_objects
 from ppo_rlhf.envs.options import EnvironmentOptions
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
+from ppo_rlhf.recipes import recipe_names
 from ppo_rlhf.rollout.engines import NO_ENGINE_LOGPROBS, RolloutEngineOptions
 from ppo_rlhf.rollout.reward import RewardOptions
 from ppo_rlhf.run_folder import RunFolderOptions
@@ -265,6 +266,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                 group=UPDATE)
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
                                          "(all but --lora-dropout, which is kept)", group=UPDATE)
+    recipe: str | None = option(None, "measured settings in place of the defaults (ppo_rlhf/recipes.py, docs/agents.md "
+                                      "\"Recipes\"): agents-grpo (LoRA, GRPO on groups of episodes) or agents-ppo "
+                                      "(LoRA, PPO with a critic); a setting given in --config or by a flag wins over "
+                                      "the recipe's; the plan prints both",
+                                choices=(None, *recipe_names("PPOConfig")), group=UPDATE)
 
     # --- KL
     kl_coef: float = option(KL_COEF, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if "

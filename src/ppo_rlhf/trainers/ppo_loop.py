@@ -28,7 +28,7 @@ from ppo_rlhf.rollout.episodes import rollout_records
 from ppo_rlhf.envs.protocol import EnvironmentFailed
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator, OutcomeError
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import start_run_folder
@@ -173,7 +173,8 @@ class PPOLoop:
                          max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
                          chat_template=config.chat_template, environments=self.environments,
                          limits=self.episode_limits, environment_weight=config.environment_reward_weight,
-                         seed=config.seed, samples_flag="--eval-samples")
+                         seed=config.seed, samples_flag="--eval-samples",
+                         show_progress=True)  # episodes: a bar, as `eval` shows one
 
     def evaluate(self, sampled: bool | None = None) -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
@@ -266,7 +267,8 @@ class PPOLoop:
                 if main and iteration == first and (warning := score_spread_warning(metrics, done)):
                     tqdm.write(f"warning: {warning}")
                 bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
-                stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
+                # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py); not after the last
+                stop = stop_after(done, config.iterations, "iteration")
                 if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
                     self.save_checkpoint(checkpoints, done, prompt_rng, progress)
                 if stop:

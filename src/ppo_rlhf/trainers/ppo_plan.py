@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ppo_rlhf.config import flag_name
+from ppo_rlhf.config import flag_name, recipe_line
 from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
 from ppo_rlhf.trainers.estimators import teacher_in_score
 from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
@@ -30,7 +30,9 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     actor_trained = [p for p in trainer.trainable_parameters if id(p) not in critic_ids]
     critic_trained = [p for p in trainer.trainable_parameters if id(p) in critic_ids]
     if config.lora:
-        actor = f"LoRA policy adapter (r {config.lora_r}) on {config.model}"
+        actor = f"LoRA policy adapter (r {config.lora_r}) on {config.model}" + (
+            " (its output layer, tied to the input embeddings, not adapted: the layers below it move the logits)"
+            if tied_head_unadapted(config, roles.actor) and not tied_head_matters(config, roles.actor) else "")
         reference = "the same base with adapters disabled"
     else:
         actor = f"{config.model} (all weights trained)"
@@ -58,7 +60,9 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     merges = float32_merges(config)  # adapters loaded as models, merged into 16-bit bases
     kl = (f"{config.kl_estimator_used} in the {config.kl_in}, kl_coef {config.kl_coef:g}"
           + (f" adapted toward {config.target_kl:g} per response" if config.target_kl is not None else " (fixed)"))
+    recipe = recipe_line(config)
     return [
+        *([f"recipe:    {recipe}"] if recipe else []),
         f"actor:     {actor}; {_count(actor_trained)} parameters trained, on {where}",
         f"reference: {reference}",
         *([f"teacher:   {teacher.description}, frozen; its log-probs of the model's own tokens, at the rollout's "
@@ -183,12 +187,14 @@ def plan_warnings(config: PPOConfig, actor=None) -> list[str]:
         warnings.append(f"--temperature {config.temperature:g} samples as greedy decoding does: two tokens one logit "
                         f"apart are drawn {odds:.3g} : 1, so the copies of a prompt get the same response and little "
                         f"is explored, and PPO barely learns; sample at 0.6 to 1 (1: as the model was trained)")
-    if config.lora and actor is not None and config.lora_target_modules == ALL_LINEAR_AND_OUTPUT \
-            and output_layer_tied(actor):
+    if tied_head_matters(config, actor):
         warnings.append(f"--lora: the output layer of {config.model} is tied to its input embeddings, so it is not "
-                        f"adapted (an adapter merged into it would change the embeddings as well); the policy can "
-                        f"move its logits only through the layers below it, which can leave a small or randomly "
-                        f"initialised model flat where training every weight learns: drop --lora to train them all")
+                        f"adapted (an adapter merged into it would change the embeddings as well), and the policy "
+                        f"moves its logits only through the layers below it; a model this small "
+                        f"({_count(actor.parameters())} parameters, under {_count_number(SMALL_MODEL)}) may have too "
+                        f"little below its head for that, and stay flat where training every weight learns (a random "
+                        f"tiny Llama did): drop --lora to train them all.  A larger model trains its other layers "
+                        f"well enough (SmolLM2-135M, tied too, learns with the agents recipes' --lora)")
     if not config.lora:  # the LoRA shape options do nothing on a full model (docs/design.md, "Configuration")
         unused = [flag_name(f) for f in dataclasses.fields(LoraOptions)
                   if f.name != "lora" and getattr(config, f.name) != f.default]
@@ -196,6 +202,30 @@ def plan_warnings(config: PPOConfig, actor=None) -> list[str]:
             warnings.append(f"{', '.join(unused)} given without --lora: they shape LoRA adapters, and this run trains "
                             f"the full model (add --lora, or drop them)")
     return warnings
+
+
+# A tied output layer left unadapted by --lora matters where the layers below it are few and
+# narrow: a user's random tiny Llama stayed flat with --lora over 200 iterations where training every
+# weight learned (docs/design.md, "Defaults that learn"), while SmolLM2-135M, whose head is tied too,
+# learns with --lora in the agents recipes (docs/benchmarks.md, "Agents").  Between the two, below
+# this many parameters the plan warns; above it, it says so in the actor's line.
+SMALL_MODEL = 50_000_000
+
+
+def tied_head_unadapted(config: PPOConfig, actor) -> bool:
+    """--lora with the default targets on a model whose output layer is its input embeddings: the
+    head is not adapted (models/lora.py, ``target_modules``)."""
+    return bool(config.lora and actor is not None and config.lora_target_modules == ALL_LINEAR_AND_OUTPUT
+                and output_layer_tied(actor))
+
+
+def tied_head_matters(config: PPOConfig, actor) -> bool:
+    """Whether the unadapted tied head is worth a warning: on a model under SMALL_MODEL parameters."""
+    return tied_head_unadapted(config, actor) and sum(p.numel() for p in actor.parameters()) < SMALL_MODEL
+
+
+def _count_number(n: int) -> str:
+    return f"{n / 1e6:g}M"
 
 
 def score_spread_warning(metrics: dict, iteration: int) -> str | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from ppo_rlhf.config import ConfigError
 from ppo_rlhf.core import informative_groups, overlong_penalty
 from ppo_rlhf.distributed import gather_rows, max_across_processes, sum_across_processes
 from ppo_rlhf.envs import environment_source
@@ -36,10 +37,18 @@ def environments_of(config: PPOConfig, environment=None, tools: list | None = No
     if config.agent is not None:  # an agent plays the episodes itself, on the server's OpenAI endpoint
         return AgentSource(config.agent, config.env_workers)
     environment, tools = episode_objects(config, environment, tools)
-    return environment_source(environment, tools, tool_parser=config.tool_parser,
-                              tool_timeout=config.tool_timeout, env_workers=config.env_workers,
-                              environment_config=config.environment_config,
-                              action_names=config.action_names or None, observation_text=config.observation_text)
+    source = environment_source(environment, tools, tool_parser=config.tool_parser,
+                                tool_timeout=config.tool_timeout, env_workers=config.env_workers,
+                                environment_config=config.environment_config,
+                                action_names=config.action_names or None, observation_text=config.observation_text)
+    if source is not None and config.turn_rewards == "per-turn" and not source.pays_per_turn:
+        # TRL's classes and tools reward an episode once it ends (get_reward, reward functions):
+        # per-turn would place that reward where sum does, and say it did more.
+        raise ConfigError(f"invalid value for 'turn_rewards': 'per-turn' with {source.description}, which rewards no "
+                          f"turn on its own (TRL's environment classes and tools have no step reward: get_reward() "
+                          f"and the reward functions score the finished episode); leave --turn-rewards out (sum), "
+                          f"or give an environment of gymnasium's shape, whose step() returns each turn's reward")
+    return source
 
 
 class RolloutStage:
