@@ -142,9 +142,15 @@ class ForwardPasses:
     def micro_batches(self, sequences: Sequences) -> list[torch.Tensor]:
         """The row indices of each of the rollout passes' micro-batches (--rollout-micro-batch-size,
         --max-tokens-per-micro-batch)."""
+        lengths = self.pass_lengths(sequences)
         return [torch.tensor(group, device=self.device) for group in
-                token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
-                                    self.config.rollout_micro_batch_size)]
+                token_micro_batches(lengths, self.micro_batch_tokens(lengths), self.config.rollout_micro_batch_size)]
+
+    def micro_batch_tokens(self, lengths: torch.Tensor) -> int | None:
+        """The token budget for cutting rows that take ``lengths`` (B,) positions in a pass into
+        micro-batches: --max-tokens-per-micro-batch's number, or auto's for the pass plan's output
+        layer (trainers/token_budget.py); None: by rows."""
+        return self.token_budget.for_rows(lengths, fused=(self._pass_plan or self.wanted_pass_plan).fused)
 
     def rollout_passes(self, sequences: Sequences, one_pass: Callable[[Sequences], torch.Tensor | tuple]):
         """``one_pass`` on each micro-batch of this process's rows (it returns a (b, T) tensor, or a
