@@ -13,7 +13,7 @@ from ppo_rlhf.models.value import ModelCritic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.reward import FunctionReward
 from ppo_rlhf.rollout.sequences import Sequences
-from ppo_rlhf.trainers.ppo import PPOTrainer
+from ppo_rlhf.trainers.ppo import PPOTrainer, token_micro_batches
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from zoo import PROMPTS, REWARDS_MODULE
 
@@ -154,12 +154,26 @@ def test_rows_that_fit_the_budget_are_cut_by_rows_and_others_by_tokens():
     from ppo_rlhf.trainers.token_budget import TokenBudget, TokenCost
 
     budget = TokenBudget(auto=True, room=100 * 1000, cost=TokenCost(flat=1000))  # 100 tokens
-    assert budget.for_rows(torch.tensor([30, 30, 40])) is None  # 100 tokens: one pass, as without a budget
-    assert budget.for_rows(torch.tensor([30, 30, 41])) == 100
+    assert budget.for_rows(100, 40) is None  # rows of 100 tokens in all: one pass, as without a budget
+    assert budget.for_rows(101, 41) == 100
     eager = TokenBudget(auto=True, room=100 * 1000, cost=TokenCost(flat=500, per_position=10))
     assert eager.tokens(50) == 100 and eager.tokens(150) == 50  # longer rows, fewer tokens a pass
-    assert TokenBudget(given=40).for_rows(torch.tensor([30, 30])) == 40  # a number given is kept as it is
-    assert TokenBudget(given=None).for_rows(torch.tensor([30, 30])) is None
+    assert TokenBudget(given=40).for_rows(60, 30) == 40  # a number given is kept as it is
+    assert TokenBudget(given=None).for_rows(60, 30) is None
+
+
+def test_rows_sharing_a_prompt_count_it_once_a_micro_batch():
+    # Responses of 10 tokens, prompts of 20: prompt 0 has three rows (50 tokens), 1 two (40), 2 one (30).
+    responses, prompts = torch.full((6,), 10), torch.tensor([0, 0, 0, 1, 1, 2])
+    assert token_micro_batches(responses, 50, prompts=prompts, prompt_tokens=20) == [[0, 1, 2], [3, 4], [5]]
+    # 45 tokens: prompt 0's third row starts a group (and pays its prompt again), prompt 1 one of its own.
+    assert token_micro_batches(responses, 45, prompts=prompts, prompt_tokens=20) == [[0, 1], [2], [3, 4], [5]]
+    # Rows of two prompts share a micro-batch where both prompts fit; a row cap still holds.
+    assert token_micro_batches(torch.full((2,), 10), 60, prompts=torch.tensor([0, 1]), prompt_tokens=20) == [[0, 1]]
+    assert token_micro_batches(responses, 50, max_rows=2, prompts=prompts, prompt_tokens=20) == [[0, 1], [2], [3, 4],
+                                                                                                 [5]]
+    # Counted per row (without prompts) the same rows of 30 tokens would take five passes of 50.
+    assert len(token_micro_batches(torch.full((6,), 30), 50)) == 6
 
 
 def test_the_option_takes_a_number_auto_or_empty_and_auto_is_the_default():
@@ -195,21 +209,30 @@ def test_auto_budget_rollout_passes_equal_one_full_pass(zoo, critic, monkeypatch
         assert torch.allclose(getattr(whole, name), getattr(parts, name), atol=1e-6), name
 
 
-@pytest.mark.parametrize("aggregation, critic", [("token-mean", "shared"), ("sequence-mean", "separate")])
+@pytest.mark.parametrize("aggregation, critic", [("token-mean", "shared"), ("sequence-mean", "separate"),
+                                                 ("token-mean", "grpo")])
 def test_auto_budget_accumulates_the_gradient_of_one_pass(zoo, aggregation, critic, monkeypatch):
+    """Also GRPO's 4 samples of 2 prompts, whose passes run each prompt once (shared prompts): a
+    micro-batch counts its prompts once."""
+    grpo = {"estimator": "grpo", "samples_per_prompt": 4} if critic == "grpo" else {}
+    rows = [{"prompt": PROMPTS[i // 4]} for i in range(8)] if grpo else ROWS
     whole_trainer = trainer_with(zoo, critic, loss_aggregation=aggregation, entropy_coef=0.01,
-                                 max_tokens_per_micro_batch=None)
+                                 max_tokens_per_micro_batch=None, **grpo)
     small_memory(monkeypatch, 24)
-    auto_trainer = trainer_with(zoo, critic, loss_aggregation=aggregation, entropy_coef=0.01)
-    experience, _ = whole_trainer.make_experience(ROWS)
+    auto_trainer = trainer_with(zoo, critic, loss_aggregation=aggregation, entropy_coef=0.01, **grpo)
+    experience, _ = whole_trainer.make_experience(rows)
     auto_trainer.checked_pass_plan(experience.sequences)
+    assert auto_trainer.pass_plan.share_prompts == bool(grpo)
     minibatch = torch.tensor([5, 0, 7, 2, 3, 6, 1, 4])
     _, parts = auto_trainer.update_micro_batches(experience, minibatch)
-    lengths = experience.sequences.attention_mask.sum(dim=1)
-    assert len(parts) > 2 and all(lengths[minibatch[part]].sum() <= 24 or len(part) == 1 for part in parts)
+    assert len(parts) > 2
+    if not grpo:
+        lengths = experience.sequences.attention_mask.sum(dim=1)
+        assert all(lengths[minibatch[part]].sum() <= 24 or len(part) == 1 for part in parts)
     for trainer in (whole_trainer, auto_trainer):
         trainer.actor.train()
-        trainer.critic.train()
+        if trainer.critic is not None:
+            trainer.critic.train()
     whole_stats = whole_trainer.accumulate_gradients(experience, minibatch, warming_up=False)
     auto_stats = auto_trainer.accumulate_gradients(experience, minibatch, warming_up=False)
     pairs = list(zip(whole_trainer.trainable_parameters, auto_trainer.trainable_parameters))

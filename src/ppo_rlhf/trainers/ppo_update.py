@@ -16,7 +16,6 @@ from ppo_rlhf.distributed import sum_across_processes, sum_gradients
 from ppo_rlhf.rollout.passes import ResponseStats, full_kl_between, response_stats
 from ppo_rlhf.sharding import plain
 from ppo_rlhf.trainers.ppo_batch import Experience
-from ppo_rlhf.trainers.ppo_passes import token_micro_batches
 
 
 def split_by_tokens(index: torch.Tensor, lengths: torch.Tensor, processes: int) -> list[torch.Tensor]:
@@ -133,10 +132,9 @@ class PolicyUpdate:
         then cut by --max-tokens-per-micro-batch and --train-micro-batch-size.  Under FSDP a pass
         is padded, every row counts the batch's whole width, so every process gets as many rows
         and micro-batches, each a collective (docs/design.md, "Collectives of a rollout")."""
-        lengths = self.pass_lengths(experience.sequences)
-        mine = split_by_tokens(mb_index, lengths, self.processes)[self.rank]
-        groups = token_micro_batches(lengths[mine], self.micro_batch_tokens(lengths[mb_index]),
-                                     self.config.train_micro_batch_size)
+        sequences = experience.sequences
+        mine = split_by_tokens(mb_index, self.pass_lengths(sequences), self.processes)[self.rank]
+        groups = self.cut(sequences, mine, self.config.train_micro_batch_size, decided_on=mb_index)
         return mine, [torch.tensor(group, dtype=torch.long, device=self.device) for group in groups]
 
     def actor_loss(self, mb: Experience, response: ResponseStats, token_share: float, policy_share: float,

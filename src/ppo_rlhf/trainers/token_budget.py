@@ -91,14 +91,13 @@ class TokenBudget:
         fit = self.room // self.cost.bytes(width, fused)
         return fit // GRAIN * GRAIN if fit >= GRAIN else max(fit, 1)
 
-    def for_rows(self, lengths: torch.Tensor, fused: bool = True) -> int | None:
-        """The budget for cutting rows that take ``lengths`` (B,) positions in a pass: auto's for
-        their longest, or None (by rows) where auto's holds them all in one pass."""
-        if not self.auto or not len(lengths):
+    def for_rows(self, tokens: int, width: int, fused: bool = True) -> int | None:
+        """The budget for cutting rows whose passes would run ``tokens`` positions in all, the
+        longest row ``width``: auto's for that width, or None (by rows) where it holds them all."""
+        if not self.auto:
             return self.given
-        lengths = lengths.tolist()
-        tokens = self.tokens(max(lengths), fused)
-        return None if sum(lengths) <= tokens else tokens
+        budget = self.tokens(width, fused)
+        return None if tokens <= budget else budget
 
 
 def auto_budget(models: list, element_bytes: int, checkpointing: bool, free: int, trained: int,
