@@ -266,3 +266,12 @@ def test_under_fsdp_every_process_cuts_its_share_into_as_many_micro_batches(zoo)
         mine, parts = trainer.update_micro_batches(experience, minibatch)
         cut.append((len(mine), len(parts)))
     assert cut == [(4, 2), (4, 2)]  # 4 rows each, 2 of 32 positions a micro-batch of 64 tokens
+
+
+def test_a_run_saved_with_another_budget_resumes_with_auto():
+    """How a batch is cut into passes changes no sum: a run saved before auto (its budget empty), or
+    with a number, resumes under the default."""
+    from ppo_rlhf.run_folder import changed_settings
+
+    for saved in (None, 4096):
+        assert changed_settings({"max_tokens_per_micro_batch": saved}, {"max_tokens_per_micro_batch": "auto"}) == []
