@@ -122,15 +122,17 @@ GROUPS = (MODEL_DATA, REWARD, ROLLOUT, UPDATE, KL, EPISODES, ENGINE, HARDWARE, R
 
 def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,  # noqa: A002
            range: Range | None = None,  # noqa: A002 -- the word the declarations read best with
-           group: str | None = None, first: bool = False) -> Any:
+           group: str | None = None, first: bool = False, words: tuple[str, ...] = ()) -> Any:
     """A config field with its help text and, optionally, its allowed values, its flag name, or
     (for a number, or a list of numbers: each item) the :class:`Range` it must lie in; the
     ``--help`` group it is shown in (one of GROUPS; default: its class's ``option_group``), and
     ``first``: one of the options people set first, at the top of its group.  Every int and float
-    field declares a range (tests/test_option_ranges.py walks them all)."""
+    field declares a range (tests/test_option_ranges.py walks them all).  ``words``: what a number
+    option also takes in place of a number (``auto``: the program chooses), kept as the word."""
     if group is not None and group not in GROUPS:
         raise ValueError(f"unknown option group {group!r}; the groups are {GROUPS}")
-    metadata = {"help": help, "choices": choices, "flag": flag, "range": range, "group": group, "first": first}
+    metadata = {"help": help, "choices": choices, "flag": flag, "range": range, "group": group, "first": first,
+                "words": words}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -193,6 +195,9 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: true or false")
     if kind in (int, float) and isinstance(value, bool):
         raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: a number, not true or false")
+    words = field.metadata.get("words") or ()
+    if isinstance(value, str) and value.strip().lower() in words:  # a number option's word (auto)
+        return value.strip().lower()
     try:
         if kind is bool:
             return value
@@ -207,8 +212,9 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         else:
             return kind(value)
     except (TypeError, ValueError):
+        named = "".join(f" or {word}" for word in words)
         raise ConfigError(
-            f"'{field.name}' must be {getattr(kind, '__name__', kind)}, got {value!r}"
+            f"'{field.name}' must be {getattr(kind, '__name__', kind)}{named}, got {value!r}"
         ) from None
     return _coerce_numbers(field, items)
 

@@ -39,7 +39,7 @@ from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import AdaptiveKLController, FixedKLController
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_complaint
-from ppo_rlhf.distributed import gather_rows, rank, world_size
+from ppo_rlhf.distributed import gather_rows, max_across_processes, rank, world_size
 from ppo_rlhf.envs.chat import prepare_episode_chat, template_name
 from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.hardware import train_in_float32
@@ -65,6 +65,7 @@ from ppo_rlhf.trainers.ppo_rollout import RolloutStage, environments_of
 from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts, record_given_episodes
 from ppo_rlhf.trainers.ppo_update import PolicyUpdate
 from ppo_rlhf.trainers.teacher import Teacher
+from ppo_rlhf.trainers.token_budget import run_budget
 
 SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
 
@@ -219,6 +220,12 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
                                          pack=config.padding_free)
         self._pass_plan: PassPlan | None = None
         self._teacher_plan: PassPlan | None = None  # a teacher of its own: its plan, checked on it
+        # How many tokens a micro-batch holds, chosen now that the models are in place (auto: from
+        # the memory they leave free); under FSDP every process cuts alike (trainers/token_budget.py).
+        sharded = self.sharding is not None
+        self.token_budget = run_budget(config, actor, self.critic, self.trainable_parameters, self.device,
+                                       self.processes if sharded else 1,
+                                       agree=(lambda room: -max_across_processes(-room)) if sharded else None)
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;

@@ -321,13 +321,13 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                                         "critic passes (their logits are (rows, T, vocabulary)); "
                                                         "empty: the whole batch at once.  Same results, less memory",
                                                         range=above(0), group=HARDWARE)
-    max_tokens_per_micro_batch: int | None = option(None, "fill each micro-batch of the rollout's passes and of the "
-                                                          "update up to this many tokens (prompt + response), rows "
-                                                          "grouped longest first, instead of a number of rows: long "
-                                                          "and short responses share passes by their tokens; the "
-                                                          "step stays the whole minibatch's.  Empty: by rows "
-                                                          "(--rollout-micro-batch-size, --train-micro-batch-size)",
-                                                    range=above(0), group=HARDWARE)
+    max_tokens_per_micro_batch: int | str | None = option(
+        "auto", "fill each micro-batch of the rollout's passes and of the update up to this many tokens (prompt + "
+                "response), rows grouped longest first, instead of a number of rows: long and short responses share "
+                "passes by their tokens; the step stays the whole minibatch's.  auto: as many as half the memory free "
+                "at start holds (on a CPU at most 4 GiB a pass), from the model's size, said in the plan.  Empty: by "
+                "rows (--rollout-micro-batch-size, --train-micro-batch-size)",
+        range=above(0), words=("auto",), group=HARDWARE)
     padding_free: bool = option(True, "forward passes with the batch's rows packed end to end, position ids "
                                       "restarting at each row, instead of padded to the longest (with "
                                       "--fused-output-layer; checked against the padded pass on the first batch, off "

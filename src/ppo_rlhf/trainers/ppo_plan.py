@@ -14,6 +14,7 @@ from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_laye
 from ppo_rlhf.trainers.estimators import teacher_in_score
 from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
 from ppo_rlhf.trainers.roles import float32_merge_note, float32_merges
+from ppo_rlhf.trainers.token_budget import AUTO, TokenBudget, describe
 
 
 def _count(parameters) -> str:
@@ -82,7 +83,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"passes:    {trainer.wanted_pass_plan.describe()} (checked against the model's own padded pass on the "
         f"first batch)" + (f"; each distinct prompt runs once per forward pass, its {k} responses on its cached keys "
                            f"and values, where that runs fewer positions" if trainer.wanted_pass_plan.share_prompts
-                           else "") + f"; {micro_batch_line(config)}",
+                           else "") + "; " + micro_batch_line(config, trainer.token_budget, trainer.wanted_pass_plan.fused),
         f"KL:        {kl}",
         *variant_lines(config),
     ]
@@ -107,15 +108,25 @@ def episode_line(config: PPOConfig, environments) -> str:
             + "".join(f"; {note}" for note in environments.notes))
 
 
-def micro_batch_line(config: PPOConfig) -> str:
-    """How the rollout's passes and the update's minibatches are cut into micro-batches."""
+def micro_batch_line(config: PPOConfig, budget: TokenBudget | None = None, fused: bool = True) -> str:
+    """How the rollout's passes and the update's minibatches are cut into micro-batches; ``budget``:
+    the run's (trainers/token_budget.py; None: the config's number), ``fused``: the output layer's way."""
     rollout, update = config.rollout_micro_batch_size, config.train_micro_batch_size
-    if config.max_tokens_per_micro_batch is not None:
-        cap = lambda rows: f", {rows} rows at most" if rows else ""  # noqa: E731
-        return (f"micro-batches of up to {config.max_tokens_per_micro_batch} tokens, rows grouped longest first "
-                f"(rollout passes{cap(rollout)}; update{cap(update)}; a minibatch split over processes by tokens)")
     rollout_text = f"{rollout} rows a rollout pass" if rollout else "the whole batch a rollout pass"
     update_text = f"{update} rows an update micro-batch" if update else "the whole minibatch an update pass"
+    cap = lambda rows: f", {rows} rows at most" if rows else ""  # noqa: E731
+    grouped = (f"rows grouped longest first (rollout passes{cap(rollout)}; update{cap(update)}; a minibatch split "
+               f"over processes by tokens)")
+    if config.max_tokens_per_micro_batch == AUTO:
+        if budget is None:  # before a trainer has measured the memory
+            return f"micro-batches of a token budget chosen at start (auto), {grouped}"
+        tokens = budget.tokens(config.max_length, fused)
+        short = (f" -- less than one --max-length row, which then runs alone and may not fit: "
+                 f"--gradient-checkpointing holds less" if tokens < config.max_length else "")
+        return (f"micro-batches of up to {tokens:,} tokens ({describe(budget, config.max_length, fused)}{short}), "
+                f"{grouped}; rows that fit in one pass as without a budget: {rollout_text}, {update_text}")
+    if config.max_tokens_per_micro_batch is not None:
+        return f"micro-batches of up to {config.max_tokens_per_micro_batch} tokens, {grouped}"
     return f"{rollout_text}, {update_text}"
 
 
