@@ -122,7 +122,7 @@ def micro_batch_line(config: PPOConfig, budget: TokenBudget | None = None, fused
             return f"micro-batches of a token budget chosen at start (auto), {grouped}"
         tokens = budget.tokens(config.max_length, fused)
         short = (f" -- less than one --max-length row, which then runs alone and may not fit: "
-                 f"--gradient-checkpointing holds less" if tokens < config.max_length else "")
+                 "--gradient-checkpointing holds less" if tokens < config.max_length else "")
         return (f"micro-batches of up to {tokens:,} tokens ({describe(budget, config.max_length, fused)}{short}), "
                 f"{grouped}; rows that fit in one pass as without a budget: {rollout_text}, {update_text}")
     if config.max_tokens_per_micro_batch is not None:
