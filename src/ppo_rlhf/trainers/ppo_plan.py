@@ -121,7 +121,7 @@ def micro_batch_line(config: PPOConfig, budget: TokenBudget | None = None, fused
         if budget is None:  # before a trainer has measured the memory
             return f"micro-batches of a token budget chosen at start (auto), {grouped}"
         tokens = budget.tokens(config.max_length, fused)
-        short = (f" -- less than one --max-length row, which then runs alone and may not fit: "
+        short = (" -- less than one --max-length row, which then runs alone and may not fit: "
                  "--gradient-checkpointing holds less" if tokens < config.max_length else "")
         return (f"micro-batches of up to {tokens:,} tokens ({describe(budget, config.max_length, fused)}{short}), "
                 f"{grouped}; rows that fit in one pass as without a budget: {rollout_text}, {update_text}")
