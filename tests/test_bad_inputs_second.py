@@ -33,7 +33,8 @@ import torch
 
 from ppo_rlhf import ConfigError, PPOConfig, PPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
 from ppo_rlhf.cli import main
-from ppo_rlhf.config import build_config, load_yaml
+from ppo_rlhf.config import build_config
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models import ModelError, load_causal_lm, load_tokenizer
 from test_bad_inputs import (  # noqa: F401 -- broken is a fixture the cases use

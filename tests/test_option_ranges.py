@@ -20,8 +20,8 @@ import yaml
 from ppo_rlhf.cli import build_parser, main
 from ppo_rlhf.config import (
     ConfigError, Range, _base_type, _item_type, above, any_number, at_least, between, build_config, flag_name,
-    parse_yaml,
 )
+from ppo_rlhf.config_yaml import parse_yaml
 
 # Positional arguments a command needs before its options are looked at.
 POSITIONALS = {"gym-eval": ["runs/nothing-here"]}

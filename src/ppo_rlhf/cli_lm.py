@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
+from ppo_rlhf.config import add_config_arguments, config_from_args
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.distributed import is_main_process
 from ppo_rlhf.run_folder import check_out_spares_inputs
 from ppo_rlhf.trackers import ReportOptions, check_trackers

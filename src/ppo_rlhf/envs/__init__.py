@@ -154,8 +154,8 @@ class EnvironmentSource:
 
 def parse_config_values(text: str | None) -> dict:
     """``key=value,key=value`` (values read as YAML: numbers, true/false, lists) -> dict; ConfigError
-    naming --environment-config and the part at fault (config.py, ``parse_key_values``)."""
-    from ppo_rlhf.config import parse_key_values
+    naming --environment-config and the part at fault (config_yaml.py, ``parse_key_values``)."""
+    from ppo_rlhf.config_yaml import parse_key_values
 
     return parse_key_values(text or "", "environment_config", "is_slippery=false,map_name=4x4")
 

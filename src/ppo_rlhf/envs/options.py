@@ -71,7 +71,7 @@ class EnvironmentOptions:
 
     def template_kwargs(self) -> dict:
         """--chat-template-kwargs as a dict (ConfigError naming it for a malformed one)."""
-        from ppo_rlhf.config import parse_key_values
+        from ppo_rlhf.config_yaml import parse_key_values
 
         return parse_key_values(self.chat_template_kwargs or "", "chat_template_kwargs", "enable_thinking=false")
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
 from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, ConfigError, above, at_least,
-                             build_config, load_yaml, option, to_dict)
+                             build_config, option, to_dict)
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.stages.ppo import run_ppo

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import (HARDWARE, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, TEMPERATURES, THREADS,
-                             ConfigError, above, at_least, check, load_yaml, option, to_dict)
+                             ConfigError, above, at_least, check, option, to_dict)
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.hub import resolve_hub_models
