@@ -277,6 +277,39 @@ def ab_report(stem: str, title: str, args, settings: dict, description: str, tim
 
 
 # ---------------------------------------------------------------- peer benchmarks: ppo-rlhf and TRL side by side
+def peer_arguments(doc: str, out: str, seeds: list[int], iterations: int, eval_every: int, eval_size: int,
+                   threads: int, threads_help: str, trl_venv: str, build: str, quick: tuple[int, int, int],
+                   quick_help: str, own: Callable | None = None):
+    """A peer benchmark's command line, parsed: the run folders, its own flags (``own(parser)``), seeds,
+    iterations, evaluations, threads, TRL's Python (checked: ``build`` says how to make it) and
+    ``--quick`` (1 seed and the ``quick`` iterations, evaluation interval and size; its runs and
+    results in OUT-quick).  Returns the arguments and the folder the results go to."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=out, help=f"run folders (default {out})")
+    if own:
+        own(parser)
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds)
+    parser.add_argument("--iterations", type=int, default=iterations)
+    parser.add_argument("--eval-every", type=int, default=eval_every)
+    parser.add_argument("--eval-size", type=int, default=eval_size)
+    parser.add_argument("--threads", type=int, default=threads, help=threads_help)
+    parser.add_argument("--trl-python", default=str(ROOT / trl_venv / "bin" / "python"))
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--report-only", action="store_true", help="redo the tables and the plot from the run folders")
+    parser.add_argument("--note", action="append", default=[], help="a line added to the report (e.g. the machine's load)")
+    args = parser.parse_args()
+    results_dir = RESULTS
+    if args.quick:  # a check that everything runs, not figures: its results stay in its run folder
+        args.seeds, (args.iterations, args.eval_every, args.eval_size) = args.seeds[:1], quick
+        args.out = args.out.rstrip("/") + "-quick"
+        results_dir = Path(args.out)
+    if not Path(args.trl_python).exists():
+        sys.exit(f"{args.trl_python} not found: {build}")
+    return args, results_dir
+
+
 def peer_env(ppo_rlhf: bool = True, threads: int | None = None) -> dict:
     """The environment of a run: ppo-rlhf's sources on the path of its own runs only (TRL's
     virtual environment must not see them); ``threads``: OMP threads as torch's."""
