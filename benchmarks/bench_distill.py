@@ -39,7 +39,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common import RESULTS, header, pyplot, record, require_model, run_in_child, write_results
+from common import RESULTS, header, pyplot, record, require_model, run_in_child, save_figure, write_results
 
 TARGET_SHARE, TARGET_RATIO = 0.9, 0.25
 # The README's chain_sum command ("Real reasoning tasks"), as PPOConfig fields.
@@ -219,8 +219,7 @@ def plot(runs: dict, threshold: float, path: Path) -> None:
     axis.set_ylabel("held-out greedy accuracy (%)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 if __name__ == "__main__":

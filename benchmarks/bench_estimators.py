@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from common import (HERE, RESULTS, child, header, mean_curve, pyplot, record, run_in_child, spread, train_sft_and_rm,
-                    write_results)
+from common import (HERE, RESULTS, child, header, mean_curve, pyplot, record, run_in_child, save_figure, spread,
+                    train_sft_and_rm, write_results)
 
 ESTIMATORS = ("gae", "grpo", "dr-grpo", "rloo", "reinforce++", "remax")
 SAMPLES = {"gae": 1, "grpo": 4, "dr-grpo": 4, "rloo": 4, "reinforce++": 4, "remax": 1}
@@ -74,8 +74,7 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xlabel("PPO seconds (evaluation excluded), mean over seeds")
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def report(results: dict) -> str:

@@ -33,7 +33,8 @@ import statistics
 from pathlib import Path
 
 from bench_estimators import GAE_CRITIC
-from common import RESULTS, header, mean_points, pyplot, record, run_in_child, spread, train_sft_and_rm, write_results
+from common import (RESULTS, header, mean_points, pyplot, record, run_in_child, save_figure, spread, train_sft_and_rm,
+                    write_results)
 
 COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
           "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 100,
@@ -82,8 +83,7 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xlabel(xlabel)
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def report(results: dict) -> str:

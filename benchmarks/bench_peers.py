@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from common import (HERE, peer_arguments, peer_env, pyplot, read_jsonl, right_padded, run_peer, seconds_at,
-                    write_results)
+from common import (HERE, peer_arguments, peer_env, pyplot, read_jsonl, right_padded, run_peer, save_figure,
+                    seconds_at, write_results)
 
 PIPELINE_SEED = 0  # the SFT / reward-model pipeline, and the task's prompt split, of every run
 EVAL_SAMPLING_SEED = 0  # one sampling stream for every sampled evaluation
@@ -399,9 +399,7 @@ def plot(results: dict, path: Path) -> None:
     axes[0].legend(loc="lower right", fontsize=8)
     figure.suptitle(f"ppo-rlhf and TRL 0.11.4, one line per run (seeds {', '.join(map(str, results['seeds']))}); "
                     f"{results['machine_short']}", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 # ---------------------------------------------------------------- main

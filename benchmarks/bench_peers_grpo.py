@@ -40,7 +40,7 @@ import torch
 
 from bench_reasoning import COMMON, ESTIMATORS, TRAIN_TASKS
 from common import (HERE, SMOLLM2, median_range, peer_arguments, peer_env, pyplot, read_jsonl, require_model,
-                    right_padded, run_peer, seconds_at, write_results)
+                    right_padded, run_peer, save_figure, seconds_at, write_results)
 
 GRPO = ESTIMATORS["grpo"]
 SYSTEMS = ("ppo-rlhf", "trl")
@@ -460,9 +460,7 @@ def plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     figure.suptitle(f"ppo-rlhf grpo and TRL 1.16 GRPOTrainer, {results['task']['name']}, one line per run; "
                     f"{results['machine_short']}", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 # ---------------------------------------------------------------- main

@@ -26,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import RESULTS, header, pyplot, record, run_in_child, spread, write_results
+from common import RESULTS, header, pyplot, record, run_in_child, save_figure, spread, write_results
 
 # Candidates whose answers are short numbers or words, so 64 new tokens hold an answer.
 CANDIDATES = {
@@ -246,8 +246,7 @@ def plot(runs: dict, path: Path) -> None:
         axis.set_xlabel("PPO minutes (evaluation excluded); dotted: the 30-minute budget")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def parse_setting(text: str) -> tuple[str, object]:

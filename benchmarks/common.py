@@ -89,6 +89,12 @@ def pyplot():
     return plt
 
 
+def save_figure(figure, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot().close(figure)
+
+
 # ---------------------------------------------------------------- spread over seeds
 def spread(values: list[float], scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
     """mean (min-max) over seeds; 'n/a' when a value is missing."""
