@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from common import (HERE, peer_arguments, peer_env, pyplot, read_jsonl, right_padded, run_peer, save_figure,
-                    seconds_at, write_results)
+                    seconds_at, versions, write_results)
 
 PIPELINE_SEED = 0  # the SFT / reward-model pipeline, and the task's prompt split, of every run
 EVAL_SAMPLING_SEED = 0  # one sampling stream for every sampled evaluation
@@ -347,8 +347,8 @@ def report(results: dict) -> str:
     check = results.get("logits_check")
     if check:
         lines += ["", "## Loading check", "",
-                  f"TRL (torch {check['trl_side']['torch']}, transformers {check['trl_side']['transformers']}, trl "
-                  f"{check['trl_side']['trl']}) loads the transformers-{check['ppo_rlhf_side']['transformers']} folders "
+                  f"TRL ({versions(check['trl_side'])}) loads the transformers-{check['ppo_rlhf_side']['transformers']} "
+                  f"folders "
                   f"ppo-rlhf wrote: on {check['sequences']} sampled prompt + response sequences ({check['positions']} "
                   f"positions), the largest policy-logit difference is {check['policy_logits_max_abs_diff']:.1e} and "
                   f"the largest reward-logit difference {check['reward_logits_max_abs_diff']:.1e} (tolerance "

@@ -40,7 +40,7 @@ import torch
 
 from bench_reasoning import COMMON, ESTIMATORS, TRAIN_TASKS
 from common import (HERE, SMOLLM2, median_range, peer_arguments, peer_env, pyplot, read_jsonl, require_model,
-                    right_padded, run_peer, save_figure, seconds_at, write_results)
+                    right_padded, run_peer, save_figure, seconds_at, versions, write_results)
 
 GRPO = ESTIMATORS["grpo"]
 SYSTEMS = ("ppo-rlhf", "trl")
@@ -402,10 +402,8 @@ def report(results: dict) -> str:
     check = results.get("logits_check")
     if check:
         lines += ["", "## Loading check", "",
-                  f"The base model loaded in each environment (ppo-rlhf: torch {check['ppo_rlhf_side']['torch']}, "
-                  f"transformers {check['ppo_rlhf_side']['transformers']}, peft {check['ppo_rlhf_side']['peft']}; TRL "
-                  f"side: torch {check['trl_side']['torch']}, transformers {check['trl_side']['transformers']}, trl "
-                  f"{check['trl_side']['trl']}, peft {check['trl_side']['peft']}) on the same {check['sequences']} "
+                  f"The base model loaded in each environment (ppo-rlhf: {versions(check['ppo_rlhf_side'])}; TRL side: "
+                  f"{versions(check['trl_side'])}) on the same {check['sequences']} "
                   f"sampled prompt + response sequences ({check['positions']} positions): largest logit difference "
                   f"{check['logits_max_abs_diff']:.1e} ({'bitwise equal' if check['logits_bitwise_equal'] else 'not bitwise equal'}); "
                   f"TRL's tokenisation of the prompt strings gives {'the same' if check['prompt_ids_equal'] else 'DIFFERENT'} "

@@ -24,10 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-SMOLLM2 = ROOT / "runs" / "smollm2-135m-instruct"
+from common import ROOT, SMOLLM2, write_results
+
 CHAIN_SUM = ["--lora", "--task", "reasoning-gym:chain_sum", "--task-config",
              "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "--task-size", 2000, "--task-reward", "exact",
              "--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 32,
@@ -87,8 +85,6 @@ def main() -> None:
     summary = {"before": args.before, "after": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                                              capture_output=True, text=True).stdout.strip(),
                "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "runs": runs}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "single_turn_speed.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = ["# The single-turn path, before and after", "",
              f"`python benchmarks/bench_single_turn_speed.py --before {args.before}` ({args.rounds} rounds, alternating; "
              f"{args.threads} threads; {summary['date']}): commit {args.before} against {summary['after']}.", "",
@@ -97,8 +93,7 @@ def main() -> None:
     for way in ("before", "after"):
         lines.append(f"| {way} | {median(way, 'demo', 'seconds')} | {median(way, 'demo', 'ppo_seconds')} | "
                      f"{median(way, 'demo', 'exact_match')} | {median(way, 'chain_sum', 'iteration_seconds')} |")
-    (RESULTS / "single_turn_speed.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("single_turn_speed", summary, lines)
 
 
 if __name__ == "__main__":

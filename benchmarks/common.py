@@ -382,6 +382,11 @@ def right_padded(out, pad_token_id: int):
     return input_ids, mask
 
 
+def versions(side: dict) -> str:
+    """One side's package versions, as a report lists them: "torch 2.13.0, transformers 5.24.0"."""
+    return ", ".join(f"{name} {version}" for name, version in side.items())
+
+
 def load_note(runs: list[dict]) -> str | None:
     """The range of the 1-minute load averages before the runs, None where none was recorded."""
     loads = [r["load_average_before"][0] for r in runs if r.get("load_average_before")]

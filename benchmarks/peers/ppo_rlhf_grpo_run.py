@@ -14,25 +14,18 @@ train: the optimizer steps / other).
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
-from ppo_rlhf_run import timed_iterations  # this folder: the script's own, first on sys.path
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf_run import run_settings, timed_iterations  # this folder: the script's own, first on sys.path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", required=True)
-    args = parser.parse_args()
-    settings = json.loads(Path(args.settings).read_text())
-    out = Path(settings["out"])
-    out.mkdir(parents=True, exist_ok=True)
+    settings, out = run_settings(__doc__)
     config = build_config(PPOConfig, settings["ppo"], "bench_peers_grpo")
     trainer = PPOTrainer(config)
     batches = timed_iterations(trainer, trainer.run_parts.train_rows, config, out, settings["save_every"],

@@ -79,13 +79,18 @@ def timed_iterations(trainer, train_rows: list[dict], config, out: Path, save_ev
     return batches
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_settings(doc: str) -> tuple[dict, Path]:
+    """The run's settings (``--settings RUN.json``) and its folder, made."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", required=True)
-    args = parser.parse_args()
-    settings = json.loads(Path(args.settings).read_text())
+    settings = json.loads(Path(parser.parse_args().settings).read_text())
     out = Path(settings["out"])
     out.mkdir(parents=True, exist_ok=True)
+    return settings, out
+
+
+def main() -> None:
+    settings, out = run_settings(__doc__)
     trainer, train_rows, config = build_trainer(settings["ppo"], settings["task_seed"])
     batches = timed_iterations(trainer, train_rows, config, out, settings["save_every"],
                                ("score", "kl", "kl_coef", "response_length", "update_steps"))
