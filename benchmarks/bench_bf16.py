@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, write_results
+
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 RUNS = {  # name: (model folder suffix, settings over the example's)
     "float32": ("", {"mixed_precision": "no"}),
@@ -144,9 +145,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
     for r in results:
         lines.append(f"- {r['name']}: " + ", ".join(f"{s:.2f}" for s in r["scores"]))
     lines.append("")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bf16.md").write_text("\n".join(lines))
-    (out / "bf16.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    write_results("bf16", {"args": vars(args), "results": results}, lines, out, echo=False)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "smollm2_vader"
+from common import ROOT, write_results
+
+EXAMPLE = ROOT / "examples" / "smollm2_vader"
 MODES = ("four_models", "lora", "lora_shared")
 
 
@@ -164,10 +166,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
         "Target: LoRA at most 0.4x the four-model peak.",
         "",
     ]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lora_memory.md").write_text("\n".join(lines))
-    (out / "lora_memory.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    print("\n".join(lines))
+    write_results("lora_memory", {"args": vars(args), "results": results}, lines, out)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from bench_lora_memory import memory_kib, prepare, reset_peak
+from common import ROOT, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "smollm2_vader"
 BATCH, MINIBATCH = 16, 8
 
@@ -207,9 +207,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
         lines.append(row)
     lines += ["", f"Baseline (Python, torch and transformers imported, no model): {results[0]['baseline_mib']:.0f} MiB; "
               f"models loaded: {results[0]['loaded_mib']:,.0f} MiB.", ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "memory.md").write_text("\n".join(lines))
-    (out / "memory.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    write_results("memory", {"args": vars(args), "results": results}, lines, out, echo=False)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, write_results
+
 
 
 def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: int, early_stop: bool) -> dict:
@@ -169,11 +170,8 @@ def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
                      + f" | {statistics.fmean(r[name]['update_steps'] for r in rounds):.2f} "
                      f"| {median(name, 'train_seconds_per_step'):.4f} | {ratios(name, 'train_seconds_per_step')} |")
     lines.append("")
-    out.mkdir(parents=True, exist_ok=True)
-    name = "regression_no_early_stop" if args.no_early_stop else "regression"
-    (out / f"{name}.md").write_text("\n".join(lines))
-    (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "this_code": now, "rounds": rounds},
-                                                    indent=2))
+    write_results("regression_no_early_stop" if args.no_early_stop else "regression",
+                  {"args": vars(args), "this_code": now, "rounds": rounds}, lines, out, echo=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ greedy replies to the held-out prompts before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, write_results
+
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 
 
@@ -85,11 +85,8 @@ def write_report(config: PPOConfig, summary: dict, records: list[dict], wall: fl
     for sample in summary["samples"]:
         lines.append(f"- **{sample['prompt']}**  \n  before: {sample['before']!r}  \n  after: {sample['after']!r}")
     lines.append("")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "smollm2_vader.md").write_text("\n".join(lines))
-    (out / "smollm2_vader.json").write_text(json.dumps({"summary": summary, "metrics": records, "wall_seconds": wall},
-                                                       indent=2, ensure_ascii=False))
-    print("\n".join(lines))
+    write_results("smollm2_vader", {"summary": summary, "metrics": records, "wall_seconds": wall}, lines, out,
+                  ensure_ascii=False)
 
 
 if __name__ == "__main__":
