@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, write_results
+from common import ROOT, command, write_results
 
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 RUNS = {  # name: (model folder suffix, settings over the example's)
@@ -127,7 +127,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# bf16 against float32: SmolLM2-135M-Instruct + LoRA + VADER",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_bf16.py` (examples/smollm2_vader/ppo.yaml, "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` (examples/smollm2_vader/ppo.yaml, "
         f"{results[0]['iterations']} iterations of 16 chat prompts, seed 0; the two runs side by side, each on "
         f"{args.num_threads} torch thread(s), {platform.machine()} CPU {bf16_instructions()}). float32: the float32 folder, no autocast. bf16: the same model converted with "
         "`convert-gguf --dtype bfloat16`, `--mixed-precision bf16` (frozen base in bf16, LoRA adapters and value "

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, write_results
+from common import ROOT, command, write_results
 
 EXAMPLE = ROOT / "examples" / "smollm2_vader"
 MODES = ("four_models", "lora", "lora_shared")
@@ -142,7 +142,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# LoRA on one base: peak memory of one PPO iteration",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_lora_memory.py` ({platform.machine()} CPU, "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` ({platform.machine()} CPU, "
         "float32, one torch thread).",
         f"Base: `{Path(args.model).name}`; batch of {args.batch_size} chat prompts from examples/smollm2_vader, "
         f"minibatch {args.batch_size // 2}, one PPO epoch, up to {args.max_new_tokens} new tokens sampled at "

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from bench_lora_memory import memory_kib, prepare, reset_peak
-from common import ROOT, write_results
+from common import ROOT, command, write_results
 
 EXAMPLE = ROOT / "examples" / "smollm2_vader"
 BATCH, MINIBATCH = 16, 8
@@ -184,10 +184,8 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# Peak memory of one PPO iteration against response length and micro-batch size",
         "",
-        f"Measured {', '.join(sorted({r.get('measured', '?') for r in results}))} by `python benchmarks/bench_memory.py"
-        + (f" --before {args.before}" if args.before else "")
-        + (" --gradient-checkpointing" if args.gradient_checkpointing else "")
-        + f"` ({platform.machine()} CPU, float32, one torch thread; rows of an earlier run kept with `--keep`).",
+        f"Measured {', '.join(sorted({r.get('measured', '?') for r in results}))} by `{command()}` "
+        f"({platform.machine()} CPU, float32, one torch thread; rows of an earlier run kept with `--keep`).",
         f"`{Path(args.model).name}` as four full models (actor and separate critic trained with AdamW, frozen "
         f"reference and reward model), batch {BATCH} chat prompts, minibatch {MINIBATCH}, one epoch, every response "
         "exactly the length shown. Peak: resident high-water mark over the iteration; above models: the peak less "

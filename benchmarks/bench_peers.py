@@ -290,6 +290,19 @@ def fmt_range(s, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     return f"{scale * s['median']:.{digits}f}{unit} ({scale * s['min']:.{digits}f}–{scale * s['max']:.{digits}f})"
 
 
+def loading_check(check: dict) -> str:
+    """The report's paragraph on the loading check."""
+    same_ids = "the same" if check["tokenizer_ids_equal"] else "DIFFERENT"
+    return (f"TRL ({versions(check['trl_side'])}) loads the transformers-{check['ppo_rlhf_side']['transformers']} "
+            f"folders ppo-rlhf wrote: on {check['sequences']} sampled prompt + response sequences "
+            f"({check['positions']} positions), the largest policy-logit difference is "
+            f"{check['policy_logits_max_abs_diff']:.1e} and the largest reward-logit difference "
+            f"{check['reward_logits_max_abs_diff']:.1e} (tolerance {check['tolerance']:g}); the two tokenizers give "
+            f"{same_ids} ids: **{'passed' if check['passed'] else 'FAILED'}**. config.json and model.safetensors "
+            "load as they are; the tokenizer is built from tokenizer.json, because tokenizer_config.json names a "
+            "transformers-5 class (`TokenizersBackend`).")
+
+
 def report(results: dict) -> str:
     rows, n_seeds = results["rows"], len(results["seeds"])
     lines = ["# Peer benchmark: ppo-rlhf and TRL 0.11.4 on the built-in task", "",
@@ -344,19 +357,8 @@ def report(results: dict) -> str:
               "`step` calls `.to` on it). Neither system's early stop is on. TRL's value head keeps its own "
               "initialisation (PyTorch's Linear default); ppo-rlhf's starts near 0 (std 1/(H+1)). TRL trains with "
               "Adam, ppo-rlhf with AdamW at weight decay 0: the same update."]
-    check = results.get("logits_check")
-    if check:
-        lines += ["", "## Loading check", "",
-                  f"TRL ({versions(check['trl_side'])}) loads the transformers-{check['ppo_rlhf_side']['transformers']} "
-                  f"folders "
-                  f"ppo-rlhf wrote: on {check['sequences']} sampled prompt + response sequences ({check['positions']} "
-                  f"positions), the largest policy-logit difference is {check['policy_logits_max_abs_diff']:.1e} and "
-                  f"the largest reward-logit difference {check['reward_logits_max_abs_diff']:.1e} (tolerance "
-                  f"{check['tolerance']:g}); the two tokenizers give "
-                  f"{'the same' if check['tokenizer_ids_equal'] else 'DIFFERENT'} ids: "
-                  f"**{'passed' if check['passed'] else 'FAILED'}**. config.json and model.safetensors load as they "
-                  f"are; the tokenizer is built from tokenizer.json, because tokenizer_config.json names a "
-                  f"transformers-5 class (`TokenizersBackend`)."]
+    if results.get("logits_check"):
+        lines += ["", "## Loading check", "", loading_check(results["logits_check"])]
     same = results.get("same_prompts")
     if same:
         lines += ["", f"Same prompts: the first batch of ppo-rlhf's same-work run and of TRL's same-settings run "

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, write_results
+from common import ROOT, command, write_results
 
 
 
@@ -141,10 +141,7 @@ def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
     lines = [
         "# The demo's PPO seconds per iteration, this code against earlier commits",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_regression.py"
-        + (f" --before {' '.join(args.before)}" if args.before else "")
-        + (" --no-early-stop" if args.no_early_stop else "")
-        + f"` ({platform.machine()} CPU, {args.num_threads} torch thread(s), {os.cpu_count()} cores). The demo's "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` ({platform.machine()} CPU, {args.num_threads} torch thread(s), {os.cpu_count()} cores). The demo's "
         f"PPO preset ({args.iterations} iterations, separate critic, learned reward"
         + (", its approx_kl early stop off: 8 minibatch steps per iteration in every version" if args.no_early_stop else "")
         + ") from one SFT and reward model, "

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, write_results
+from common import ROOT, command, write_results
 
 PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
 ENGINES = ("torch", "vllm")
@@ -204,7 +204,7 @@ def write_report(results: list[dict], bandwidth: float, gflop_s: dict[str, float
     lines = [
         "# Rollout engines: torch against vLLM in the trainer's process",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `benchmarks/bench_rollout_engines.py` ({platform.machine()}, "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` ({platform.machine()}, "
         f"device {results[0]['device']}, threads {args.threads or 'torch default'}).",
         f"Model `{Path(args.model).name}`, {args.batch_size} chat prompts x up to {args.max_new_tokens} new tokens, "
         f"temperature 0.7; grpo, 8 samples per prompt, one PPO epoch. Measured memory bandwidth (copy): "

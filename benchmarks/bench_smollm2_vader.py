@@ -23,7 +23,7 @@ from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
-from common import ROOT, write_results
+from common import ROOT, command, write_results
 
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 
@@ -56,7 +56,7 @@ def write_report(config: PPOConfig, summary: dict, records: list[dict], wall: fl
     lines = [
         "# SmolLM2-135M-Instruct + LoRA, rewarded by VADER sentiment",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_smollm2_vader.py` "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` "
         f"(examples/smollm2_vader/ppo.yaml: {config.iterations} iterations of {config.batch_size} chat prompts, "
         f"LoRA r={config.lora_r}, critic {config.critic}, lr {config.lr}, kl_coef {config.kl_coef}, "
         f"{config.ppo_epochs} PPO epoch(s), up to {config.max_new_tokens} new tokens at temperature "
