@@ -36,6 +36,24 @@ def require_model(folder) -> None:
                          f"(or ppo-rlhf convert-gguf --out {folder})")
 
 
+def require_python(python: Path, target: str) -> None:
+    """Stop, saying how to make it, where a virtual environment's Python is missing."""
+    if not Path(python).is_file():
+        raise SystemExit(f"no {python}: run `make {target}` first")
+
+
+def timed(command_line: list, log: Path, env: dict | None = None) -> float:
+    """One command, run from the repository's root with its output in ``log``; the seconds it took.
+    Stops, naming the command and its log, where it fails."""
+    start = time.perf_counter()
+    with open(log, "w") as file:
+        done = subprocess.run([str(part) for part in command_line], stdout=file, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env=env)
+    if done.returncode:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command_line))}; see {log}")
+    return time.perf_counter() - start
+
+
 def command() -> str:
     """The command line that runs this benchmark again, as a report quotes it."""
     return f"python benchmarks/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:])
@@ -222,7 +240,8 @@ def ab_arguments(doc: str, rounds: int):
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="runs/smollm2-135m-instruct")
     parser.add_argument("--task", default="gcd")
-    parser.add_argument("--rounds", type=int, default=rounds, help="rounds of one iteration each way (plus one warm-up)")
+    parser.add_argument("--rounds", type=int, default=rounds,
+                        help="rounds of one iteration each way (plus one warm-up)")
     parser.add_argument("--note", default="idle machine")
     args = parser.parse_args()
     require_model(args.model)
@@ -304,7 +323,8 @@ def peer_arguments(doc: str, out: str, seeds: list[int], iterations: int, eval_e
     parser.add_argument("--trl-python", default=str(ROOT / trl_venv / "bin" / "python"))
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--report-only", action="store_true", help="redo the tables and the plot from the run folders")
-    parser.add_argument("--note", action="append", default=[], help="a line added to the report (e.g. the machine's load)")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line added to the report (e.g. the machine's load)")
     args = parser.parse_args()
     results_dir = RESULTS
     if args.quick:  # a check that everything runs, not figures: its results stay in its run folder
