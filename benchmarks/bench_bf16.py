@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, command, write_results
+from common import ROOT, command, require_model, write_results
 
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 RUNS = {  # name: (model folder suffix, settings over the example's)
@@ -97,8 +97,7 @@ def main() -> None:
         print(json.dumps(child(args.model, args.run_out, args.mixed_precision, args.num_threads, args.iterations)))
         return
     base = Path(args.model)
-    if not (base / "config.json").is_file():
-        sys.exit(f"{base} is not a model folder; make it with: ppo-rlhf convert-gguf --out {args.model}")
+    require_model(base)
     bf16_folder = Path(f"{base}-bf16")
     if not (bf16_folder / "config.json").is_file():
         subprocess.run([str(Path(sys.executable).parent / "ppo-rlhf"), "convert-gguf", "--out", str(bf16_folder),

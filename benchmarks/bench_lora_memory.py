@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, command, write_results
+from common import ROOT, command, require_model, write_results
 
 EXAMPLE = ROOT / "examples" / "smollm2_vader"
 MODES = ("four_models", "lora", "lora_shared")
@@ -122,8 +122,7 @@ def main() -> None:
                                args.max_new_tokens)))
         return
     base = Path(args.model).resolve()
-    if not (base / "config.json").is_file():
-        sys.exit(f"{base} is not a model folder; make it with: ppo-rlhf convert-gguf --out {args.model}")
+    require_model(base)
     results = []
     with tempfile.TemporaryDirectory(prefix="lora-memory-") as scratch:
         reward_model, reward_adapter = prepare(base, Path(scratch))

@@ -32,8 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, command, write_results
-
+from common import ROOT, checkouts, command, write_results
 
 
 def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: int, early_stop: bool) -> dict:
@@ -113,12 +112,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="regression-") as scratch_name:
         scratch = Path(scratch_name)
         sft, reward = train_base(scratch, args)
-        versions = {now: ROOT}
-        for commit in args.before:
-            versions[commit] = scratch / f"code-{commit}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(versions[commit]), commit],
-                           check=True, capture_output=True)
-        try:
+        with checkouts(args.before, scratch) as earlier:
+            versions = {now: ROOT, **earlier}
             rounds = []
             names = list(versions)
             for index in range(args.rounds):
@@ -131,10 +126,6 @@ def main() -> None:
                                                                       if k != "code"), flush=True)
                 rounds.append(measured)
                 write_report(rounds, now, args, Path(args.out))
-        finally:
-            for commit in args.before:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(versions[commit])],
-                               check=False, capture_output=True)
 
 
 def write_report(rounds: list[dict], now: str, args, out: Path) -> None:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, SMOLLM2, write_results
+from common import ROOT, SMOLLM2, checkouts, write_results
 
 CHAIN_SUM = ["--lora", "--task", "reasoning-gym:chain_sum", "--task-config",
              "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "--task-size", 2000, "--task-reward", "exact",
@@ -63,11 +63,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="ppo-rlhf-before-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(scratch / "tree"), args.before], cwd=ROOT, check=True,
-                   capture_output=True)
-    sources = {"before": scratch / "tree" / "src", "after": ROOT / "src"}
-    runs = {way: {"demo": [], "chain_sum": []} for way in sources}
-    try:
+    with checkouts([args.before], scratch) as trees:
+        sources = {"before": trees[args.before] / "src", "after": ROOT / "src"}
+        runs = {way: {"demo": [], "chain_sum": []} for way in sources}
         for round_index in range(args.rounds):
             order = ("before", "after") if round_index % 2 == 0 else ("after", "before")
             for way in order:
@@ -76,8 +74,6 @@ def main() -> None:
             for way in order:
                 runs[way]["chain_sum"].append(chain_sum(sources[way], scratch / f"chain_{way}", args.threads))
                 print(way, "chain_sum", runs[way]["chain_sum"][-1], flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(scratch / "tree")], cwd=ROOT, capture_output=True)
 
     def median(way: str, kind: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[way][kind])

@@ -10,6 +10,7 @@ sys.path).  Run as a script, it is the child process of ``run_in_child``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -52,6 +53,23 @@ def timed(command_line: list, log: Path, env: dict | None = None) -> float:
     if done.returncode:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command_line))}; see {log}")
     return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def checkouts(commits, folder: Path):
+    """Each earlier commit checked out in a git worktree of its own (folder/code-COMMIT), as a dict
+    from commit to folder; the worktrees removed on leaving."""
+    trees = {}
+    try:
+        for commit in commits:
+            trees[commit] = Path(folder) / f"code-{commit}"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[commit]), commit],
+                           check=True, capture_output=True)
+        yield trees
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
+                           capture_output=True)
 
 
 def command() -> str:
