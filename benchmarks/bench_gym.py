@@ -31,6 +31,8 @@ from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset
 from ppo_rlhf.trainers.gym_ppo import train
 
+from common import write_results
+
 # Kept with the results so that the tuning behind the preset is on record (not recomputed here).
 PENDULUM_HISTORY = (
     "The first full run used the zoo's Pendulum settings unchanged (lr 1e-3, constant), which the zoo tunes "
@@ -125,7 +127,7 @@ def seed_row(row: dict) -> str:
             + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
 
 
-def write_markdown(path: Path, results: dict) -> None:
+def markdown(results: dict) -> str:
     cp, pd, m = results["cartpole"], results["pendulum"], results["machine"]
     lines = [
         "# Gym PPO benchmark: ppo-rlhf vs Stable-Baselines3",
@@ -185,7 +187,7 @@ def write_markdown(path: Path, results: dict) -> None:
         f"`{results['runs_dir']}`; re-score a policy with `ppo-rlhf gym-eval {results['runs_dir']}/cartpole-seed1 --episodes 100`.",
         "",
     ]
-    path.write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -202,9 +204,8 @@ def main() -> int:
                         help="only redraw OUT/gym.md from the measurements in OUT/gym.json (no training)")
     args = parser.parse_args()
     if args.render_only:
-        out = Path(args.out)
-        write_markdown(out / "gym.md", json.loads((out / "gym.json").read_text()))
-        print((out / "gym.md").read_text())
+        results = json.loads((Path(args.out) / "gym.json").read_text())
+        write_results("gym", results, markdown(results), args.out)
         return 0
 
     torch.set_num_threads(1)  # both sides: tiny MLPs, one thread is fastest and fair
@@ -228,11 +229,7 @@ def main() -> int:
         "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "torch": torch.__version__,
         "gymnasium": gymnasium.__version__, "sb3": stable_baselines3.__version__, "python": platform.python_version(),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gym.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_markdown(out / "gym.md", results)
-    print((out / "gym.md").read_text())
+    write_results("gym", results, markdown(results), args.out)
     return 0
 
 
