@@ -127,6 +127,14 @@ def seed_row(row: dict) -> str:
             + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
 
 
+def section(name: str, benchmark: dict, rollouts: str, target: str, sb3: str, ratio: str) -> list[str]:
+    """An environment's heading and its table of seeds."""
+    return [f"## {name}, {benchmark['total_steps']:,} env steps budget, {benchmark['runs'][0]['ours']['env_steps']:,} "
+            f"used (whole rollouts of {rollouts}) (target: {target})", "",
+            f"| seed | ppo-rlhf return | {sb3} | ppo-rlhf time (s) | SB3 time (s) | {ratio} |", "|---|---|---|---|---|---|",
+            *[seed_row(row) for row in benchmark["runs"]]]
+
+
 def markdown(results: dict) -> str:
     cp, pd, m = results["cartpole"], results["pendulum"], results["machine"]
     lines = [
@@ -143,13 +151,8 @@ def markdown(results: dict) -> str:
         f"(argmax / mean action) policy, mean over {cp['eval_episodes']} evaluation episodes per seed, on env seeds "
         f"the training never used. Wall time: the training loop only (rollouts + updates + logging), not evaluation.",
         "",
-        f"## CartPole-v1, {cp['total_steps']:,} env steps budget, {cp['runs'][0]['ours']['env_steps']:,} used "
-        "(whole rollouts of 8 x 32) (target: >= 475 for every seed)",
-        "",
-        "| seed | ppo-rlhf return | SB3 return | ppo-rlhf time (s) | SB3 time (s) | time ratio ppo-rlhf / SB3 |",
-        "|---|---|---|---|---|---|",
+        *section("CartPole-v1", cp, "8 x 32", ">= 475 for every seed", "SB3 return", "time ratio ppo-rlhf / SB3"),
     ]
-    lines += [seed_row(row) for row in cp["runs"]]
     sc = cp["summary"]
     passed = sum(r["ours"]["eval_mean_return"] >= 475 for r in cp["runs"])
     lines += [
@@ -161,13 +164,8 @@ def markdown(results: dict) -> str:
         "",
         f"ppo-rlhf reaches >= 475 on **{passed} of {len(cp['runs'])}** seeds.",
         "",
-        f"## Pendulum-v1, {pd['total_steps']:,} env steps budget, {pd['runs'][0]['ours']['env_steps']:,} used "
-        "(whole rollouts of 4 x 1024) (target: mean return above -400)",
-        "",
-        "| seed | ppo-rlhf return | SB3 return (same settings, no gSDE) | ppo-rlhf time (s) | SB3 time (s) | ratio |",
-        "|---|---|---|---|---|---|",
+        *section("Pendulum-v1", pd, "4 x 1024", "mean return above -400", "SB3 return (same settings, no gSDE)", "ratio"),
     ]
-    lines += [seed_row(row) for row in pd["runs"]]
     ps = pd["summary"]
     passed = sum(r["ours"]["eval_mean_return"] > -400 for r in pd["runs"])
     lines += [
