@@ -22,7 +22,7 @@ reward at 0.05, no entropy term, 100 iterations.  Only the variant changes:
 Held-out greedy and sampled exact-match (500 prompts) every 10 iterations, against iterations and
 PPO seconds; the policy's entropy over training (clip-higher is meant to keep it from collapsing);
 response tokens generated per sequence that reached the update.  Each run is its own process
-(bench_estimators.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
+(common.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ VARIANTS = {
 
 
 def variant_figures(out: Path, figures: dict) -> dict:
-    """bench_estimators' figures, plus what the variants change: entropy, and tokens generated
+    """The figures of common.run_figures, plus what the variants change: entropy, and tokens generated
     per sequence that reached the update."""
     from ppo_rlhf.runlog import read_metrics
 

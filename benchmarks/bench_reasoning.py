@@ -10,7 +10,7 @@ checkers, trained with PPO (gae) and with GRPO.
 package's checker on the answer in <answer> tags, else the last number); the issue asks for two
 tasks on which it starts between 5% and 50%.  ``train``: for each task, estimator (gae, grpo) and
 seed, one PPO run with LoRA on the CPU, iterations sized to the time budget, held-out greedy
-accuracy every --eval-every iterations; each run is its own process (bench_estimators.py's
+accuracy every --eval-every iterations; each run is its own process (common.py's
 runner).  Results: benchmarks/results/reasoning_{pick,train}.{json,md} and reasoning.png.
 
 Why LoRA: one base in memory serves actor, reference and (shared head) critic, so an iteration
