@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install vllm-venv test-vllm demo test test-slow test-all bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora bench-distill clean
+.PHONY: install vllm-venv test-vllm demo test test-slow test-all bench bench-gym bench-estimators bench-peers bench-peers-quick bench-peers-grpo bench-peers-grpo-quick bench-trl-ppo-script bench-trl-ppo-script-quick trl-venv trl116-venv smollm2 example-smollm2 bench-lora bench-distill clean
 
 # torch==2.13.0 goes in first: it is a local CPU build here, and the project's torch range is
 # satisfied by it, so pip never pulls the multi-GB CUDA build on top.
@@ -33,9 +33,10 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm-venv: $(VLLM_STAMP)
 
-# The vLLM engine's tests (tests/test_vllm_engine.py: skipped in .venv, which has no vLLM).
+# The vLLM engine's and the generation server's tests (tests/test_vllm_engine.py,
+# tests/test_vllm_server.py: skipped in .venv, which has no vLLM).
 test-vllm: vllm-venv
-	$(VLLM_VENV)/bin/python -m pytest -p no:xdist tests/test_vllm_engine.py
+	$(VLLM_VENV)/bin/python -m pytest -p no:xdist tests/test_vllm_engine.py tests/test_vllm_server.py
 
 demo: install
 	$(VENV)/bin/ppo-rlhf demo --overwrite
@@ -100,6 +101,14 @@ bench-peers-grpo: install trl116-venv smollm2
 
 bench-peers-grpo-quick: install trl116-venv smollm2
 	$(PY) benchmarks/bench_peers_grpo.py --quick
+
+# TRL's PPO script (through ppo_rlhf.trl) against ppo-rlhf's own PPO on the built-in task (issue 58):
+# benchmarks/results/trl_ppo_script.{md,json}
+bench-trl-ppo-script: install
+	$(PY) benchmarks/bench_trl_ppo_script.py
+
+bench-trl-ppo-script-quick: install
+	$(PY) benchmarks/bench_trl_ppo_script.py --quick
 
 bench-gym: install
 	$(PY) -m pip install -q -e ".[dev,bench]"

@@ -37,7 +37,8 @@ RUNS = {  # name: (model folder suffix, settings over the example's)
 def child(model: str, out: str, mixed_precision: str, threads: int, iterations: int | None) -> dict:
     from bench_lora_memory import memory_kib
 
-    from ppo_rlhf.config import build_config, load_yaml
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.config_yaml import load_yaml
     from ppo_rlhf.runlog import read_metrics
     from ppo_rlhf.stages.ppo import run_ppo
     from ppo_rlhf.trainers.ppo_config import PPOConfig

@@ -1,6 +1,9 @@
 """Peer benchmark: ppo-rlhf's GRPO against TRL 1.16's GRPOTrainer on a reasoning-gym task with
 SmolLM2-135M-Instruct and LoRA, same machine, same prompts, same reward code, one evaluator.
-Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6.
+Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6; issue 58, item 3: the third
+system is TRL's script itself (benchmarks/peers/trl_grpo.py, the one TRL runs) with its import
+changed to ppo_rlhf.trl, run under ppo-rlhf's environment -- side by side with TRL running it, and
+with ppo-rlhf's own API on the same work (the facade should cost nothing).
 
     make smollm2 trl116-venv                              # once: the model folder, TRL's venv
     python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 36 iterations
@@ -43,8 +46,9 @@ from common import (HERE, SMOLLM2, median_range, peer_arguments, peer_env, pyplo
                     right_padded, run_peer, save_figure, seconds_at, versions, write_results)
 
 GRPO = ESTIMATORS["grpo"]
-SYSTEMS = ("ppo-rlhf", "trl")
-NAMES = {"ppo-rlhf": "ppo-rlhf grpo", "trl": "TRL 1.16 GRPOTrainer"}
+SYSTEMS = ("ppo-rlhf", "trl", "ppo-rlhf.trl")
+NAMES = {"ppo-rlhf": "ppo-rlhf grpo", "trl": "TRL 1.16 GRPOTrainer",
+         "ppo-rlhf.trl": "TRL's script through ppo_rlhf.trl"}
 DEFAULT_TASK = "chain_sum"  # bench_reasoning.py's task on which GRPO gained most in its 30 minutes
 GRPO_ITERATIONS = TRAIN_TASKS[DEFAULT_TASK]["iterations"]["grpo"]  # bench_reasoning.py's ~30 minutes (2 threads)
 TASK_SEED = 0  # the problem generator's seed: the same problems (and held-out split) for every run
@@ -76,6 +80,11 @@ NOT_MATCHED = [
     "not cut prompts. The task's prompts are far shorter, so neither cuts.",
     "Old log-probs: with one optimizer step per generation batch both read them off the update's own forward "
     "pass (exact there) and run no pass of their own before it.",
+    "TRL's script through ppo_rlhf.trl runs ppo-rlhf's trainer with the settings the script's GRPOConfig maps to "
+    "(docs/migrating_from_trl.md; its plan, in the run's log.txt, lists where they differ from TRL's): the same "
+    "work as ppo-rlhf's own run but for its model loaded as the script loads it (float32, the LoRA adapter made by "
+    "ppo_rlhf.trl from the script's LoraConfig) and its prompts read in order from the file "
+    "(shuffle_dataset=False) rather than drawn again from the seed.",
 ]
 
 
@@ -257,11 +266,12 @@ def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Pat
         settings["ppo"] = ppo_rlhf_values(task_settings, SAME_WORK, args.model, seed, args.iterations, args.threads,
                                           run_dir)
         command = [sys.executable, str(HERE / "peers" / "ppo_rlhf_grpo_run.py")]
-    else:
+    else:  # TRL's script: under TRL 1.16, or with its import changed to ppo_rlhf.trl under ppo-rlhf's environment
         settings.update({"model": args.model, "prompts": str(prompts_file), "task": task_settings, "work": SAME_WORK})
-        command = [args.trl_python, str(HERE / "peers" / "trl_grpo.py"), "train"]
+        command = ([args.trl_python, str(HERE / "peers" / "trl_grpo.py"), "train"] if system == "trl" else
+                   [sys.executable, str(HERE / "peers" / "trl_grpo.py"), "train", "--trainer", "ppo_rlhf.trl"])
     process_seconds, evaluations, evaluation_seconds = run_peer(
-        run_dir, command, settings, peer_env(system == "ppo-rlhf", args.threads), judge, system=system, seed=seed)
+        run_dir, command, settings, peer_env(system != "trl", args.threads), judge, system=system, seed=seed)
     seconds = [r["time/iteration"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     print(f"  {system} seed {seed}: {statistics.median(seconds):.2f} s/iteration (median), train "
           f"{sum(seconds):.0f} s, process {process_seconds:.0f} s, evaluation {evaluation_seconds:.0f} s; "
@@ -316,7 +326,7 @@ def targets(runs: list[dict]) -> list[dict]:
     rows = []
     for seed in sorted({r["seed"] for r in runs}):
         pair = {r["system"]: r for r in runs if r["seed"] == seed}
-        if set(pair) != set(SYSTEMS):
+        if not {"ppo-rlhf", "trl"} <= set(pair):
             continue
         ours, theirs = pair["ppo-rlhf"], pair["trl"]
         reach = seconds_to_reach(ours["curve"], theirs["final_accuracy"])
@@ -326,6 +336,26 @@ def targets(runs: list[dict]) -> list[dict]:
                      "time_ratio": None if reach is None else reach / theirs["train_seconds"],
                      "same_prompts": ours["first_batch_task_indices"] == theirs["first_batch_task_indices"]
                      and ours["same_prompts_as_file"] is not False and theirs["same_prompts_as_file"] is not False})
+    return rows
+
+
+def facade_rows(runs: list[dict]) -> list[dict]:
+    """Per seed: TRL's script through ppo_rlhf.trl against ppo-rlhf's own API (the facade should cost
+    nothing: ratio ~1) and against TRL running the same script (issue 58, item 3)."""
+    rows = []
+    for seed in sorted({r["seed"] for r in runs}):
+        pair = {r["system"]: r for r in runs if r["seed"] == seed}
+        facade = pair.get("ppo-rlhf.trl")
+        if facade is None:
+            continue
+        own, trl = pair.get("ppo-rlhf"), pair.get("trl")
+        rows.append({"seed": seed, "s_per_iteration": facade["s_per_iteration_median"],
+                     "over_own_api": own and facade["s_per_iteration_median"] / own["s_per_iteration_median"],
+                     "over_trl": trl and facade["s_per_iteration_median"] / trl["s_per_iteration_median"],
+                     "final_accuracy": facade["final_accuracy"],
+                     "own_api_final_accuracy": own and own["final_accuracy"],
+                     "trl_final_accuracy": trl and trl["final_accuracy"],
+                     "same_prompts_as_file": facade["same_prompts_as_file"]})
     return rows
 
 
@@ -394,6 +424,25 @@ def report(results: dict) -> str:
                       f"**{'met' if len(reached) == len(ratios) and max(reached) <= 0.5 else 'not met'}** "
                       f"({len(reached)}/{len(ratios)} seeds reached TRL's final accuracy"
                       + (f", time ratios {', '.join(f'{r:.2f}' for r in reached)}" if reached else "") + ")."]
+    facade = results.get("facade") or []
+    if facade:
+        def ratio(value):
+            return "—" if value is None else f"{value:.3f}"
+
+        def percent(value):
+            return "—" if value is None else f"{100 * value:.1f}%"
+
+        lines += ["", "## TRL's script through ppo_rlhf.trl", "",
+                  "The TRL run's own script (benchmarks/peers/trl_grpo.py) with its import changed to ppo_rlhf.trl "
+                  "and nothing else, under ppo-rlhf's environment. Targets: no slower than ppo-rlhf's own API on the "
+                  "same work (the facade costs nothing; ratio about 1), and TRL's 0.55x kept.", "",
+                  "| seed | s/iteration | / ppo-rlhf's own API | / TRL 1.16 | final accuracy (own API, TRL) | same "
+                  "prompts as the file |", "|---|---|---|---|---|---|"]
+        for row in facade:
+            lines.append(f"| {row['seed']} | {row['s_per_iteration']:.3f} | {ratio(row['over_own_api'])} | "
+                         f"{ratio(row['over_trl'])} | {percent(row['final_accuracy'])} "
+                         f"({percent(row['own_api_final_accuracy'])}, {percent(row['trl_final_accuracy'])}) | "
+                         f"{'yes' if row['same_prompts_as_file'] else 'NO'} |")
     ours = [r for r in runs if r["system"] == "ppo-rlhf" and r["split_median"]]
     if ours:
         lines += ["", "ppo-rlhf's iteration split (median s): " + ", ".join(
@@ -439,7 +488,7 @@ def report(results: dict) -> str:
 
 def plot(results: dict, path: Path) -> None:
     plt = pyplot()
-    colours = {"ppo-rlhf": "tab:blue", "trl": "tab:orange"}
+    colours = {"ppo-rlhf": "tab:blue", "trl": "tab:orange", "ppo-rlhf.trl": "tab:green"}
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     labelled = set()
     for r in results["runs"]:
@@ -527,7 +576,8 @@ def main() -> None:
         "task": state["task"], "work": SAME_WORK, "seeds": sorted({r["seed"] for r in runs}),
         "iterations": max((r["iterations"] for r in runs), default=0), "eval_every": state["eval_every"],
         "eval_size": state["eval_size"], "wall_seconds": state.get("wall_seconds"),
-        "logits_check": state.get("logits_check"), "targets": targets(runs), "runs": runs, "notes": args.note,
+        "logits_check": state.get("logits_check"), "targets": targets(runs), "facade": facade_rows(runs),
+        "runs": runs, "notes": args.note,
     }
     write_results("peers_grpo", results, report(results), results_dir)
     plot(results, results_dir / "peers_grpo.png")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ppo_rlhf.config import build_config, load_yaml
+from ppo_rlhf.config import build_config
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.trainers.ppo_config import PPOConfig

@@ -3,7 +3,10 @@
 # transformers kept), with tiny models built from configs and no downloaded weights:
 #   1. the built-in demo on CUDA, float32, then bf16 autocast: accuracy as on the CPU;
 #   2. the padding-free passes and the fused output layer against the padded passes, on CUDA;
-#   3. one PPO iteration's passes on a SmolLM2-135M-shaped model: seconds and peak memory.
+#   3. one PPO iteration's passes on a SmolLM2-135M-shaped model: seconds and peak memory;
+#   4. the generation server (ppo-rlhf serve, issue 59) with a trainer beside it on one GPU, and on
+#      two (the server on the second), synchronous and --max-staleness 1, weights pushed over NCCL
+#      (skipped, saying so, where the image has no vLLM).
 #
 #   bash benchmarks/gpu_check.sh --fetch-wheels   # here, once: the packages the GPU image lacks, into .whl/
 #   bash benchmarks/gpu_check.sh OUT              # on the GPU machine (the device tool: carry .whl)
@@ -63,7 +66,7 @@ EOF
     echo "  $(( $(date +%s) - start )) s so far"
 done
 
-# 2 and 3. The passes against the padded ones; one iteration's seconds and memory.
+# 2, 3 and 4. The passes against the padded ones; one iteration's seconds and memory; the server.
 size=smollm2; [ -n "${QUICK:-}" ] && size=tiny
 python3 benchmarks/gpu_check.py --device "$DEVICE" --size "$size" --out "$OUT/gpu_check.json"
 echo "gpu_check: $(( $(date +%s) - start )) s in all"

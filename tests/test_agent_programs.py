@@ -8,8 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import random
-import sys
-import types
 
 import numpy
 import pytest
@@ -24,7 +22,7 @@ from ppo_rlhf.rollout.episodes import EpisodeLimits, roll_out, score_episodes
 from ppo_rlhf.rollout.reward import CombinedReward, FunctionReward, RewardError, ScoringBatch
 from ppo_rlhf.rollout.sequences import Sequences
 from toy_envs import Counter, DrawsItsTarget, LetterGame, TakesASeed, ToolsNamedLikeGym
-from zoo import CallsFirst, Scripted, family_model, write_jsonl
+from zoo import CallsFirst, Scripted, family_model
 
 
 @pytest.fixture(scope="module")
@@ -211,24 +209,13 @@ def episodes_of(run) -> list[dict]:
     return [json.loads(line) for line in (run / "rollouts" / "iteration_0001.jsonl").read_text().splitlines()]
 
 
-def given(qwen3_model, call: str) -> dict:
-    _, model, tokenizer = qwen3_model
-    return dict(model=model, tokenizer=tokenizer, generator=CallsFirst(tokenizer, call))
+def scripted(monkeypatch, call: str) -> None:
+    """The run's rollout engine writes ``call`` first in every episode (a tiny random model calls no
+    tool of its own): TRL's trainer call takes no engine, so the engine the run builds is replaced."""
+    from ppo_rlhf.trainers import ppo_setup
 
-
-def test_trls_environment_that_owns_its_data_and_reward(qwen3_model, tmp_path, capsys):
-    from trl_examples import increment_env
-
-    rows = write_jsonl(tmp_path / "rows.jsonl", [{}] * 2)  # TRL trains it without data: rows with nothing in them
-    call = '<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>'
-    summary = increment_env.train(qwen3_model[0], str(rows), str(tmp_path / "run"), **given(qwen3_model, call))
-    assert summary["iterations"] == 1
-    plan = capsys.readouterr().out  # the run says what it does that TRL would not
-    assert "reset() seeded per prompt group" in plan and "episodes render with ppo-rlhf's training template" in plan
-    for episode in episodes_of(tmp_path / "run"):
-        target = int(episode["prompt"][-1]["content"].split("by ")[1].rstrip("."))
-        assert episode["messages"][1] == {"role": "tool", "name": "increment", "content": "3"}
-        assert episode["episode_reward"] == float(target == 3)
+    monkeypatch.setattr(ppo_setup, "make_generator", lambda config, tokenizer, actor, accelerator:
+                        CallsFirst(tokenizer, call))
 
 
 def test_trls_environment_reading_its_task_from_the_data_set(qwen3_model, tmp_path, monkeypatch):
@@ -237,16 +224,17 @@ def test_trls_environment_reading_its_task_from_the_data_set(qwen3_model, tmp_pa
     calls = []
     monkeypatch.setattr(increment_dataset, "format_reward", increment_dataset.format_reward)
     recorded(increment_dataset, "format_reward", calls)
-    call = '<tool_call>\n{"name": "increment", "arguments": {"step": 2}}\n</tool_call>'
-    increment_dataset.train(qwen3_model[0], str(tmp_path / "run"), **given(qwen3_model, call))
+    scripted(monkeypatch, '<tool_call>\n{"name": "increment", "arguments": {"step": "2"}}\n</tool_call>')
+    increment_dataset.train(qwen3_model[0], str(tmp_path / "run"))
     seen = calls[0]
     completion = seen["completions"][0]
     assert completion[0]["role"] == "assistant" and completion[0]["content"] == ""
-    assert completion[0]["tool_calls"] == [
+    assert completion[0]["tool_calls"] == [  # "2" written as text, cast to the int the tool's schema says
         {"type": "function", "function": {"name": "increment", "arguments": {"step": 2}}}]
     assert completion[1] == {"role": "tool", "name": "increment", "content": "2"}
     assert all(type(env).__name__ == "IncrementEnv" for env in seen["environments"])
     assert seen["target"] == [env.target for env in seen["environments"]]  # each row's own column reached reset()
+    assert seen["trainer_state"].max_steps == 1 and callable(seen["log_metric"])  # the run's TrainerState
     for episode in episodes_of(tmp_path / "run"):
         assert episode["episode_reward"] == float(episode["prompt"][-1]["content"].endswith("to 2."))
 
@@ -257,8 +245,8 @@ def test_trls_several_environments_chosen_per_row(qwen3_model, tmp_path, monkeyp
     calls = []
     monkeypatch.setattr(multi_env, "reward_func", multi_env.reward_func)
     recorded(multi_env, "reward_func", calls)
-    call = '<tool_call>\n{"name": "move", "arguments": {"action": "up"}}\n</tool_call>'
-    multi_env.train(qwen3_model[0], str(tmp_path / "run"), **given(qwen3_model, call))
+    scripted(monkeypatch, '<tool_call>\n{"name": "move", "arguments": {"action": "up"}}\n</tool_call>')
+    multi_env.train(qwen3_model[0], str(tmp_path / "run"))
     kinds = [type(env).__name__ for env in calls[0]["environments"]]
     assert set(kinds) <= {"CodingEnv", "GameEnv"} and "environment" in calls[0]
     for episode, kind in zip(episodes_of(tmp_path / "run"), kinds):
@@ -270,48 +258,20 @@ def test_trls_several_environments_chosen_per_row(qwen3_model, tmp_path, monkeyp
 
 
 def test_trls_tools_with_an_async_one(qwen3_model, tmp_path, monkeypatch):
+    from datasets import Dataset
+
     from trl_examples import tools
 
     calls = []
     for name in ("reward_func", "format_reward_func"):
         monkeypatch.setattr(tools, name, getattr(tools, name))
         recorded(tools, name, calls)
-    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": [{"role": "user", "content": "What is 3 + 4?"}]}] * 2)
-    call = '<tool_call>\n{"name": "async_add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
-    tools.train(qwen3_model[0], str(rows), str(tmp_path / "run"), **given(qwen3_model, call))
+    scripted(monkeypatch, '<tool_call>\n{"name": "async_add", "arguments": {"a": 3, "b": 4}}\n</tool_call>')
+    rows = Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is 3 + 4?"}]] * 2})
+    tools.train(qwen3_model[0], rows, str(tmp_path / "run"))
     by_ids, by_format = calls[0], calls[1]
     assert by_format["completions"][0][1] == {"role": "tool", "name": "async_add", "content": "7"}
     # completion_ids: the whole completion, the model's tokens and the tool's (TRL's)
     assert len(by_ids["completion_ids"][0]) > len(qwen3_model[2](by_format["completions"][0][0]["tool_calls"][0]
                                                                   ["function"]["name"])["input_ids"])
     assert "environments" in by_ids and by_ids["environments"] == [None] * 4  # tools alone: no object of the user's
-
-
-def test_trls_openenv_echo_example(qwen3_model, tmp_path, monkeypatch):
-    """OpenEnv's Echo client answers in-process here: its reward is the echoed message's length / 10."""
-    echo_env, models = types.ModuleType("echo_env"), types.ModuleType("echo_env.models")
-
-    class EchoAction:
-        def __init__(self, message):
-            self.message = message
-
-    class EchoEnv:
-        def __init__(self, base_url):
-            self.base_url = base_url
-
-        def step(self, action):
-            observation = types.SimpleNamespace(echoed_message=action.message, reward=len(action.message) / 10)
-            return types.SimpleNamespace(observation=observation)
-
-    echo_env.EchoEnv, models.EchoAction, echo_env.models = EchoEnv, EchoAction, models
-    monkeypatch.setitem(sys.modules, "echo_env", echo_env)
-    monkeypatch.setitem(sys.modules, "echo_env.models", models)
-    monkeypatch.delitem(sys.modules, "trl_examples.echo", raising=False)
-    from trl_examples import echo
-
-    calls = []
-    recorded(echo, "reward_func", calls)
-    call = '<tool_call>\n{"name": "echo", "arguments": {"message": "Hello World!"}}\n</tool_call>'
-    echo.main(qwen3_model[0], str(tmp_path / "run"), **given(qwen3_model, call))
-    assert [env.reward for env in calls[0]["environments"]] == [1.2] * 4
-    assert all(episode["score"] == pytest.approx(1.2) for episode in episodes_of(tmp_path / "run"))

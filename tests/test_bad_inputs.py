@@ -44,7 +44,8 @@ def needs_label(prompts, responses, label):
 async def async_nan(prompts, responses, **columns):
     return [float("nan")] * len(responses)
 
-def trl_with_state(completions, trainer_state, **kwargs):
+def trl_logs_a_word(completions, trainer_state, log_metric, **kwargs):
+    log_metric("length", "long")
     return [0.0] * len(completions)
 '''
 
@@ -338,8 +339,9 @@ CASES = [
         existing_run=True),
     Bad("ppo-reward-async-nan", ppo("--reward-fn", "{tmp}/bad_rewards.py:async_nan"), ("async_nan", "non-finite"),
         {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
-    Bad("ppo-reward-wants-trainer-state", ppo("--reward-fn", "{tmp}/bad_rewards.py:trl_with_state"),
-        ("trl_with_state", "trainer_state"), {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
+    Bad("ppo-reward-logs-a-word", ppo("--reward-fn", "{tmp}/bad_rewards.py:trl_logs_a_word"),
+        ("trl_logs_a_word", "log_metric", "'long'", "one finite number"),
+        {"data.jsonl": rows(PROMPT), "bad_rewards.py": BAD_REWARDS_SOURCE}),
     Bad("ppo-reward-weights-count", ppo("--reward-weights", "1,2"), ("'reward_weights'", "2 weights", "1 reward"),
         {"data.jsonl": rows(PROMPT)}),
     Bad("ppo-reward-weights-not-numbers", ppo("--reward-weights", "heavy"), ("'reward_weights'", "numbers"),

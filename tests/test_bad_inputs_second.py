@@ -33,7 +33,8 @@ import torch
 
 from ppo_rlhf import ConfigError, PPOConfig, PPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
 from ppo_rlhf.cli import main
-from ppo_rlhf.config import build_config, load_yaml
+from ppo_rlhf.config import build_config
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.data import DataError
 from ppo_rlhf.models import ModelError, load_causal_lm, load_tokenizer
 from test_bad_inputs import (  # noqa: F401 -- broken is a fixture the cases use
@@ -463,6 +464,21 @@ def test_lora_on_a_tied_output_layer_says_it_is_not_adapted(zoo, tmp_path, capsy
     printed = capsys.readouterr().out
     warning = next((line for line in printed.splitlines() if line.startswith("warning: --lora")), "")
     assert "output layer" in warning and "tied" in warning and "not adapted" in warning, printed
+    # It says when it matters: a model this small; a larger one (SmolLM2, the agents recipes') trains its other layers.
+    assert "under 50M" in warning and "SmolLM2-135M" in warning, warning
+
+
+def test_lora_on_a_tied_output_layer_of_a_larger_model_is_a_plan_line_not_a_warning(zoo, tmp_path, capsys,
+                                                                                    monkeypatch):
+    from ppo_rlhf.trainers import ppo_plan
+
+    monkeypatch.setattr(ppo_plan, "SMALL_MODEL", 1000)  # the zoo's model taken for one past the bound
+    assert main([str(a) for a in ["ppo", "--model", zoo["qwen2"], "--prompts", zoo["prompts"], "--reward-fn", REWARD,
+                                  "--lora", "--out", tmp_path / "out", *PLAN]]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: --lora" not in printed, printed  # the agents recipes' --lora on SmolLM2 is not contradicted
+    actor = next(line for line in printed.splitlines() if line.strip().startswith("actor:"))
+    assert "tied to the input embeddings, not adapted" in actor, actor
 
 
 def test_a_temperature_that_samples_like_greedy_decoding_warns(zoo, tmp_path, capsys):

@@ -419,8 +419,22 @@ def test_episode_options_without_episodes_are_refused_at_start(values, says):
 def test_a_config_may_hold_episode_options_for_an_environment_given_in_python(zoo):
     config = build_config(PPOConfig, {"max_turns": 3, "turn_rewards": "per-turn"})  # no --environment: not refused
     with pytest.raises(ConfigError) as refused:  # past the episode checks, to what the run lacks (its prompts)
-        PPOTrainer(config, environment=Counter)
+        PPOTrainer(config, environment=LetterGame)
     assert "max_turns" not in str(refused.value) and "turn_rewards" not in str(refused.value)
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"environment": "toy_envs:Counter"}, "rewards no turn on its own"),
+    ({"environment": Counter}, "rewards no turn on its own"),
+    ({"tools": [add]}, "tools pay no rewards"),
+], ids=["trl-class-named", "trl-class-in-python", "tools-in-python"])
+def test_per_turn_rewards_where_no_turn_is_rewarded_are_refused_at_start(given, says):
+    # TRL's classes and tools reward the finished episode only: per-turn would do what sum does (issue 63).
+    named = {"environment": given["environment"]} if isinstance(given.get("environment"), str) else {}
+    config = build_config(PPOConfig, {**named, "turn_rewards": "per-turn"})
+    objects = {key: value for key, value in given.items() if key not in named}
+    with pytest.raises(ConfigError, match=f"'turn_rewards': 'per-turn'.*{says}"):
+        PPOTrainer(config, **objects)  # before any model loads (none is named)
 
 
 @pytest.mark.learning
@@ -464,10 +478,10 @@ def test_a_textarena_game_is_played_through_the_protocol():
     assert terminated and reward == 1.0
 
 
-def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
+def test_sft_trains_every_assistant_turn_of_a_trace_in_one_row_and_lists_its_tools(qwen):
     from ppo_rlhf.config import build_config as build
     from ppo_rlhf.formats import completion_rows
-    from ppo_rlhf.trainers.sft import SFTConfig, _prompts
+    from ppo_rlhf.trainers.sft import SFTConfig, sft_token_rows
 
     _, tokenizer = qwen
     schema = ToolBox([add], 1.0).schemas[0]
@@ -477,11 +491,12 @@ def test_sft_trains_every_assistant_turn_of_a_trace_and_lists_its_tools(qwen):
                           {"role": "tool", "name": "add", "content": "3"},
                           {"role": "assistant", "content": "It is 3."}], "tools": [schema], "_source": "t.jsonl:1"}
     rows = completion_rows("prompt", "completion", True)([trace])
-    assert [r["completion"] for r in rows] == [trace["messages"][1]["content"], "It is 3."]  # the tool's answer: context
-    assert [len(r["prompt"]) for r in rows] == [1, 3]
-    prompts = _prompts(tokenizer, rows, build(SFTConfig, {"chat_template": True}))
-    assert all('"name": "add"' in p for p in prompts)  # the template lists the row's tools, as PPO's episodes do
-    assert prompts[1].endswith("<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert len(rows) == 1  # one row: every assistant turn trained at once
+    [(ids, labels)] = sft_token_rows(tokenizer, rows, build(SFTConfig, {"chat_template": True}))
+    assert '"name": "add"' in tokenizer.decode(ids[:ids.index(tokenizer.convert_tokens_to_ids("<|im_end|>"))])
+    learned = tokenizer.decode([token for token, label in zip(ids, labels) if label != -100])
+    # the tool's answer: context; each turn ends at the template's end of turn, as an episode's turn does
+    assert learned == trace["messages"][1]["content"] + "<|im_end|>It is 3.<|im_end|>"
 
 
 def test_a_trl_environment_class_given_in_python(room_for_tools, tmp_path):
@@ -640,6 +655,17 @@ def test_what_an_environment_hands_back_is_checked_naming_it_the_method_and_the_
 
 
 # ---------------------------------------------------------------- evaluation shows episodes
+def test_ppos_held_out_evaluation_of_episodes_shows_progress_as_eval_does(room_for_tools, tmp_path, capsys):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS[:4]])
+    run(["ppo", "--model", room_for_tools, "--prompts", rows, "--eval-prompts", rows, "--environment",
+         "toy_envs:Counter", "--chat-template-file", TEMPLATE, "--max-turns", 2, "--iterations", 1, "--batch-size", 4,
+         "--mini-batch-size", 4, "--ppo-epochs", 1, "--max-new-tokens", 4, "--max-length", 1024, "--eval-every", 0,
+         "--no-eval-sampled", "--save-every", 0, "--out", tmp_path / "run", *THREADS])
+    err = capsys.readouterr().err
+    # the evaluation before the first iteration and after the last: a bar of the 4 episodes each
+    assert err.count("eval:   0%") == 2 and "eval: 100%" in err and "4/4" in err and "episode" in err, err
+
+
 def test_eval_with_an_environment_keeps_whole_episodes_reports_them_and_shows_progress(room_for_tools, tmp_path,
                                                                                       capsys):
     rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "target": 1} for p in PROMPTS[:4]])

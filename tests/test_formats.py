@@ -12,6 +12,8 @@ from ppo_rlhf.data import DataError
 from ppo_rlhf.formats import (
     ALPACA,
     ALPACA_WITH_INPUT,
+    CONVERSATION,
+    Conversation,
     completion_rows,
     implicit_prompt,
     preference_rows,
@@ -61,8 +63,9 @@ def test_preference_rows_of_each_shape():
 
 def test_completion_and_prompt_rows_of_each_shape():
     sft = completion_rows("prompt", "completion", chat_template=False)
-    assert sft([{"messages": [USER, reply("4")]}])[0] == {"messages": [USER, reply("4")], "prompt": [USER],
-                                                           "completion": "4"}
+    # A conversation stays one row, every assistant turn after the first message trained at once.
+    assert sft([{"messages": [USER, reply("4")]}])[0] == {"messages": [USER, reply("4")],
+                                                           CONVERSATION: Conversation([USER, reply("4")], 1)}
     alpaca = {"instruction": "Add the numbers.", "input": "2 and 2", "output": "4"}
     assert sft([alpaca])[0]["prompt"] == ALPACA_WITH_INPUT.format(instruction="Add the numbers.", input="2 and 2")
     assert sft([{**alpaca, "input": ""}])[0]["prompt"] == ALPACA.format(instruction="Add the numbers.")

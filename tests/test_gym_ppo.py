@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from ppo_rlhf.cli import main
-from ppo_rlhf.config import ConfigError, build_config, load_yaml
+from ppo_rlhf.config import ConfigError, build_config
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.trainers.gym_agent import ActorCritic, RunningMeanStd, load_policy, save_policy
 from ppo_rlhf.trainers.gym_config import PRESETS, GymPPOConfig, config_with_preset
 from ppo_rlhf.trainers.gym_ppo import Rollout, RolloutCollector, compute_advantages, evaluate_policy, make_envs, train

@@ -107,9 +107,10 @@ def test_a_missing_column_is_named_with_the_function_and_the_data():
     FunctionReward(lambda prompts, responses, label=None: [0.0] * 2).check_columns(ROWS, "data.jsonl")  # a default
 
 
-def test_trl_trainer_state_is_refused_at_start():
-    with pytest.raises(ConfigError, match="trainer_state"):
-        FunctionReward(lambda completions, trainer_state, **kwargs: [])
+def test_trl_run_keywords_are_not_columns_a_row_must_hold():
+    # TRL's trainer_state, log_metric and log_extra come from the run (tests/test_trl_gaps.py), not the data.
+    reward = FunctionReward(lambda completions, trainer_state, log_metric, log_extra, **kwargs: [])
+    assert reward.required_columns == []
 
 
 # ---------------------------------------------------------------- several rewards

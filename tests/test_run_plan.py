@@ -44,6 +44,9 @@ def test_plan_is_printed_and_greedy_rollouts_warn(zoo, tmp_path, capsys):
     # the zoo's Llama is 32 wide: 1e-5 x 768 / 32
     assert "k1 in the reward, kl_coef 0.05 (fixed)" in printed and "lr 0.00024" in printed
     assert "warning: greedy rollouts" in printed
+    # --max-tokens-per-micro-batch auto: a budget from the memory free, and the batch in one pass where it fits
+    assert "micro-batches of up to " in printed and " a token with a gradient)" in printed
+    assert "rows that fit in one pass as without a budget: the whole batch a rollout pass" in printed
 
 
 def test_a_reward_without_spread_warns(zoo, tmp_path, capsys):

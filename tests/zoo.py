@@ -424,3 +424,19 @@ class CallsFirst:
             return self.loop.generate(model, prompt_ids, prompt_mask, limits)
         rows = prompt_ids.shape[0]
         return torch.tensor([self.call] * rows), torch.ones(rows, len(self.call), dtype=torch.long)
+
+
+def pythia_like(folder: Path) -> Path:
+    """A tiny GPT-NeoX (Pythia's architecture) whose embeddings have rows to spare beyond its
+    tokenizer, as Pythia's 50304 beyond 50277: TRL's PPO scripts add a [PAD] token to the tokenizer
+    and leave the model as it is."""
+    from transformers import GPTNeoXConfig
+
+    tokenizer = make_tokenizer("gpt2")
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=len(tokenizer) + 16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=256, initializer_range=0.2,
+                           eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

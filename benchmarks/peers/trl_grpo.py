@@ -14,6 +14,10 @@ transformers code of ppo-rlhf runs in this process.
 GRPOTrainer loads it on the given right-padded ids, the ids TRL's prompt tokenisation gives the
 prompt strings, and this side's reward of the given responses.
 
+`train --trainer ppo_rlhf.trl` runs the same script with its trainer and config imported from
+ppo_rlhf.trl instead of trl (TRL's signatures over ppo-rlhf's trainer, docs/migrating_from_trl.md),
+under ppo-rlhf's own environment: the script is TRL's in both, only the import differs.
+
 `train` is `GRPOTrainer.train()` on the benchmark's prompt file: the rows in the order ppo-rlhf
 draws them for the same seed (`shuffle_dataset=False`, so TRL's RepeatSampler takes them in
 turn), each repeated num_generations times.  A callback times each iteration (one generation
@@ -91,8 +95,20 @@ def check(settings: dict) -> None:
                              "trl": trl.__version__, "peft": peft.__version__}}, settings["out"])
 
 
+TRAINERS = ("trl", "ppo_rlhf.trl")  # where GRPOConfig and GRPOTrainer come from: TRL, or TRL's API over ppo-rlhf
+
+
+def trainer_module(name: str):
+    """The module ``GRPOConfig`` and ``GRPOTrainer`` are imported from (the script's one difference)."""
+    import importlib
+
+    if name == "ppo_rlhf.trl" and str(SRC) not in sys.path:
+        sys.path.insert(0, str(SRC))
+    return importlib.import_module(name)
+
+
 def grpo_config(settings: dict, out: Path):
-    from trl import GRPOConfig
+    GRPOConfig = trainer_module(settings.get("trainer", "trl")).GRPOConfig
 
     work = settings["work"]
     steps_per_generation = work["batch_size"] // work["mini_batch_size"]
@@ -117,7 +133,7 @@ def train(settings: dict) -> None:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
+    GRPOTrainer = trainer_module(settings.get("trainer", "trl")).GRPOTrainer
 
     out = Path(settings["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -167,15 +183,16 @@ def train(settings: dict) -> None:
     log.close()
     import peft
     import transformers
-    import trl
 
+    trainer_name = settings.get("trainer", "trl")
+    version = (__import__("trl").__version__ if trainer_name == "trl" else f"ppo_rlhf.trl (no trl installed)")
     history = [h for h in trainer.state.log_history if "reward" in h]
     (out / "result.json").write_text(json.dumps({
-        "system": "trl", "threads": torch.get_num_threads(),
+        "system": "trl" if trainer_name == "trl" else "ppo-rlhf.trl", "threads": torch.get_num_threads(),
         "first_batch_task_indices": seen[0] if seen else None,
         "task_indices": seen,  # of every generation batch, in the order the reward saw them
         "versions": {"torch": str(torch.__version__), "transformers": transformers.__version__,
-                     "trl": trl.__version__, "peft": peft.__version__},
+                     "trl": version, "peft": peft.__version__},
         "trl_config": {k: v for k, v in config.to_dict().items() if k in (
             "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
             "generation_batch_size", "num_iterations", "max_steps", "max_completion_length", "temperature", "top_p",
@@ -194,9 +211,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("check", "train"))
     parser.add_argument("--settings", required=True)
+    parser.add_argument("--trainer", choices=TRAINERS, default="trl",
+                        help="where GRPOConfig and GRPOTrainer come from (default: TRL)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    settings = json.loads(Path(args.settings).read_text())
+    settings = {**json.loads(Path(args.settings).read_text()), "trainer": args.trainer}
     check(settings) if args.command == "check" else train(settings)
 
 

@@ -76,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     from ppo_rlhf.distributed import end_processes, is_main_process
     from ppo_rlhf.envs.protocol import EnvironmentFailed
     from ppo_rlhf.envs.tools import ToolParserFailed
-    from ppo_rlhf.interrupts import RunInterrupted, failure_resume_hint, interrupted_message, stop_on_signals
+    from ppo_rlhf.interrupts import (RunInterrupted, aborted_message, failure_resume_hint, interrupted_message,
+                                     stop_on_signals)
     from ppo_rlhf.models.loading import ModelError
     from ppo_rlhf.rollout.generation import EngineWeightsError
     from ppo_rlhf.rollout.reward import RewardError
+    from ppo_rlhf.rollout.server_api import ServerRefused, ServerUnavailable
     from ppo_rlhf.trainers.guard import DivergenceError
 
     parser = build_parser()
@@ -96,17 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         end_processes()  # every process stopped at the same step (interrupts.stop_requested)
         return interrupted.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C, or one in a command without safe points
-        hint = "; its last checkpoint is whole: --resume continues from it" if _can_resume(parser, args.command) else ""
-        print(f"ppo-rlhf {args.command}: interrupted{hint}", file=sys.stderr)
+        print(aborted_message(args.command, _can_resume(parser, args.command)), file=sys.stderr)
         return 130
     except ConfigError as error:
         print(f"ppo-rlhf {args.command}: configuration error: {error}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed, ToolParserFailed) as error:
+    except (FileNotFoundError, DataError, ModelError, RewardError, EnvironmentFailed, ToolParserFailed,
+            ServerUnavailable, ServerRefused) as error:
         # Bad input (a missing file, a row without a field, a folder holding the wrong kind of
-        # model, a reward function's bad output, an environment or a tool parser that raised): the
-        # message names the culprit; no traceback.  Mid-run, how to continue once it is fixed, where
-        # this command can.
+        # model, a reward function's bad output, an environment or a tool parser that raised, a
+        # generation server that does not answer): the message names the culprit; no traceback.
+        # Mid-run, how to continue once it is fixed, where this command can.
         hint = failure_resume_hint(error, _can_resume(parser, args.command))
         print(f"ppo-rlhf {args.command}: {error}{hint}", file=sys.stderr)
         return 2

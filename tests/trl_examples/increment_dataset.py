@@ -4,8 +4,7 @@ reset(target, **kwargs) reads its column -- and a reward function of the trainer
 
 from datasets import Dataset
 
-# TRL: from trl import GRPOTrainer
-from ppo_rlhf import PPOConfig, PPOTrainer
+from ppo_rlhf.trl import GRPOConfig, GRPOTrainer  # TRL: from trl import GRPOTrainer
 from trl_examples import BUDGET
 
 # Each row carries the prompt and the task data (here, the counter target to reach).
@@ -40,20 +39,17 @@ class IncrementEnv:
 
 
 def format_reward(completions, **kwargs):  # trainer-owned: scores the completion text
-    # The docs leave its body out ("..."): 1 for an episode whose last message is a plain answer.
+    # TRL: ...   (the docs leave its body out) 1 for an episode whose last message is a plain answer.
     return [float(completion[-1]["role"] == "assistant" and not completion[-1].get("tool_calls"))
             for completion in completions]
 
 
-def train(model_path: str, out: str, **given) -> dict:
-    # TRL: trainer = GRPOTrainer(
-    # TRL:     model="Qwen/Qwen3-0.6B",
-    # TRL:     train_dataset=dataset,  # the dataset owns the task; the "target" column reaches reset(target=...)
-    # TRL:     reward_funcs=format_reward,          # trainer-owned: scores the completion
-    # TRL:     environment_factory=IncrementEnv,    # env-owned: scores its internal state via `get_reward`
-    # TRL: )
-    rows = f"{out}.rows.jsonl"
-    dataset.to_json(rows)
-    trainer = PPOTrainer(PPOConfig(model=model_path, prompts=rows, out=out, **BUDGET), reward=format_reward,
-                         environment=IncrementEnv, **given)
+def train(model_path: str, out: str):
+    trainer = GRPOTrainer(
+        model=model_path,  # TRL: model="Qwen/Qwen3-0.6B",
+        args=GRPOConfig(output_dir=out, **BUDGET),  # TRL: (the docs' defaults; "Rewards": max_steps=1000)
+        train_dataset=dataset,  # the dataset owns the task; the "target" column reaches reset(target=...)
+        reward_funcs=format_reward,  # trainer-owned: scores the completion
+        environment_factory=IncrementEnv,  # env-owned: scores its internal state via `get_reward`
+    )
     return trainer.train()

@@ -6,8 +6,7 @@ import random
 
 from datasets import Dataset
 
-# TRL: from trl import GRPOConfig, GRPOTrainer
-from ppo_rlhf import PPOConfig, PPOTrainer
+from ppo_rlhf.trl import GRPOConfig, GRPOTrainer  # TRL: from trl import GRPOConfig, GRPOTrainer
 from trl_examples import BUDGET
 
 
@@ -27,7 +26,6 @@ class CodingEnv:
         """
         ...
 
-
 class GameEnv:
     def reset(self, **kwargs) -> str:
         return "Reach the goal tile."
@@ -43,26 +41,21 @@ class GameEnv:
         """
         ...
 
-
 # The dataset only routes: each row picks the environment for that rollout
 dataset = Dataset.from_dict({"environment": ["coding", "game"] * 500})
 
 
 def reward_func(environments, **kwargs):
-    # The docs leave it to the reader: "it can branch on the environment type (e.g. isinstance(env, CodingEnv))".
+    # TRL: (left to the reader: "it can branch on the environment type (e.g. isinstance(env, CodingEnv))")
     return [1.0 if isinstance(env, CodingEnv) else 0.5 for env in environments]
 
 
-def train(model_path: str, out: str, **given) -> dict:
-    # TRL: trainer = GRPOTrainer(
-    # TRL:     model="Qwen/Qwen3-0.6B",
-    # TRL:     args=GRPOConfig(chat_template_kwargs={"enable_thinking": False}),
-    # TRL:     train_dataset=dataset,
-    # TRL:     reward_funcs=reward_func,
-    # TRL:     environment_factory={"coding": CodingEnv, "game": GameEnv},
-    # TRL: )
-    rows = f"{out}.rows.jsonl"  # the routing rows as they are (the first 8 of them), without a prompt column
-    dataset.select(range(8)).to_json(rows)
-    trainer = PPOTrainer(PPOConfig(model=model_path, prompts=rows, out=out, **BUDGET), reward=reward_func,
-                         environment={"coding": CodingEnv, "game": GameEnv}, **given)
+def train(model_path: str, out: str):
+    trainer = GRPOTrainer(
+        model=model_path,  # TRL: model="Qwen/Qwen3-0.6B",
+        args=GRPOConfig(output_dir=out, **BUDGET, chat_template_kwargs={"enable_thinking": False}),
+        train_dataset=dataset,
+        reward_funcs=reward_func,
+        environment_factory={"coding": CodingEnv, "game": GameEnv},
+    )
     return trainer.train()

@@ -4,8 +4,7 @@ on the format of its text."""
 
 import re
 
-# TRL: from trl import GRPOTrainer
-from ppo_rlhf import PPOConfig, PPOTrainer
+from ppo_rlhf.trl import GRPOConfig, GRPOTrainer  # TRL: from trl import GRPOTrainer
 from trl_examples import BUDGET
 
 
@@ -50,11 +49,11 @@ def format_reward_func(completions, **kwargs):
     return [1.0 if match else 0.0 for match in matches]
 
 
-def train(model_path: str, rows: str, out: str, **given) -> dict:
-    # TRL: trainer = GRPOTrainer(
-    # TRL:     tools=[multiply, async_add],
-    # TRL:     ...,   (the model, the data set and the reward functions)
-    # TRL: )
-    trainer = PPOTrainer(PPOConfig(model=model_path, prompts=rows, out=out, **BUDGET),
-                         reward=[reward_func, format_reward_func], tools=[multiply, async_add], **given)
+def train(model_path: str, dataset, out: str):
+    trainer = GRPOTrainer(
+        tools=[multiply, async_add],
+        # TRL: ...,   (the model, the data set and the reward functions, left out of the snippet)
+        model=model_path, args=GRPOConfig(output_dir=out, **BUDGET), train_dataset=dataset,
+        reward_funcs=[reward_func, format_reward_func],
+    )
     return trainer.train()

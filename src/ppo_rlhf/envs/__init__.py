@@ -42,6 +42,7 @@ class EnvironmentKind:
     make: Callable[[], object]
     description: str
     pays: bool = True  # its episodes earn rewards of their own (tools alone: none, a reward function scores them)
+    pays_per_turn: bool = True  # its steps return a reward each (gymnasium's shape); tools and TRL's classes: none
     answers: str = "observations"
     note: str | None = None  # what the run does that the user's framework would not, for the plan
     pool: list = field(default_factory=list)  # made once, reset for each episode (TRL's rule)
@@ -76,6 +77,12 @@ class EnvironmentSource:
     @property
     def pays(self) -> bool:
         return any(kind.pays for kind in self.kinds.values())
+
+    @property
+    def pays_per_turn(self) -> bool:
+        """Whether any of its environments rewards a turn on its own (a step's reward), which
+        --turn-rewards per-turn places on that turn."""
+        return any(kind.pays_per_turn for kind in self.kinds.values())
 
     @property
     def tools(self) -> list[dict]:
@@ -147,8 +154,8 @@ class EnvironmentSource:
 
 def parse_config_values(text: str | None) -> dict:
     """``key=value,key=value`` (values read as YAML: numbers, true/false, lists) -> dict; ConfigError
-    naming --environment-config and the part at fault (config.py, ``parse_key_values``)."""
-    from ppo_rlhf.config import parse_key_values
+    naming --environment-config and the part at fault (config_yaml.py, ``parse_key_values``)."""
+    from ppo_rlhf.config_yaml import parse_key_values
 
     return parse_key_values(text or "", "environment_config", "is_slippery=false,map_name=4x4")
 
@@ -191,7 +198,7 @@ def environment_source(environment=None, tools: list | None = None, *, tool_pars
         ToolBox(tools, tool_timeout)  # the schemas checked now, once
         kinds = {None: EnvironmentKind(lambda: ToolEnvironment(ToolBox(tools, tool_timeout), parse_hermes),
                                        "tools alone (a turn without a call is the answer)", pays=False,
-                                       answers="tools")}
+                                       pays_per_turn=False, answers="tools")}
     elif isinstance(environment, dict):
         if not environment:
             raise ConfigError("environment: an empty dict; TRL's dict form maps each name a row's 'environment' "
@@ -306,7 +313,7 @@ def class_kind(factory: Callable, name: str, tools: list, tool_timeout: float, m
 
     return EnvironmentKind(make_factory_environment,
                            f"environment {name} (TRL's environment_factory shape: its methods are tools)",
-                           pays=callable(getattr(first, "get_reward", None)), answers="tools",
+                           pays=callable(getattr(first, "get_reward", None)), pays_per_turn=False, answers="tools",
                            note="reset() seeded per prompt group (seed= where it takes one, else Python's and numpy's "
                                 "generators around the call), which TRL does not do: the K episodes of a row start "
                                 "alike")

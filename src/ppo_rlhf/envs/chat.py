@@ -245,9 +245,9 @@ def template_name(model: str | None, chat_template_file: str | None) -> str:
 def prepare_for_config(tokenizer, source, config) -> None:
     """A run's episode chat at start (``config``: ppo's or eval's): --chat-template-file applied to
     ``tokenizer``, then :func:`prepare_episode_chat`."""
-    from ppo_rlhf.envs.options import apply_chat_template_file
+    from ppo_rlhf.envs.options import prepare_template
 
-    apply_chat_template_file(tokenizer, config.chat_template_file)
+    prepare_template(tokenizer, config)
     prepare_episode_chat(tokenizer, source, template_name(config.model, config.chat_template_file))
 
 

@@ -25,8 +25,13 @@ class EnvironmentOptions:
     tool: list[str] = option([], "a tool the model may call, module:function (type hints and a docstring give its "
                                  "schema); repeat the flag for several; alone, an episode ends at the first turn "
                                  "without a tool call")
-    max_turns: int = option(8, "with --environment or --tool: the model's turns in an episode at most",
-                            range=above(0))
+    agent: str | None = option(None, "play each prompt with an agent of your own, module:function called as "
+                                     "function(client, model, row) and returning the episode's reward: client an "
+                                     "openai.OpenAI (AsyncOpenAI for an async def) on the generation server's "
+                                     "OpenAI-compatible endpoint, model the name to call; every call is answered by "
+                                     "the current policy and trained on as sampled (--rollout-engine vllm-server)")
+    max_turns: int = option(8, "with --environment or --tool: the model's turns in an episode at most (--agent: "
+                               "its calls to the model)", range=above(0))
     max_episode_tokens: int | None = option(None, "with --environment or --tool: the tokens after the prompt at most "
                                                   "(the model's and the environment's); empty: what --max-length "
                                                   "leaves after the prompt", range=above(0))
@@ -60,6 +65,15 @@ class EnvironmentOptions:
     chat_template_file: str | None = option(None, "a Jinja chat template to use instead of the tokenizer's (one that "
                                                   "renders tools, for a model whose own does not); saved with the "
                                                   "trained model")
+    chat_template_kwargs: str = option("", "variables every rendering of the chat template gets, 'key=value,...' "
+                                           "(values read as YAML; TRL's chat_template_kwargs), e.g. "
+                                           "enable_thinking=false for Qwen3's template")
+
+    def template_kwargs(self) -> dict:
+        """--chat-template-kwargs as a dict (ConfigError naming it for a malformed one)."""
+        from ppo_rlhf.config_yaml import parse_key_values
+
+        return parse_key_values(self.chat_template_kwargs or "", "chat_template_kwargs", "enable_thinking=false")
 
     def resolve_max_length(self) -> None:
         """--max-length left empty: 256, or 1024 where rollouts are episodes (by the flags, or objects
@@ -72,7 +86,7 @@ class EnvironmentOptions:
 
     def has_episodes(self) -> bool:
         """Whether rollouts are multi-turn episodes (by the flags, or objects given to PPOTrainer, recorded so)."""
-        return self.environment is not None or bool(self.tool)
+        return self.environment is not None or bool(self.tool) or self.agent is not None
 
     def check_episode_options_used(self) -> None:
         """At start, once it is known whether rollouts are episodes: an episode option set without
@@ -82,16 +96,20 @@ class EnvironmentOptions:
         if self.has_episodes():
             return
         for field in fields(EnvironmentOptions):
-            if field.name not in ("environment", "tool", "chat_template_file"):  # the last serves any chat
+            if field.name not in ("environment", "tool", "chat_template_file", "chat_template_kwargs"):  # any chat
                 default = field.default if field.default_factory is MISSING else field.default_factory()
                 check(getattr(self, field.name) == default, field.name,
-                      "left out without --environment or --tool", getattr(self, field.name))
+                      "left out without --environment or --tool (or --agent)", getattr(self, field.name))
 
     def validate_environment(self) -> None:
         """The rules between the episode options, where rollouts are episodes (by the flags, or
         objects given to PPOTrainer, recorded in ``environment`` and ``tool`` before it checks the
-        config again)."""
+        config again); --chat-template-kwargs' form for every run."""
+        self.template_kwargs()
         if not self.has_episodes():
+            return
+        if self.agent is not None:
+            self.validate_agent()
             return
         require_chat_template(self, "--environment / --tool (an episode's turns are chat messages)")
         gym = (self.environment or "").startswith("gym:")
@@ -111,6 +129,23 @@ class EnvironmentOptions:
         from ppo_rlhf.envs import parse_config_values
 
         parse_config_values(self.environment_config)  # a malformed one fails here, at start
+
+
+    def validate_agent(self) -> None:
+        """--agent plays the episodes itself, on a generation server's OpenAI endpoint: no
+        environment or tool beside it, none of the options of the episodes ppo-rlhf plays."""
+        check(getattr(self, "rollout_engine", "vllm-server") == "vllm-server", "agent",
+              "left out without --rollout-engine vllm-server (an agent calls a generation server's OpenAI-compatible "
+              "endpoint: ppo-rlhf serve)", self.agent)
+        for key in ("environment", "tool"):
+            check(not getattr(self, key), key, "left out with --agent (the agent plays the episodes itself; give "
+                                               "it its tools)", getattr(self, key))
+        for key in ("action_names", "observation_text", "max_episode_tokens"):
+            check(not getattr(self, key), key, "left out with --agent (--max-length bounds an agent's episode)",
+                  getattr(self, key))
+        check(self.turn_rewards == "sum", "turn_rewards", "sum with --agent (the agent returns one reward)",
+              self.turn_rewards)
+        check(self.environment_config == "", "environment_config", "left out with --agent", self.environment_config)
 
 
 def check_template_renders_tools(tokenizer, schemas: list[dict], where: str, offer=lambda: "") -> None:
@@ -174,6 +209,29 @@ def apply_chat_template_file(tokenizer, path: str | None) -> None:
                           f"out of what it writes (it rendered {rendered[:80]!r}), so the model would never read the "
                           f"prompts; write each message's content ({{{{ message['content'] }}}})")
     tokenizer.chat_template = template
+
+
+def apply_chat_template_kwargs(tokenizer, kwargs: dict) -> None:
+    """--chat-template-kwargs: every ``apply_chat_template`` of this tokenizer renders with them (a
+    call's own keywords win), the prompts', the episodes' and the checks' alike, as TRL passes
+    ``chat_template_kwargs`` to each of its renderings.  Set on the tokenizer object, not saved
+    with it: the trained model's template stays its own."""
+    if not kwargs:
+        return
+    render = type(tokenizer).apply_chat_template
+
+    def apply_chat_template(conversation, *args, **given):
+        return render(tokenizer, conversation, *args, **{**kwargs, **given})
+
+    tokenizer.apply_chat_template = apply_chat_template
+    tokenizer.chat_template_kwargs = dict(kwargs)
+
+
+def prepare_template(tokenizer, config) -> None:
+    """What a run's options do to the tokenizer's chat template: --chat-template-file, then
+    --chat-template-kwargs."""
+    apply_chat_template_file(tokenizer, config.chat_template_file)
+    apply_chat_template_kwargs(tokenizer, config.template_kwargs())
 
 
 def require_chat_template(config, asked_by: str) -> None:

@@ -24,6 +24,7 @@ them, ``--tool-parser module:function`` takes a parser of one's own.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -132,6 +133,99 @@ def read_call(body: str, text: str) -> ToolCall:
     return ToolCall(value["name"], arguments, text=text)
 
 
+# --------------------------------------------------------------- what a call and a turn mean
+def schema_types(schema) -> tuple[str, ...]:
+    """The JSON types a parameter's schema admits: its ``type`` (one or a list), those of its
+    ``anyOf`` / ``oneOf`` choices, and null for a ``nullable`` one (how get_json_schema marks an
+    Optional)."""
+    if not isinstance(schema, dict):
+        return ()
+    declared = schema.get("type")
+    types = [declared] if isinstance(declared, str) else [t for t in declared or [] if isinstance(t, str)]
+    for union in ("anyOf", "oneOf"):
+        for choice in schema.get(union) or []:
+            types.extend(schema_types(choice))
+    if schema.get("nullable") and "null" not in types:
+        types.append("null")
+    return tuple(types)
+
+
+def cast_text(raw: str, types: tuple[str, ...]):
+    """``raw`` as the first of ``types`` it reads as: "7" is 7 for an integer (and "3.0" is 3), 0.5
+    for a number, true / 1 / false / 0 a boolean, "null" None, JSON of the right kind an object or
+    a list; otherwise the text as written (a string parameter keeps "7")."""
+    for kind in types:
+        try:
+            if kind == "integer":
+                try:
+                    return int(raw)
+                except ValueError:
+                    number = float(raw)
+                    if number.is_integer():
+                        return int(number)
+            elif kind == "number":
+                number = float(raw)
+                if math.isfinite(number):
+                    return int(number) if number.is_integer() and "." not in raw else number
+            elif kind == "boolean" and raw.strip().lower() in ("true", "1", "false", "0"):
+                return raw.strip().lower() in ("true", "1")
+            elif kind == "null" and raw.strip() in ("null", "None"):
+                return None
+            elif kind in ("object", "array"):
+                decoded = json.loads(raw)
+                if isinstance(decoded, dict if kind == "object" else list):
+                    return decoded
+        except ValueError:
+            continue
+    return raw
+
+
+def typed_call(call: ToolCall, schemas: list[dict]) -> ToolCall:
+    """``call`` with each argument the model wrote as text cast to the type its tool's JSON schema
+    gives the parameter, as TRL's GRPOTrainer reads calls (transformers' ``parse_response(tools=)``):
+    ``{"step": "3"}`` for ``step: int`` is ``{"step": 3}``, for the tool and for the reward
+    functions that read the call.  A call that could not be read, of an unknown tool, or whose
+    arguments already have their types, is returned as it is."""
+    if call.error is not None:
+        return call
+    schema = next((s.get("function", s) for s in schemas if s.get("function", s).get("name") == call.name), None)
+    properties = ((schema or {}).get("parameters") or {}).get("properties") or {}
+    if not properties:
+        return call
+    arguments = dict(call.arguments)
+    for key, value in arguments.items():
+        types = schema_types(properties.get(key))
+        if isinstance(value, str) and types:
+            arguments[key] = cast_text(value, types)
+    return ToolCall(call.name, arguments, text=call.text)
+
+
+THINK_BLOCK = re.compile(r"^<think>\n?(?:(?P<reasoning>.*?\S.*?)\n?|\s*)</think>\s*", re.DOTALL)
+
+
+def split_reasoning(content: str) -> tuple[str | None, str]:
+    """(the think block's text, the rest) of a turn that opens with ``<think>...</think>`` (Qwen3's
+    and DeepSeek-R1's reasoning), as TRL's response templates read it into ``reasoning_content``:
+    an empty think block (Qwen3 with enable_thinking=False) is dropped, with no reasoning."""
+    match = THINK_BLOCK.match(content)
+    if match is None:
+        return None, content
+    return match.group("reasoning"), content[match.end():]
+
+
+def assistant_message(content: str, calls: list[ToolCall]) -> dict:
+    """A model turn as TRL's completions hold it: its words, the think block apart as
+    ``reasoning_content``, and the ``tool_calls`` it made that could be read."""
+    reasoning, content = split_reasoning(content)
+    message = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    read = [call.as_message_call() for call in calls if call.error is None]
+    if read:
+        message["tool_calls"] = read
+    return message
+
+
 class ResponseTemplateParser:
     """transformers' ``tokenizer.parse_response`` with the tokenizer's own ``response_template``
     (TRL's parser, where the tokenizer carries one): the template says where the calls are."""
@@ -158,7 +252,10 @@ class ResponseTemplateParser:
                 calls.append(ToolCall(None, error=f"a tool call needs a name and arguments, got {call!r:.200}"))
             else:
                 calls.append(ToolCall(function["name"], arguments))
-        return str(parsed.get("content") or ""), calls
+        content = str(parsed.get("content") or "")
+        if parsed.get("reasoning_content"):  # the think block back in front: assistant_message splits all alike
+            content = f"<think>\n{parsed['reasoning_content']}\n</think>\n\n{content}"
+        return content, calls
 
     def __call__(self, text: str, prefix: str = "") -> list[ToolCall]:
         return self.read(text, prefix)[1]

@@ -26,7 +26,7 @@ from typing import Callable
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.envs.calls import CallTimedOut, EnvironmentCalls
-from ppo_rlhf.envs.parsers import ToolCall, ToolCallParser, parse_hermes
+from ppo_rlhf.envs.parsers import ToolCall, ToolCallParser, parse_hermes, typed_call
 from ppo_rlhf.envs.protocol import Adapter
 
 
@@ -184,7 +184,8 @@ class ToolUse:
         content = text
         for call in calls:
             content = content.replace(call.text, "", 1) if call.text else content
-        return content.strip(), list(calls)
+        # Arguments cast to the tools' schemas, as TRL reads them ("3" for an int parameter is 3).
+        return content.strip(), [typed_call(call, self.tools) for call in calls]
 
     async def answer(self, calls: list[ToolCall]) -> list[ToolAnswer]:
         """Run the turn's calls, one after another in the order written (a later call may read what

@@ -39,6 +39,7 @@ import torch
 
 from ppo_rlhf.envs.calls import CALLS_ON
 from ppo_rlhf.envs.chat import ChatContinuation, too_long_for_its_tools
+from ppo_rlhf.envs.parsers import assistant_message
 from ppo_rlhf.envs.protocol import (EnvironmentFailed, as_messages, checked_result, describe, takes_keyword,
                                     users_object)
 from ppo_rlhf.envs.tools import ToolParserFailed, ToolUse
@@ -76,11 +77,12 @@ class Episodes:
     environments: list = field(default_factory=list)  # each episode's environment object
     tool_logs: list[list[dict]] = field(default_factory=list)  # each episode's tool calls and results
     seeds: list = field(default_factory=list)  # each episode's environment seed
+    logged: list[dict] = field(default_factory=list)  # each episode's columns a reward function logged (log_extra)
     stats: Counter = field(default_factory=Counter)  # tool calls, errors, timeouts, ... summed over the batch
 
     # The per-episode lists, which select and concat carry along with the tensors.
     LISTS = ("prompts", "texts", "finished", "turns", "truncated", "step_rewards", "turn_ends", "episode_rewards",
-             "conversations", "environments", "tool_logs", "seeds")
+             "conversations", "environments", "tool_logs", "seeds", "logged")
 
     def select(self, index: list[int]) -> "Episodes":
         """These episodes' rows ``index``, in that order (the batch's stats stay the batch's)."""
@@ -108,7 +110,10 @@ def roll_out(model, tokenizer, generator: Generator, rows: list[dict], prompts: 
     """The batch's episodes: one turn each without an environment ``source``
     (envs.EnvironmentSource), else as long as each one lasts.  ``seeds``: one per row, for the
     environments' reset (resume and several processes draw the same episodes).  ``progress``:
-    called after each turn with (turns played, episodes still going)."""
+    called after each turn with (turns played, episodes still going).  A source that plays its
+    episodes itself (an agent's: rollout/agents.py) is handed the batch."""
+    if source is not None and hasattr(source, "play"):
+        return source.play(model, tokenizer, generator, rows, prompts, limits)
     if source is None:
         out = generate_responses(model, tokenizer, generator, prompts, limits.max_prompt_length, limits.chat_template)
         b = len(prompts)
@@ -377,11 +382,7 @@ class EpisodeRunner:
         if hasattr(environment.parser, "read"):  # a response template reads the turn with the prompt before it
             prefix = self.tokenizer.decode(play.contexts[r] + play.tokens[r][:len(play.tokens[r]) - len(new)])
         content, calls = await self.call(environment, "read_turn", row, text, prefix)
-        message = {"role": "assistant", "content": content}
-        read = [call.as_message_call() for call in calls if call.error is None]
-        if read:
-            message["tool_calls"] = read
-        play.conversations[r].append(message)
+        play.conversations[r].append(assistant_message(content, calls))  # a think block as reasoning_content
         if not calls or final:
             return [], [], 0.0, not calls, False
         answers = await self.call(environment, "answer", row, calls)
@@ -464,6 +465,9 @@ def score_episodes(reward, rows: list[dict], episodes: Episodes, environment_wei
                              episodes.conversations or None, environments)
         total = reward(batch).float()
         parts = {name: part.float() for name, part in getattr(reward, "last_components", {}).items()}
+        extra = getattr(reward, "last_extra", None) or {}  # TRL's log_extra: columns beside each completion
+        episodes.logged = [{column: values[i] for column, values in extra.items() if i < len(values)}
+                           for i in range(len(rows))] if extra else []
         names = list(parts) or [getattr(reward, "short_name", "reward")]
     paid = environment_rewards(episodes)
     if paid is not None:
@@ -481,13 +485,14 @@ def score_episodes(reward, rows: list[dict], episodes: Episodes, environment_wei
 def samples_of(episodes: Episodes, scores: torch.Tensor, count: int) -> list[dict]:
     """The first ``count`` rollouts for people to read (console, samples.jsonl, TensorBoard): the
     prompt and the response -- an episode's whole conversation after the prompt, each message on
-    its own line -- and the score."""
+    its own line -- and the score, beside the columns a reward function logged (TRL's ``log_extra``)."""
     samples = []
     for i in range(min(count, len(episodes.texts))):
         response = episodes.texts[i]
         if episodes.conversations:
             response = "\n".join(message_line(m) for m in episodes.conversations[i])
-        samples.append({"prompt": episodes.prompts[i], "response": response, "score": float(scores[i])})
+        logged = episodes.logged[i] if episodes.logged else {}  # a reward's log_extra columns, beside them
+        samples.append({**logged, "prompt": episodes.prompts[i], "response": response, "score": float(scores[i])})
     return samples
 
 
@@ -515,5 +520,6 @@ def rollout_records(rows: list[dict], episodes: Episodes, scores: torch.Tensor) 
             "turns": episodes.turns[i], "truncated": episodes.truncated[i], "finished": episodes.finished[i],
             "turn_rewards": episodes.step_rewards[i], "episode_reward": episodes.episode_rewards[i],
             "tool_calls": episodes.tool_logs[i] if episodes.tool_logs else [], "score": float(scores[i]),
+            **({"logged": episodes.logged[i]} if episodes.logged else {}),
         })
     return records

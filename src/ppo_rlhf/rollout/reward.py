@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import math
 import traceback
 from dataclasses import dataclass
 
@@ -42,17 +43,24 @@ def check_columns(rewards, rows: list[dict], source: str) -> None:
 RESPONSES, TRL_RESPONSES = "responses", "completions"
 
 
+# TRL's keywords of the run around a reward: its transformers.TrainerState, and the two loggers.
+RUN_KEYWORDS = ("trainer_state", "log_extra", "log_metric")
+
+
 PASSED_BY_PPO_RLHF = ("prompts", RESPONSES, TRL_RESPONSES, "finished", "completion_ids", "conversations",
-                      "environments")
-
-
-# TRL's: ppo-rlhf has no transformers TrainerState to give, nor TRL's completions table to log into.
-NOT_PASSED = ("trainer_state", "log_extra", "log_metric")
+                      "environments", *RUN_KEYWORDS)
 
 
 # A function whose first two positional parameters include one of these is called TRL's way, every
 # argument by keyword: TRL's own names, which no function called (prompts, responses) puts there.
-KEYWORD_ONLY_NAMES = (TRL_RESPONSES, "environments", "completion_ids", "conversations", "finished", *NOT_PASSED)
+KEYWORD_ONLY_NAMES = (TRL_RESPONSES, "environments", "completion_ids", "conversations", "finished", *RUN_KEYWORDS)
+
+
+def fresh_trainer_state():
+    """A TrainerState at step 0, for a reward scored outside a training run (``ppo-rlhf eval``)."""
+    from transformers import TrainerState
+
+    return TrainerState()
 
 
 def is_conversational(prompt) -> bool:
@@ -95,8 +103,17 @@ class FunctionReward(ScoringReward):
     - ``finished``: list of bools, which responses ended with EOS.
     - ``completion_ids``: list of lists of token ids, each response's tokens in the policy's
       tokenizer (TRL's name).
-    - ``trainer_state``, ``log_extra``, ``log_metric`` (TRL) are not passed: a function that
-      requires one is refused at start.
+    - ``trainer_state`` (TRL's; a TRL-style function's ``**kwargs`` get these three, one called
+      ``(prompts, responses, **columns)`` only those it names): the run's ``transformers.TrainerState`` -- ``global_step`` the
+      iterations done, ``max_steps`` the run's iterations, ``epoch`` the passes over the prompts
+      so far -- moved on by the trainer each iteration (:meth:`follow_run`); outside a run, one at
+      step 0.
+    - ``log_metric(name, value)`` (TRL's): a number logged under ``name`` in the iteration's
+      metrics (metrics.jsonl, the trackers), the values of an iteration averaged over every call
+      and process; during a held-out evaluation, under ``eval/name``.
+    - ``log_extra(column, values)`` (TRL's): one value per response, kept beside each in
+      samples.jsonl and ``--save-rollouts``' records (``logged``), as TRL adds a column to its
+      completions table.
 
     A score may be None for a response the function does not apply to (TRL's convention): the
     row is left to the run's other rewards (:func:`weighted_sum`), and one that none scores stops
@@ -141,10 +158,9 @@ class FunctionReward(ScoringReward):
         self.named = [name for name in by_name if name not in positional]
         self.required_columns = [name for name in self.named if parameters[name].default is inspect.Parameter.empty
                                  and name not in PASSED_BY_PPO_RLHF]
-        not_passed = [name for name in self.required_columns if name in NOT_PASSED]
-        if not_passed:
-            raise ConfigError(f"reward function {self.name} requires '{not_passed[0]}', which TRL passes and "
-                              f"ppo-rlhf does not; give it a default (e.g. {not_passed[0]}=None)")
+        self.trainer_state = None  # the run's, once a trainer gives it (follow_run)
+        self.logged: dict[str, tuple[float, int]] = {}  # log_metric's (sum, count) since new_iteration
+        self.last_extra: dict[str, list] = {}  # log_extra's columns of the last call
         try:
             args, kwargs = self._arguments([], [], {name: [] for name in self.required_columns}, [], [], None, [])
             signature.bind(*args, **kwargs)
@@ -174,7 +190,9 @@ class FunctionReward(ScoringReward):
         Episodes add ``conversations`` (each one's messages after the prompt) and ``environments``
         (TRL's name); TRL-style functions get the conversations as their ``completions``, as TRL
         passes a multi-turn completion."""
-        offered = {**columns, "finished": finished, "completion_ids": completion_ids}
+        offered = {**columns, "finished": finished, "completion_ids": completion_ids,
+                   "trainer_state": self.trainer_state if self.trainer_state is not None else fresh_trainer_state(),
+                   "log_metric": self.log_metric, "log_extra": self.log_extra}
         episode = {"environments": environments,  # a single turn: an episode of one message, with no environment
                    "conversations": conversations or [[{"role": "assistant", "content": r}] for r in responses]}
         if self.trl_style:
@@ -187,11 +205,43 @@ class FunctionReward(ScoringReward):
             args = [prompts, responses]
         if self.takes_all:  # **kwargs: the episode's keywords where there are episodes (TRL's rule for environments)
             named = {key: value for key, value in episode.items() if key in self.named}
+            if not self.trl_style:  # f(prompts, responses, **columns): the run's keywords only by name
+                offered = {key: value for key, value in offered.items() if key not in RUN_KEYWORDS or key in self.named}
             return args, {**offered, **(episode if conversations is not None else named)}
         return args, {k: v for k, v in {**offered, **episode}.items() if k in self.named}
 
+    def follow_run(self, state) -> None:
+        self.trainer_state = state
+
+    def new_iteration(self) -> None:
+        self.logged = {}
+
+    def logged_metrics(self) -> dict[str, tuple[float, int]]:
+        return dict(self.logged)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: ``value`` logged under ``name``, averaged over the iteration's calls."""
+        if not isinstance(name, str) or not name:
+            raise RewardError(f"reward function {self.name} called log_metric with the name {name!r}; a metric's "
+                              f"name is a non-empty string")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise RewardError(f"reward function {self.name} called log_metric({name!r}, {value!r}); the value is "
+                              f"one finite number")
+        total, count = self.logged.get(name, (0.0, 0))
+        self.logged[name] = (total + float(value), count + 1)
+
+    def log_extra(self, column: str, values: list) -> None:
+        """TRL's ``log_extra``: a column of ``values``, one per response of this call, kept beside each."""
+        if not isinstance(column, str) or not column:
+            raise RewardError(f"reward function {self.name} called log_extra with the column {column!r}; a column's "
+                              f"name is a non-empty string")
+        self.last_extra.setdefault(column, []).extend(list(values))
+
     def _call(self, batch: ScoringBatch):
         """The function's result for ``batch`` (a coroutine for an async function)."""
+        self.last_extra = {}
         wants_ids = self.takes_all or "completion_ids" in self.named
         completion_ids = ([ids[mask.bool()].tolist() for ids, mask in
                            zip(batch.sequences.response_ids, batch.sequences.response_mask)] if wants_ids else None)
@@ -275,6 +325,24 @@ class CombinedReward(ScoringReward):
         for part in self.parts:
             part.new_iteration()
         self.none_counts = dict.fromkeys(self.names, 0.0)
+
+    def follow_run(self, state) -> None:
+        for part in self.parts:
+            part.follow_run(state)
+
+    def logged_metrics(self) -> dict[str, tuple[float, int]]:
+        """The parts' log_metric values, a name logged by several summed together."""
+        logged: dict[str, tuple[float, int]] = {}
+        for part in self.parts:
+            for name, (total, count) in part.logged_metrics().items():
+                before = logged.get(name, (0.0, 0))
+                logged[name] = (before[0] + total, before[1] + count)
+        return logged
+
+    @property
+    def last_extra(self) -> dict[str, list]:
+        """The columns the parts logged in their last call (log_extra), a later part's winning a name."""
+        return {column: values for part in self.parts for column, values in getattr(part, "last_extra", {}).items()}
 
     def iteration_counts(self) -> dict[str, float]:
         """The parts' counts (a judge's judge/unparsed), and with several rewards each one's

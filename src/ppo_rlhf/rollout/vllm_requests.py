@@ -33,6 +33,45 @@ def response_seed(seed: int, process: int, draw: int, row: int, turn: int | None
     return int.from_bytes(digest, "little") >> 1
 
 
+def sampling_params(vllm, stop_token_ids: list[int], do_sample: bool, temperature: float, max_tokens: int,
+                    seed: int | None):
+    """One request's SamplingParams, the Generator contract's points 2-3 as vLLM takes them (the
+    colocated engine's and the generation server's alike): ``temperature`` and nothing else
+    filtering the distribution (greedy: 0), the stop ids, the engine's log-probs of the sampled
+    tokens, ``seed`` the request's own."""
+    common = dict(n=1, stop_token_ids=stop_token_ids, ignore_eos=True,
+                  top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                  frequency_penalty=0.0, logprobs=0, detokenize=False, skip_special_tokens=False)
+    if not do_sample:
+        return vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, **common)
+    return vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, **common)
+
+
+def probe_params(vllm):
+    """The weight probe's request: its prompt log-probs (``prompt_logprobs=0``: each token's own, of
+    the raw logits, computed afresh: such a request never reads the prefix cache), one greedy token
+    that nobody reads."""
+    return vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                               skip_special_tokens=False)
+
+
+def probe_logprobs(output, ids: list[int]) -> list[float]:
+    """The engine's log-prob of each probe token after the first, from its request's ``output``."""
+    return [step[token].logprob for step, token in zip(output.prompt_logprobs[1:], ids[1:])]
+
+
+def kept_response(completion, stop_token_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """A completion's ids up to and including its first stop id (none after it: the Generator
+    contract's mask), at most ``max_new_tokens``, and the engine's log-prob of each (0 where it
+    gave none)."""
+    ids = list(completion.token_ids)[:max_new_tokens]
+    steps = completion.logprobs or []
+    values = [steps[i][token].logprob if i < len(steps) and steps[i] and token in steps[i] else 0.0
+              for i, token in enumerate(ids)]
+    end = next((i + 1 for i, token in enumerate(ids) if token in stop_token_ids), len(ids))
+    return ids[:end], values[:end]
+
+
 class EngineDecoding:
     """A Generator on a run's vLLM engine with decoding settings of its own (greedy, or sampled
     from its own seeds and draw count, so the rollouts' draws, which checkpoints keep, stay as a

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from ppo_rlhf.checkpoint import atomic_write_json
 from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, ConfigError, above, at_least,
-                             build_config, load_yaml, option, to_dict)
+                             build_config, option, to_dict)
+from ppo_rlhf.config_yaml import load_yaml
+from ppo_rlhf.interrupts import RunInterrupted, stop_requested
 from ppo_rlhf.run_folder import check_run_folder
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.stages.reward import run_reward
@@ -126,6 +128,13 @@ def _accuracy_line(name: str, metrics: dict, prefix: str) -> str:
     return f"  {name:<26}" + "  ".join(f"{k} {100 * metrics.get(prefix + k, float('nan')):6.2f}%" for k in keys)
 
 
+def stop_between_stages(done: int) -> None:
+    """A stop that came during a stage's last step let the stage finish (interrupts.stop_after); the
+    next stage is not begun."""
+    if stop_requested():
+        raise RunInterrupted(done, "stage", None)
+
+
 def run_demo(config: DemoConfig) -> dict:
     start = time.perf_counter()
     sft_config, rm_config, ppo_config = stage_configs(config)
@@ -138,9 +147,11 @@ def run_demo(config: DemoConfig) -> dict:
     print(f"[1/3] SFT on unprefixed data ({sft_config.steps} steps) -> {sft_config.out}")
     sft = run_sft(sft_config)
     print(f"      {sft['seconds']:.1f}s")
+    stop_between_stages(1)
     print(f"[2/3] reward model: style classifier ({rm_config.steps} steps) -> {rm_config.out}")
     rm = run_reward(rm_config)
     print(f"      held-out accuracy {100 * rm['eval_accuracy']:.2f}%, {rm['seconds']:.1f}s")
+    stop_between_stages(2)
     reward_name = "learned reward model" if config.reward == "model" else "rule-based reward"
     print(f"[3/3] PPO with the {reward_name} ({ppo_config.iterations} iterations) -> {ppo_config.out}")
     ppo = run_ppo(ppo_config, config_record=record, show_samples=config.show_samples)

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import (HARDWARE, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, TEMPERATURES, THREADS,
-                             ConfigError, above, at_least, check, load_yaml, option, to_dict)
+                             ConfigError, above, at_least, check, option, to_dict)
+from ppo_rlhf.config_yaml import load_yaml
 from ppo_rlhf.data import drop_empty_prompts, load_rows
 from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.hub import resolve_hub_models
@@ -22,7 +23,7 @@ from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import rank
 from ppo_rlhf.envs import environment_source
 from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
-from ppo_rlhf.envs.options import EnvironmentOptions, apply_chat_template_file, check_template_file_used
+from ppo_rlhf.envs.options import EnvironmentOptions, check_template_file_used, prepare_template
 from ppo_rlhf.rollout.episodes import EpisodeLimits
 from ppo_rlhf.run_folder import RunFolderOptions, check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
@@ -160,11 +161,16 @@ def run_eval(config: EvalConfig) -> dict:
                 print(f"warning: {warning}", flush=True)
     task = make_task(config, config.seed)
     config.check_episode_options_used()
-    environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
-                                      tool_timeout=config.tool_timeout, env_workers=config.env_workers,
-                                      environment_config=config.environment_config,
-                                      action_names=config.action_names or None,
-                                      observation_text=config.observation_text)
+    if config.agent is not None:  # an agent plays the episodes itself, on the server's OpenAI endpoint
+        from ppo_rlhf.rollout.agents import AgentSource
+
+        environments = AgentSource(config.agent, config.env_workers)
+    else:
+        environments = environment_source(config.environment, config.tool, tool_parser=config.tool_parser,
+                                          tool_timeout=config.tool_timeout, env_workers=config.env_workers,
+                                          environment_config=config.environment_config,
+                                          action_names=config.action_names or None,
+                                          observation_text=config.observation_text)
     if config.prompts:
         required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
         rows = load_rows(config.prompts, required, convert, config.data_split)
@@ -179,8 +185,8 @@ def run_eval(config: EvalConfig) -> dict:
     functions = reward_functions(config, None) if scored else []
     check_columns(functions, rows[: config.size], config.prompts or f"the {config.task} task's prompts")
     lengths = None  # an episode's prompts as the model reads them: measured (and checked) before the model loads
-    if environments is not None:  # the chat template checked for episodes before the model loads (envs/chat.py)
-        environments.check_rows(rows[: config.size])
+    if environments is not None and config.agent is None:  # the chat template checked for episodes before the
+        environments.check_rows(rows[: config.size])          # model loads (envs/chat.py)
         early = load_tokenizer(config.model, "--model")
         prepare_for_config(early, environments, config)
         lengths = episode_prompt_lengths(early, environments, rows[: config.size], config.prompt_field,
@@ -192,7 +198,7 @@ def run_eval(config: EvalConfig) -> dict:
               f"where its update is not rounded away (--dtype bfloat16 holds it in bf16, in half the memory, the "
               f"update rounded once)", flush=True)
     model, tokenizer = load_causal_lm(config.model, dtype), load_tokenizer(config.model)
-    apply_chat_template_file(tokenizer, config.chat_template_file)
+    prepare_template(tokenizer, config)
     accelerator = config.accelerator()
     model.to(accelerator.device)
     reward = build_reward(config, tokenizer, None, functions) if scored else None
@@ -217,7 +223,8 @@ def run_eval(config: EvalConfig) -> dict:
     if config.rollout_engine != "torch":  # built once, after every check that needs no engine
         generator = make_engine(config, model, stop_token_ids(tokenizer, model), tokenizer.pad_token_id, max_new_tokens,
                                 config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples))
+                                config.max_length, max_rows=min(evaluator.batch_size, len(rows) * config.samples),
+                                tokenizer=tokenizer, agent=config.agent is not None)
         generator.fixed_weights = True  # the evaluated model never changes: sent once, not per batch
     with accelerator.autocast():
         metrics, samples = evaluator(model.eval(), do_sample=config.do_sample, temperature=config.temperature,

@@ -11,22 +11,22 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ppo_rlhf.config import ConfigError, to_dict
-from ppo_rlhf.data import load_rows, prompt_check, text
+from ppo_rlhf.config import ConfigError, recipe_line, to_dict
+from ppo_rlhf.data import DataError, load_rows, prompt_check, row_complaint, text
 from ppo_rlhf.envs.options import apply_chat_template_file
 from ppo_rlhf.evaluation import Evaluator
-from ppo_rlhf.formats import completion_rows
+from ppo_rlhf.formats import CONVERSATION, completion_rows
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_fits, check_tokenizer, refuse_adapter
 from ppo_rlhf.rollout.sequences import stop_token_ids
-from ppo_rlhf.distributed import on_main_process
+from ppo_rlhf.distributed import is_main_process, on_main_process
 from ppo_rlhf.sharding import whole_weights
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.stages.common import load_task, open_resumable_stage, seed_everything, set_threads
 from ppo_rlhf.trainers.guard import require_finite
 from ppo_rlhf.trainers.resume import open_checkpoints
-from ppo_rlhf.trainers.sft import HeldOutLoss, SFTConfig, fit_rows, split_held_out, train_sft
+from ppo_rlhf.trainers.sft import HeldOutLoss, SFTConfig, fit_rows, split_held_out, token_counts, train_sft
 
 
 def run_sft(config: SFTConfig) -> dict:
@@ -52,10 +52,9 @@ def run_sft(config: SFTConfig) -> dict:
     apply_chat_template_file(tokenizer, config.chat_template_file)
     check_tokenizer(tokenizer, config.model or f"the {config.task} task", config.chat_template)
     if config.data:
-        rows = load_rows(config.data, {config.prompt_field: prompt_check(config.chat_template),
-                                       config.completion_field: text},
-                         completion_rows(config.prompt_field, config.completion_field, config.chat_template),
-                         config.data_split)
+        rows = load_rows(config.data, convert=completion_rows(config.prompt_field, config.completion_field,
+                                                               config.chat_template), split=config.data_split)
+        check_sft_rows(rows, config)
         rows, longest = fit_rows(tokenizer, rows, config, stop_token_ids(tokenizer, model))
         check_fits(model, tokenizer, longest, config.model, f"--max-length {config.max_length}")
     else:
@@ -63,6 +62,8 @@ def run_sft(config: SFTConfig) -> dict:
     rows, evaluator = sft_evaluator(config, task, model, tokenizer, rows)
     for notice in on_main_process(start_run_folder, out, config.overwrite):
         print(notice)
+    if config.recipe and is_main_process():
+        print(f"ppo-rlhf sft: recipe {recipe_line(config)}")
     checkpoints = open_checkpoints(config, out, config.steps, "step")
     run_log = open_run_log(out, to_dict(config), resume_after=checkpoints.step if config.resume else None)
     stored_dtype = model.dtype  # trained in float32, saved as it came in (bf16 in, bf16 out)
@@ -78,6 +79,7 @@ def run_sft(config: SFTConfig) -> dict:
     summary = {
         "stage": "sft",
         "rows": len(rows),
+        **(token_counts(rows) if config.data else {}),
         "seconds": round(time.perf_counter() - start, 2),
         "final_eval": evaluations[-1] if evaluations else None,
         "checkpoints": {"sft": str(checkpoint)},
@@ -85,6 +87,22 @@ def run_sft(config: SFTConfig) -> dict:
     run_log.write_summary(summary)
     run_log.close()
     return summary
+
+
+def check_sft_rows(rows: list[dict], config: SFTConfig) -> None:
+    """DataError naming the row: a prompt and completion whose fields are not what sft reads, or a
+    conversation without --chat-template (only the template can render it)."""
+    checks = {config.prompt_field: prompt_check(config.chat_template), config.completion_field: text}
+    for row in rows:
+        if CONVERSATION not in row:
+            complaint = row_complaint(row, checks)
+        elif not config.chat_template:
+            complaint = ("holds a conversation (chat messages): add --chat-template to render it with the "
+                         "tokenizer's chat template")
+        else:
+            continue
+        if complaint:
+            raise DataError(f"{row.get('_source', 'a row')}: {complaint}")
 
 
 def sft_evaluator(config: SFTConfig, task, model, tokenizer, rows: list[dict]) -> tuple[list[dict], object]:

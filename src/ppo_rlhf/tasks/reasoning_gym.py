@@ -45,8 +45,8 @@ def task_names() -> list[str]:
 
 
 def parse_task_config(text: str) -> dict:
-    """``key=value,key=value`` -> a dict, each value read as YAML (config.py, ``parse_key_values``)."""
-    from ppo_rlhf.config import parse_key_values
+    """``key=value,key=value`` -> a dict, each value read as YAML (config_yaml.py, ``parse_key_values``)."""
+    from ppo_rlhf.config_yaml import parse_key_values
 
     return parse_key_values(text, "task_config", "min_terms=2,max_terms=4")
 

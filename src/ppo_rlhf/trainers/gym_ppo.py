@@ -29,7 +29,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.core import explained_variance, gae_advantages, masked_whiten, policy_loss, value_loss
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.run_folder import check_run_folder, start_run_folder
 from ppo_rlhf.runlog import RunLog
 from ppo_rlhf.trainers.guard import DivergenceGuard, require_finite
@@ -331,7 +331,7 @@ def train(config: GymPPOConfig) -> dict[str, Any]:
                 collector.restart(restart_seed(config, done))
         # 7. Ctrl-C: stop here.  No checkpoint of its own: one would restart the envs where a
         # straight run does not, so a resume continues from the last scheduled one (interrupts.py).
-        if stop_requested():
+        if stop_after(done, config.num_iterations, "iteration"):  # the last iteration: the run finishes
             raise RunInterrupted(done, "iteration", checkpoints.saved_step)
     envs.close()
     return finish_gym_run(config, out_dir, agent, collector, log, env_steps, time.perf_counter() - start_time)

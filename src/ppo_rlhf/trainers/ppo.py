@@ -33,12 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import TrainerState
 
 from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import AdaptiveKLController, FixedKLController
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_complaint
-from ppo_rlhf.distributed import gather_rows, rank, world_size
+from ppo_rlhf.distributed import gather_rows, max_across_processes, rank, world_size
 from ppo_rlhf.envs.chat import prepare_episode_chat, template_name
 from ppo_rlhf.envs.options import check_template_file_used
 from ppo_rlhf.hardware import train_in_float32
@@ -51,6 +52,7 @@ from ppo_rlhf.sharding import load_whole_optimizer_state, shard, sharding_from_l
 from ppo_rlhf.trainers.estimators import needs_greedy_baseline, uses_critic
 from ppo_rlhf.trainers.guard import DivergenceGuard, is_finite
 from ppo_rlhf.trainers.optimizer import adamw
+from ppo_rlhf.trainers.ppo_async import Generated
 from ppo_rlhf.trainers.ppo_advantages import AdvantageStage
 from ppo_rlhf.trainers.ppo_batch import Experience, Rollout  # noqa: F401 -- Rollout: where callers find it
 from ppo_rlhf.trainers.ppo_config import PPOConfig, default_lr
@@ -63,6 +65,7 @@ from ppo_rlhf.trainers.ppo_rollout import RolloutStage, environments_of
 from ppo_rlhf.trainers.ppo_setup import RunParts, build_run, complete_parts, record_given_episodes
 from ppo_rlhf.trainers.ppo_update import PolicyUpdate
 from ppo_rlhf.trainers.teacher import Teacher
+from ppo_rlhf.trainers.token_budget import run_budget
 
 SAMPLES_KEPT = 4  # training rollouts kept from each iteration for the console, samples.jsonl and TensorBoard
 
@@ -162,8 +165,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         else:
             ref, reward, tokenizer, generator, accelerator, teacher = complete_parts(
                 config, model, ref, reward, tokenizer, generator, accelerator, pays)
-            if self.environments is not None:  # the template's checks for episodes (envs/chat.py)
-                prepare_episode_chat(tokenizer, self.environments,
+            if self.environments is not None and not hasattr(self.environments, "play"):  # the template's checks
+                prepare_episode_chat(tokenizer, self.environments,                      # for episodes (envs/chat.py)
                                      template_name(config.model or "model=", config.chat_template_file))
         self.set_up(model, ref, reward, tokenizer, config, generator, critic, accelerator, teacher)
 
@@ -196,7 +199,15 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         # A minibatch step with a non-finite loss or gradient is skipped; max_bad_steps in a row stop the run.
         self.guard = DivergenceGuard(config.max_bad_steps, unit="iteration")
         self.iteration = 0
+        # The run's progress as transformers' Trainer keeps it: what TRL gives reward functions as
+        # trainer_state (global_step: iterations done; max_steps: the run's), moved on by step().
+        self.state = TrainerState(max_steps=config.iterations)
+        self.steps_per_iteration = 1  # the state's steps an iteration counts (ppo_rlhf.trl: TRL's optimizer steps)
+        if reward is not None:
+            reward.follow_run(self.state)
         self.draws = 0  # rollouts drawn in this iteration (the environments' seeds)
+        self.sampled_versions: list[int] = []  # this iteration's: the policy version that sampled each row
+        self.rollouts = None  # an asynchronous run's rollout worker (trainers/ppo_async.py), while it runs
         self.episode_limits = EpisodeLimits(config.max_prompt_length, config.max_length, config.max_turns,
                                             config.max_episode_tokens, config.chat_template)
         self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
@@ -209,6 +220,12 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
                                          pack=config.padding_free)
         self._pass_plan: PassPlan | None = None
         self._teacher_plan: PassPlan | None = None  # a teacher of its own: its plan, checked on it
+        # How many tokens a micro-batch holds, chosen now that the models are in place (auto: from
+        # the memory they leave free); under FSDP every process cuts alike (trainers/token_budget.py).
+        sharded = self.sharding is not None
+        self.token_budget = run_budget(config, actor, self.critic, self.trainable_parameters, self.device,
+                                       self.processes if sharded else 1,
+                                       agree=(lambda room: -max_across_processes(-room)) if sharded else None)
 
     def place_roles(self) -> None:
         """Every role on the device; what trains in float32, what is frozen frozen; dropout off;
@@ -281,6 +298,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         greedy = greedy_unscored = None
         if self.greedy_generator is not None:  # ReMax
             greedy, greedy_unscored = self.greedy_baseline(rollout, metrics)
+        self.staleness_metrics(metrics)
 
         # 3-4. old log-probs and values (eval mode: no dropout, so they match the generation), the
         # reference's log-probs and the per-token KL (and a teacher's log-probs)
@@ -299,17 +317,21 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         another batch of rows, for --dynamic-sampling (see make_experience)."""
         check_step_rows(rows, self.config.prompt_field, environment_prompt if self.environments is not None
                         else prompt_check(self.config.chat_template))
+        self.state.global_step = self.iteration * self.steps_per_iteration
+        self.state.max_steps = self.config.iterations * self.steps_per_iteration
         kl_coef = self.kl_controller.value  # what this iteration uses; the controller moves after it
         entropy_coef = self.entropy_coef()
         self.draws = 0  # rollouts drawn in this iteration (environment seeds)
+        self.sampled_versions = []
         if self.reward is not None:
             self.reward.new_iteration()  # a judge's scores are cached within an iteration
 
         # 1-6. rollout, scores, passes, rewards and advantages
         experience, stage_metrics = self.make_experience(rows, draw_more)
         # The vLLM engine's weight probe after its sync (docs/design.md, "The vLLM rollout engine"):
-        # its gap, and its seconds taken out of the rollout's.
-        probe = getattr(self.generator, "last_probe", None)
+        # its gap, and its seconds taken out of the rollout's.  (A batch an asynchronous run's
+        # worker generated had no sync of its own: the push after the update is probed below.)
+        probe = getattr(self.generator, "last_probe", None) if not isinstance(rows, Generated) else None
         if probe:
             stage_metrics.update(probe)
             stage_metrics["time/generate"] -= probe["time/engine_probe"]
@@ -329,6 +351,10 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         else:
             kl_per_response = float("nan")
         self.iteration += 1
+        self.policy_moved()
+        if self.rollouts is not None:  # asynchronous: the new weights to the servers now, for the worker
+            self.push_weights(stage_metrics)
+        self.state.global_step = self.iteration * self.steps_per_iteration
 
         # 8. the iteration's metrics
         return self.iteration_metrics(experience, update_stats, stage_metrics, kl_coef, entropy_coef, kl_per_response,
@@ -346,8 +372,26 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         }
         return state  # the weights are saved beside it (trainers/ppo_loop.py, trained_modules)
 
+    def push_weights(self, metrics: dict[str, float]) -> None:
+        """An asynchronous run's push right after the update (docs/design.md, "Asynchronous
+        rollouts"): it waits for the worker's rollout on the weights before to end; its seconds and
+        its probe go in this iteration's metrics."""
+        seconds = self.generator.sync(self.actor)
+        probe = self.generator.last_probe
+        metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + seconds - probe.get("time/engine_probe", 0.0)
+        if probe:
+            metrics.update(probe)
+
+    def policy_moved(self) -> None:
+        """An engine with weights of its own that is told versions (a generation server: rollout/
+        server_client.py) learns that the actor is now at ``self.iteration`` (updates made)."""
+        moved = getattr(self.generator, "policy_moved", None)
+        if moved is not None:
+            moved(self.iteration)
+
     def load_state_dict(self, state: dict) -> None:
         self.iteration = state["iteration"]
+        self.policy_moved()
         if "optimizer" in state:  # a checkpoint's is restored with its weights (trainers/resume.py)
             load_whole_optimizer_state(self.optimizer, state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])

@@ -5,20 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ppo_rlhf.config import (ENGINE, HARDWARE, KL, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, TEMPERATURES,
+from ppo_rlhf.config import (HARDWARE, KL, MODEL_DATA, REWARD, ROLLOUT, RUN, SEEDS, TEMPERATURES,
                              THREADS, UPDATE, ConfigError, above, any_number, at_least, between, check, option)
-from ppo_rlhf.core import (IS_CORRECTIONS, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+from ppo_rlhf.core import (KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                            RATIO_LEVELS, check_kl_placement)
-from ppo_rlhf.core.offpolicy import MASKING, default_cap
+from ppo_rlhf.core.offpolicy import default_cap
+from ppo_rlhf.data import hold_data_objects
 from ppo_rlhf.envs.options import EnvironmentOptions
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.models.lora import LoraOptions
-from ppo_rlhf.rollout.engines import NO_ENGINE_LOGPROBS, RolloutEngineOptions
+from ppo_rlhf.recipes import recipe_names
+from ppo_rlhf.rollout.engines import RolloutEngineOptions
 from ppo_rlhf.rollout.reward import RewardOptions
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.sharding import sharding_from_launch
 from ppo_rlhf.tasks import TaskOptions
+from ppo_rlhf.trainers.ppo_offpolicy import OffPolicyOptions
 from ppo_rlhf.trainers.estimators import (
     ESTIMATORS,
     GROUP_ESTIMATORS,
@@ -74,7 +77,7 @@ def default_lr(hidden_width: int | None, lora: bool) -> float:
 
 @dataclass
 class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions, TaskOptions,
-                RolloutEngineOptions, EnvironmentOptions):
+                OffPolicyOptions, RolloutEngineOptions, EnvironmentOptions):
     """Every PPO knob.  With ``--lora`` one base model serves all four roles (models/lora.py):
     the actor is a policy adapter, the reference is the base with adapters disabled, a reward
     adapter from ``rm --lora`` runs on the same base, and ``--critic lora`` adds a critic adapter."""
@@ -87,7 +90,8 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     model: str | None = option(None, "actor initialisation: the SFT causal LM folder (also the frozen reference)",
                                group=MODEL_DATA, first=True)
     prompts: str | None = option(None, "prompt rows (JSONL/Parquet/save_to_disk, or a data set's name in the local Hugging "
-                                       "Face cache); {prompt}, {messages} or Alpaca {instruction, input}",
+                                       "Face cache; from Python also a datasets Dataset, IterableDataset or "
+                                       "DatasetDict); {prompt}, {messages} or Alpaca {instruction, input}",
                                  group=MODEL_DATA, first=True)
     eval_prompts: str | None = option(None, "held-out prompt rows for evaluation (default: the task's, else none)",
                                       group=MODEL_DATA)
@@ -159,6 +163,10 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                                    "whatever the overlong or missing-EOS penalties make of it); score: "
                                                    "after the shaping; empty: accuracy with --dynamic-sampling",
                                              choices=(None, "accuracy", "score"), group=ROLLOUT)
+    prompt_order: str = option("random", "how each iteration's prompts are drawn: random (with replacement, from "
+                                         "--seed's generator) or in-order (the rows in turn from the first, wrapping "
+                                         "around: TRL's shuffle_dataset=False, and how a streamed data set is read)",
+                               choices=("random", "in-order"), group=ROLLOUT)
     max_resample_rounds: int | None = option(None, f"dynamic sampling: extra rounds of sampling at most per "
                                                    f"iteration; after them the batch is completed with dropped "
                                                    f"groups (empty: {MAX_RESAMPLE_ROUNDS})", range=at_least(0),
@@ -259,6 +267,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                 group=UPDATE)
     disable_dropout: bool = option(True, "turn dropout off in actor and critic, so the first ratio is exactly 1 "
                                          "(all but --lora-dropout, which is kept)", group=UPDATE)
+    recipe: str | None = option(None, "measured settings in place of the defaults (ppo_rlhf/recipes.py, docs/agents.md "
+                                      "\"Recipes\"): agents-grpo (LoRA, GRPO on groups of episodes) or agents-ppo "
+                                      "(LoRA, PPO with a critic); a setting given in --config or by a flag wins over "
+                                      "the recipe's; the plan prints both",
+                                choices=(None, *recipe_names("PPOConfig")), group=UPDATE)
 
     # --- KL
     kl_coef: float = option(KL_COEF, "weight of the per-token KL penalty -kl_coef * kl[t] (initial value if "
@@ -275,22 +288,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     kl_horizon: int = option(10000, "adaptive KL: samples over which kl_coef moves by at most 20%", range=above(0),
                              group=KL)
 
-    # --- rollout engine (importance weights)
-    is_correction: str | None = option(None, "importance weights for an engine whose numerics differ from the "
-                                             "trainer's (--rollout-engine vllm), on each token's policy-gradient "
-                                             "term, from rho = pi_old / pi_engine: token-truncate min(rho_t, cap) "
-                                             "(TIS); token-mask rho_t inside [floor, cap], else 0; "
-                                             "sequence-truncate / sequence-mask the same with the response's "
-                                             "product of rho_t; geometric-mask 1 where the response's geometric "
-                                             "mean of rho_t is inside [floor, cap], else 0; none: no weights (the "
-                                             "mismatch is still logged).  Empty: token-truncate with vllm; the "
-                                             "torch engine is the trainer's own forward, has no mismatch and gets "
-                                             "none", choices=(None, *IS_CORRECTIONS), group=ENGINE)
-    is_cap: float | None = option(None, "--is-correction's upper bound: the truncation's cap, the masks' upper end "
-                                        "(empty: 2, geometric-mask 1.001)", range=at_least(1), group=ENGINE)
-    is_floor: float | None = option(None, "--is-correction's lower end for the masking modes (empty: 1 / is_cap)",
-                                    range=between(0, 1, low_open=True), group=ENGINE)
-
     # --- hardware and memory
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
     gradient_checkpointing: bool = option(False, "recompute each layer's activations in the backward pass instead of "
@@ -304,13 +301,13 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                                         "critic passes (their logits are (rows, T, vocabulary)); "
                                                         "empty: the whole batch at once.  Same results, less memory",
                                                         range=above(0), group=HARDWARE)
-    max_tokens_per_micro_batch: int | None = option(None, "fill each micro-batch of the rollout's passes and of the "
-                                                          "update up to this many tokens (prompt + response), rows "
-                                                          "grouped longest first, instead of a number of rows: long "
-                                                          "and short responses share passes by their tokens; the "
-                                                          "step stays the whole minibatch's.  Empty: by rows "
-                                                          "(--rollout-micro-batch-size, --train-micro-batch-size)",
-                                                    range=above(0), group=HARDWARE)
+    max_tokens_per_micro_batch: int | str | None = option(
+        "auto", "fill each micro-batch of the rollout's passes and of the update up to this many tokens (prompt + "
+                "response), rows grouped longest first, instead of a number of rows: long and short responses share "
+                "passes by their tokens; the step stays the whole minibatch's.  auto: as many as half the memory free "
+                "at start holds (on a CPU at most 4 GiB a pass), from the model's size, said in the plan.  Empty: by "
+                "rows (--rollout-micro-batch-size, --train-micro-batch-size)",
+        range=above(0), words=("auto",), group=HARDWARE)
     padding_free: bool = option(True, "forward passes with the batch's rows packed end to end, position ids "
                                       "restarting at each row, instead of padded to the longest (with "
                                       "--fused-output-layer; checked against the padded pass on the first batch, off "
@@ -347,6 +344,11 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     save_rollouts: int = option(0, "every N iterations, write that iteration's rollouts to rollouts/iteration_N.jsonl: "
                                    "prompts, messages, token ids, the loss mask, rewards, tool calls (0: never)",
                                 range=at_least(0), group=RUN)
+
+    def __post_init__(self) -> None:
+        # Data sets given in memory (PPOConfig(prompts=dataset)) are kept aside, the fields recording them.
+        hold_data_objects(self, ("prompts", "eval_prompts"))
+        super().__post_init__()
 
     @staticmethod
     def saved_settings_now(saved: dict) -> dict:
@@ -406,6 +408,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
               "1 with --no-eval-sampled (the K samples are the sampled evaluation's; drop --no-eval-sampled)",
               self.eval_samples)
         self.validate_teacher()
+        self.validate_staleness()
         self.validate_rewards()
         self.validate_pass_at_k()
         self.validate_environment()
@@ -539,34 +542,6 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         else:
             for key in ("max_resample_rounds", "dynamic_sampling_on"):
                 check(getattr(self, key) is None, key, "left out without --dynamic-sampling", getattr(self, key))
-
-    def validate_is_correction(self) -> None:
-        """--is-correction's bounds: a cap for every mode but none, a floor for the masking modes only;
-        the mode's defaults resolved here, so config.yaml records the values used: token-truncate with
-        vllm, none with the torch engine (whose log-probs are the trainer's own: nothing to weight).
-        A mode named with the torch engine is refused when the run starts it (rollout/engines.py,
-        ``refuse_weights_without_engine``): a generator of one's own given to PPOTrainer may report
-        engine log-probs."""
-        mode = self.is_correction
-        if mode is None and self.rollout_engine == "torch":
-            for key in ("is_cap", "is_floor"):
-                check(getattr(self, key) is None, key, f"left out with --rollout-engine torch: {NO_ENGINE_LOGPROBS}",
-                      getattr(self, key))
-            mode = self.is_correction = "none"
-        elif mode is None:
-            mode = self.is_correction = "token-truncate"
-        if mode == "none":
-            for key in ("is_cap", "is_floor"):
-                check(getattr(self, key) is None, key, "left out with --is-correction none (no weights)",
-                      getattr(self, key))
-            return
-        check(mode in MASKING or self.is_floor is None, "is_floor",
-              f"left out with --is-correction {mode}, which truncates from above only (a floor bounds the masking "
-              f"modes: {', '.join(MASKING)})", self.is_floor)
-        if self.is_cap is None:
-            self.is_cap = default_cap(mode)
-        if mode in MASKING and self.is_floor is None:
-            self.is_floor = 1.0 / self.is_cap
 
     @property
     def clip_low(self) -> float:

@@ -12,6 +12,7 @@ Run folder:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,17 +28,19 @@ from ppo_rlhf.rollout.episodes import rollout_records
 from ppo_rlhf.envs.protocol import EnvironmentFailed
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
 from ppo_rlhf.evaluation import Evaluator, OutcomeError
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
 from ppo_rlhf.run_folder import start_run_folder
 from ppo_rlhf.rollout.reward import RewardError
+from ppo_rlhf.rollout.server_api import ServerRefused, ServerUnavailable
 from ppo_rlhf.runlog import open_run_log
 from ppo_rlhf.sharding import gathered, local_optimizer_state
 from ppo_rlhf.tasks import make_task
 from ppo_rlhf.trainers.guard import require_finite, require_finite_in_every_process
+from ppo_rlhf.trainers.ppo_async import AsyncRollouts
 from ppo_rlhf.trainers.ppo_plan import plan_lines, plan_warnings, score_spread_warning, sharded_roles
-from ppo_rlhf.trainers.ppo_setup import check_run_start, draw_batch, prompt_sets
+from ppo_rlhf.trainers.ppo_setup import PromptCursor, check_run_start, draw_batch, prompt_sets
 from ppo_rlhf.trainers.resume import Checkpoints, open_checkpoints
 
 # Each panel drawn when its metric was logged: the built-in task's exact match, a reasoning task's
@@ -121,6 +124,7 @@ class PPOLoop:
         check_run_start(config)  # cheap, and a trainer built around in-memory models has not yet
         train_rows, eval_rows = self.prompt_rows()
         prompt_rng = torch.Generator().manual_seed(config.seed)
+        self.prompt_cursor = PromptCursor()  # --prompt-order in-order's place in the prompts
         self.trained_into = out  # from here on the folder is this run's (a refused start may be tried again)
         for notice in on_main_process(start_run_folder, out, config.overwrite):
             print(notice)
@@ -139,7 +143,8 @@ class PPOLoop:
             self.evaluator.check_outcomes()
         try:
             self.run_iterations(train_rows, prompt_rng, checkpoints, run_log, progress)
-        except (EnvironmentFailed, RewardError) as failure:  # the user's code failed: where a resume would go on
+        except (EnvironmentFailed, RewardError, ServerUnavailable, ServerRefused) as failure:
+            # the user's code failed, or a generation server stopped answering: where a resume would go on
             failure.resume_from, failure.resume_unit = checkpoints.saved_step, "iteration"
             raise
         if self.evaluator and progress.final_eval is None:  # resumed at the end: no iteration ran
@@ -168,7 +173,8 @@ class PPOLoop:
                          max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens,
                          chat_template=config.chat_template, environments=self.environments,
                          limits=self.episode_limits, environment_weight=config.environment_reward_weight,
-                         seed=config.seed, samples_flag="--eval-samples")
+                         seed=config.seed, samples_flag="--eval-samples",
+                         show_progress=True)  # episodes: a bar, as `eval` shows one
 
     def evaluate(self, sampled: bool | None = None) -> tuple[dict, list]:
         """Held-out metrics (greedy, and sampled with one fixed seed so the curve compares like
@@ -179,7 +185,9 @@ class PPOLoop:
             return {}, []
         sampled = self.config.eval_sampled if sampled is None else sampled
         scoring_model = getattr(self.evaluator.reward, "model", None)
-        with self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
+        # An asynchronous run's worker holds the environments while it plays a batch: wait for it.
+        worker = self.rollouts.lock if self.rollouts is not None else contextlib.nullcontext()
+        with worker, self.accelerator.autocast(), gathered(self.actor), gathered(scoring_model):
             metrics, samples = self.evaluator(self.actor, generator=self.decoding(do_sample=False))
             if sampled:
                 seed = self.config.seed + rank()  # each process its own draws (evaluation.py's default)
@@ -215,38 +223,60 @@ class PPOLoop:
         out_folder = Path(config.out)
         curves = CURVES + reward_curves(self.reward)
         bar = tqdm(range(first, config.iterations), desc="ppo", mininterval=1.0, disable=not main)
-        for iteration in bar:
-            start = time.perf_counter()
 
-            def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
-                return batch_for_rank(draw_batch(train_rows, config, prompt_rng))
+        def draw() -> list[dict]:  # every process draws the same batch and rolls out its own part of it
+            return batch_for_rank(draw_batch(train_rows, config, prompt_rng, self.prompt_cursor))
 
-            metrics = self.step(draw(), draw_more=draw)  # draw_more: --dynamic-sampling's extra prompts
-            progress.train_seconds += time.perf_counter() - start
-            metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
-            progress.scores.setdefault("first", metrics["score"])
-            progress.scores["last"] = metrics["score"]
-            done = iteration + 1
-            try:
-                self.evaluate_if_due(done, metrics, progress)
-            except OutcomeError:  # pass@k refused, alike in every process: the iteration's work is kept first
+        # --max-staleness N: a rollout worker generates the next batches while this thread trains
+        # (trainers/ppo_async.py); the first batch is this thread's own, the worker starts after it.
+        rollouts = self.rollouts = (AsyncRollouts(self, draw, prompt_rng, config.max_staleness, config.iterations,
+                                                  self.prompt_cursor)
+                                    if config.max_staleness else None)
+        try:
+            for iteration in bar:
+                start = time.perf_counter()
+                # The passes over the prompts so far, as a reward function reads them (trainer_state.epoch).
+                self.state.epoch = iteration * (config.batch_size // config.samples_per_prompt) / len(train_rows)
+                if rollouts is None:
+                    rows, more = draw(), draw  # draw_more: --dynamic-sampling's extra prompts
+                elif iteration == first:
+                    rows, more = rollouts.first(), rollouts.first
+                else:
+                    rows, more = rollouts.take(), rollouts.take
+                metrics = self.step(rows, draw_more=more)
+                if rollouts is not None:
+                    rollouts.start()
+                progress.train_seconds += time.perf_counter() - start
+                metrics["time/elapsed"] = progress.train_seconds  # PPO time so far, evaluation excluded
+                progress.scores.setdefault("first", metrics["score"])
+                progress.scores["last"] = metrics["score"]
+                done = iteration + 1
+                try:
+                    self.evaluate_if_due(done, metrics, progress)
+                except OutcomeError:  # pass@k refused, alike in every process: the iteration's work is kept first
+                    run_log.log(done, metrics)
+                    self.save_checkpoint(checkpoints, done, prompt_rng, progress)
+                    raise
                 run_log.log(done, metrics)
-                self.save_checkpoint(checkpoints, done, prompt_rng, progress)
-                raise
-            run_log.log(done, metrics)
-            if "eval/response_length" in metrics:
-                run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
-            self.show_samples_if_due(done, iteration == first, run_log)
-            if config.save_rollouts and done % config.save_rollouts == 0:
-                self.save_rollouts(out_folder, done)
-            if main and iteration == first and (warning := score_spread_warning(metrics, done)):
-                tqdm.write(f"warning: {warning}")
-            bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
-            stop = stop_requested()  # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py)
-            if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
-                self.save_checkpoint(checkpoints, done, prompt_rng, progress)
-            if stop:
-                raise RunInterrupted(done, "iteration", checkpoints.saved_step)
+                self.state.log_history.append({**metrics, "step": done})
+                if "eval/response_length" in metrics:
+                    run_log.plot(curves, title="PPO")  # redrawn at each evaluation, so a long run can be watched
+                self.show_samples_if_due(done, iteration == first, run_log)
+                if config.save_rollouts and done % config.save_rollouts == 0:
+                    self.save_rollouts(out_folder, done)
+                if main and iteration == first and (warning := score_spread_warning(metrics, done)):
+                    tqdm.write(f"warning: {warning}")
+                bar.set_postfix(score=f"{metrics['score']:.3f}", kl=f"{metrics['kl']:.3f}")
+                # Ctrl-C: this iteration's state saved, then the run stops (interrupts.py); not after the last
+                stop = stop_after(done, config.iterations, "iteration")
+                if checkpoints.due(done, config.iterations) or (stop and checkpoints.every):
+                    self.save_checkpoint(checkpoints, done, prompt_rng, progress)
+                if stop:
+                    raise RunInterrupted(done, "iteration", checkpoints.saved_step)
+        finally:
+            if rollouts is not None:
+                rollouts.stop()
+                self.rollouts = None
 
     def evaluate_if_due(self, done: int, metrics: dict, progress: Progress) -> None:
         config = self.config
@@ -292,10 +322,15 @@ class PPOLoop:
         state = self.state_dict()
         state.pop("optimizer")  # Checkpoints saves it (gathered, when sharded)
         sample_rng = getattr(self.generator, "rng", None)
-        sample_rngs = gather_objects([sample_rng.get_state() if sample_rng is not None else None])
+        sample_state = sample_rng.get_state() if sample_rng is not None else None
+        prompt_state, cursor_position = prompt_rng.get_state(), self.prompt_cursor.position
+        if self.rollouts is not None:  # asynchronous: where the first batch not yet trained was drawn from
+            prompt_state, draws, cursor_position = self.rollouts.resume_state()
+            sample_state = torch.tensor([draws], dtype=torch.long)
+        sample_rngs = gather_objects([sample_state])
         checkpoints.save(done, self.trained_modules(), self.optimizer, accelerator=self.accelerator, state={
-            "trainer": state, "prompt_rng": prompt_rng.get_state(), "sample_rng_by_process": sample_rngs,
-            "progress": progress.saved()})
+            "trainer": state, "prompt_rng": prompt_state, "sample_rng_by_process": sample_rngs,
+            "prompt_cursor": cursor_position, "progress": progress.saved()})
 
     def restore(self, checkpoints: Checkpoints, prompt_rng: torch.Generator) -> Progress:
         """This run where the checkpoint left it; returns the summary's progress."""
@@ -305,6 +340,7 @@ class PPOLoop:
         actor_group, critic_group = self.optimizer.param_groups
         actor_group["lr"], critic_group["lr"] = self.config.lr, self.config.critic_lr or self.config.lr
         prompt_rng.set_state(saved["prompt_rng"])
+        self.prompt_cursor.position = saved.get("prompt_cursor", 0)  # a checkpoint from before --prompt-order: 0
         sample_rng = saved["sample_rng_by_process"][rank()]  # the world size was checked at start
         if sample_rng is not None and getattr(self.generator, "rng", None) is not None:
             self.generator.rng.set_state(sample_rng)

@@ -11,8 +11,9 @@ import math
 import torch
 
 from ppo_rlhf.core import explained_variance, keep_masked, masked_mean, mismatch_statistics
-from ppo_rlhf.distributed import sum_across_processes
+from ppo_rlhf.distributed import gather_objects, sum_across_processes
 from ppo_rlhf.rollout.episodes import Episodes
+from ppo_rlhf.rollout.reward_base import averaged_logs
 from ppo_rlhf.rollout.sequences import pad_columns
 from ppo_rlhf.trainers.ppo_batch import Experience
 
@@ -62,14 +63,16 @@ class IterationMetrics:
             **timings,
             "time/iteration": total_time,
             "tokens_per_s": n_tokens / total_time,
+            # (An asynchronous run's generation ran beside the trainer: the worker's own seconds.)
             "generated_tokens_per_s": stage_metrics.get("dynamic_sampling/generated_tokens", n_response_tokens)
-                                      / timings["time/generate"],
+                                      / stage_metrics.get("async/generate_seconds", timings["time/generate"]),
             # Dynamic sampling: its counts, and the score of the batch as drawn (the kept groups are
             # chosen for their spread, so their mean says less of how the policy does).
             **{k: v for k, v in stage_metrics.items() if not k.startswith("time/")},
         }
         metrics.update(self.episode_metrics(self.last_rollout.episodes))
         metrics.update(self.reward_counts())
+        metrics.update(self.reward_logs())
         for name, part in self.reward_components.items():  # each reward as it came, before its weight
             scored = part[~torch.isnan(part)]  # the rows this reward applies to (None: not this one's)
             metrics[f"reward/{name}"] = scored.mean().item() if scored.numel() else math.nan
@@ -93,6 +96,12 @@ class IterationMetrics:
             return counts
         return dict(zip(counts, sum_across_processes(torch.tensor(list(counts.values()), dtype=torch.float64,
                                                                   device=self.device)).tolist()))
+
+    def reward_logs(self) -> dict[str, float]:
+        """What reward functions logged this iteration (TRL's ``log_metric``), each name averaged over
+        every call of every process."""
+        logged = self.reward.logged_metrics() if self.reward is not None else {}
+        return averaged_logs(gather_objects([logged]) if self.processes > 1 else [logged])
 
     def episode_metrics(self, episodes: Episodes) -> dict[str, float]:
         """Per episode of the batch as drawn, over every process: turns, tokens (the model's and the

@@ -17,6 +17,7 @@ from ppo_rlhf.core import keep_masked, kl_penalty
 from ppo_rlhf.distributed import gather_rows, max_across_processes
 from ppo_rlhf.models.lora import active_adapter, adapters_disabled
 from ppo_rlhf.models.value import Critic
+from ppo_rlhf.rollout.logprobs import distinct_prompts
 from ppo_rlhf.rollout.passes import PassPlan, ResponseStats, checked_plan, full_kl_between, response_stats
 from ppo_rlhf.rollout.sequences import Sequences
 from ppo_rlhf.trainers.ppo_config import PPOConfig
@@ -44,28 +45,44 @@ def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
     return one_step and no_dropout and kl_free_reward and critic is None and config.teacher is None
 
 
-def token_micro_batches(lengths: torch.Tensor, max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:
+def token_micro_batches(lengths: torch.Tensor, max_tokens: int | None, max_rows: int | None = None,
+                        prompts: torch.Tensor | None = None, prompt_tokens: int = 0) -> list[list[int]]:
     """Row indices 0..B-1 in micro-batches: without a token budget, consecutive groups of
     ``max_rows`` (None: one group of all); with one (--max-tokens-per-micro-batch), rows longest
     first, each into the first group whose ``lengths`` (B,) still fit ``max_tokens`` (a longer row
     alone) and that holds fewer than ``max_rows`` rows -- uneven rows then share a pass by their
-    tokens, not by their count (docs/design.md, "Long responses")."""
+    tokens, not by their count (docs/design.md, "Long responses").
+
+    ``prompts`` (B,): each row's prompt, where a pass runs each distinct prompt once (shared
+    prompts): a row then counts its ``lengths`` (its response) and, if its prompt is not in the
+    group yet, ``prompt_tokens``; rows go prompt by prompt, the largest first, so that a prompt's
+    rows share its passes."""
     rows = len(lengths)
     if max_tokens is None:
         return [list(range(start, min(start + (max_rows or rows), rows))) for start in range(0, rows, max_rows or rows)]
+    lengths = lengths.tolist()  # one device sync, not one a row
+    prompt_of = [None] * rows if prompts is None else prompts.tolist()
+    size: dict = {}  # each prompt's tokens: itself once and its rows
+    for row in range(rows):
+        size[prompt_of[row]] = size.get(prompt_of[row], prompt_tokens) + lengths[row]
+    order = sorted(range(rows), key=lambda r: (-size[prompt_of[r]], prompt_of[r] or 0, -lengths[r]))
     groups: list[list[int]] = []
     room: list[int] = []
-    lengths = lengths.tolist()  # one device sync, not one a row
-    for row in sorted(range(rows), key=lambda r: -lengths[r]):
-        length = lengths[row]
-        target = next((g for g, left in enumerate(room) if left >= length and len(groups[g]) < (max_rows or rows)),
+    held: list[set] = []  # the prompts each group runs already
+    for row in order:
+        def cost(group: int | None) -> int:
+            shared = prompts is not None and group is not None and prompt_of[row] in held[group]
+            return lengths[row] + (0 if shared or prompts is None else prompt_tokens)
+        target = next((g for g, left in enumerate(room) if left >= cost(g) and len(groups[g]) < (max_rows or rows)),
                       None)
         if target is None:
-            groups.append([row])
-            room.append(max_tokens - length)
-        else:
-            groups[target].append(row)
-            room[target] -= length
+            groups.append([])
+            room.append(max_tokens)
+            held.append(set())
+            target = len(groups) - 1
+        room[target] -= cost(target)
+        groups[target].append(row)
+        held[target].add(prompt_of[row])
     return [sorted(group) for group in groups]
 
 
@@ -142,9 +159,31 @@ class ForwardPasses:
     def micro_batches(self, sequences: Sequences) -> list[torch.Tensor]:
         """The row indices of each of the rollout passes' micro-batches (--rollout-micro-batch-size,
         --max-tokens-per-micro-batch)."""
-        return [torch.tensor(group, device=self.device) for group in
-                token_micro_batches(self.pass_lengths(sequences), self.config.max_tokens_per_micro_batch,
-                                    self.config.rollout_micro_batch_size)]
+        rows = torch.arange(len(sequences.response_ids), device=self.device)
+        return [rows[group] for group in self.cut(sequences, rows, self.config.rollout_micro_batch_size)]
+
+    def cut(self, sequences: Sequences, rows: torch.Tensor, max_rows: int | None,
+            decided_on: torch.Tensor | None = None) -> list[list[int]]:
+        """Positions in ``rows`` (indices of ``sequences``' rows) cut into micro-batches of at most
+        ``max_rows`` rows and of --max-tokens-per-micro-batch's tokens: the number given, or auto's
+        (trainers/token_budget.py) for the rows ``decided_on`` (default: ``rows``; the update gives
+        the whole minibatch, so that every process decides alike).  A row counts the positions its
+        pass runs (``pass_lengths``); where passes run each distinct prompt once, its response and,
+        once a micro-batch, its prompt (each at the batch's width, as that pass runs them)."""
+        plan = self._pass_plan or self.wanted_pass_plan
+        decided_on = rows if decided_on is None else decided_on
+        if plan.share_prompts and len(rows) > 1:
+            _, prompt_of_row = distinct_prompts(sequences)
+            prompt, response = sequences.prompt_length, sequences.response_ids.shape[1]
+            tokens = len(decided_on) * response + len(torch.unique(prompt_of_row[decided_on])) * prompt
+            budget = self.token_budget.for_rows(tokens, prompt + response, plan.fused)
+            return token_micro_batches(torch.full((len(rows),), response), budget, max_rows, prompt_of_row[rows],
+                                       prompt)
+        lengths = self.pass_lengths(sequences)
+        decided = lengths[decided_on]
+        budget = self.token_budget.for_rows(int(decided.sum()), int(decided.max()), plan.fused) if len(decided) \
+            else self.token_budget.given
+        return token_micro_batches(lengths[rows], budget, max_rows)
 
     def rollout_passes(self, sequences: Sequences, one_pass: Callable[[Sequences], torch.Tensor | tuple]):
         """``one_pass`` on each micro-batch of this process's rows (it returns a (b, T) tensor, or a

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ppo_rlhf.config import flag_name
+from ppo_rlhf.config import flag_name, recipe_line
 from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
 from ppo_rlhf.trainers.estimators import teacher_in_score
 from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
 from ppo_rlhf.trainers.roles import float32_merge_note, float32_merges
+from ppo_rlhf.trainers.token_budget import AUTO, TokenBudget, describe
 
 
 def _count(parameters) -> str:
@@ -30,7 +31,9 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     actor_trained = [p for p in trainer.trainable_parameters if id(p) not in critic_ids]
     critic_trained = [p for p in trainer.trainable_parameters if id(p) in critic_ids]
     if config.lora:
-        actor = f"LoRA policy adapter (r {config.lora_r}) on {config.model}"
+        actor = f"LoRA policy adapter (r {config.lora_r}) on {config.model}" + (
+            " (its output layer, tied to the input embeddings, not adapted: the layers below it move the logits)"
+            if tied_head_unadapted(config, roles.actor) and not tied_head_matters(config, roles.actor) else "")
         reference = "the same base with adapters disabled"
     else:
         actor = f"{config.model} (all weights trained)"
@@ -58,7 +61,9 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
     merges = float32_merges(config)  # adapters loaded as models, merged into 16-bit bases
     kl = (f"{config.kl_estimator_used} in the {config.kl_in}, kl_coef {config.kl_coef:g}"
           + (f" adapted toward {config.target_kl:g} per response" if config.target_kl is not None else " (fixed)"))
+    recipe = recipe_line(config)
     return [
+        *([f"recipe:    {recipe}"] if recipe else []),
         f"actor:     {actor}; {_count(actor_trained)} parameters trained, on {where}",
         f"reference: {reference}",
         *([f"teacher:   {teacher.description}, frozen; its log-probs of the model's own tokens, at the rollout's "
@@ -68,7 +73,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         *([f"merged:    {float32_merge_note(merges)}"] if merges else []),
         f"rollout:   {prompts} per iteration (drawn from {n_prompts}), {decoding}, "
         f"up to {config.max_new_tokens} new tokens" + (" a turn" if environments is not None else "")
-        + _engine(config, trainer.actor),
+        + _engine(config, trainer.actor, trainer.generator),
         *([episode_line(config, environments)] if environments is not None else []),
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
         f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
@@ -78,7 +83,7 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"passes:    {trainer.wanted_pass_plan.describe()} (checked against the model's own padded pass on the "
         f"first batch)" + (f"; each distinct prompt runs once per forward pass, its {k} responses on its cached keys "
                            f"and values, where that runs fewer positions" if trainer.wanted_pass_plan.share_prompts
-                           else "") + f"; {micro_batch_line(config)}",
+                           else "") + "; " + micro_batch_line(config, trainer.token_budget, trainer.wanted_pass_plan.fused),
         f"KL:        {kl}",
         *variant_lines(config),
     ]
@@ -103,15 +108,25 @@ def episode_line(config: PPOConfig, environments) -> str:
             + "".join(f"; {note}" for note in environments.notes))
 
 
-def micro_batch_line(config: PPOConfig) -> str:
-    """How the rollout's passes and the update's minibatches are cut into micro-batches."""
+def micro_batch_line(config: PPOConfig, budget: TokenBudget | None = None, fused: bool = True) -> str:
+    """How the rollout's passes and the update's minibatches are cut into micro-batches; ``budget``:
+    the run's (trainers/token_budget.py; None: the config's number), ``fused``: the output layer's way."""
     rollout, update = config.rollout_micro_batch_size, config.train_micro_batch_size
-    if config.max_tokens_per_micro_batch is not None:
-        cap = lambda rows: f", {rows} rows at most" if rows else ""  # noqa: E731
-        return (f"micro-batches of up to {config.max_tokens_per_micro_batch} tokens, rows grouped longest first "
-                f"(rollout passes{cap(rollout)}; update{cap(update)}; a minibatch split over processes by tokens)")
     rollout_text = f"{rollout} rows a rollout pass" if rollout else "the whole batch a rollout pass"
     update_text = f"{update} rows an update micro-batch" if update else "the whole minibatch an update pass"
+    cap = lambda rows: f", {rows} rows at most" if rows else ""  # noqa: E731
+    grouped = (f"rows grouped longest first (rollout passes{cap(rollout)}; update{cap(update)}; a minibatch split "
+               f"over processes by tokens)")
+    if config.max_tokens_per_micro_batch == AUTO:
+        if budget is None:  # before a trainer has measured the memory
+            return f"micro-batches of a token budget chosen at start (auto), {grouped}"
+        tokens = budget.tokens(config.max_length, fused)
+        short = (" -- less than one --max-length row, which then runs alone and may not fit: "
+                 "--gradient-checkpointing holds less" if tokens < config.max_length else "")
+        return (f"micro-batches of up to {tokens:,} tokens ({describe(budget, config.max_length, fused)}{short}), "
+                f"{grouped}; rows that fit in one pass as without a budget: {rollout_text}, {update_text}")
+    if config.max_tokens_per_micro_batch is not None:
+        return f"micro-batches of up to {config.max_tokens_per_micro_batch} tokens, {grouped}"
     return f"{rollout_text}, {update_text}"
 
 
@@ -183,12 +198,14 @@ def plan_warnings(config: PPOConfig, actor=None) -> list[str]:
         warnings.append(f"--temperature {config.temperature:g} samples as greedy decoding does: two tokens one logit "
                         f"apart are drawn {odds:.3g} : 1, so the copies of a prompt get the same response and little "
                         f"is explored, and PPO barely learns; sample at 0.6 to 1 (1: as the model was trained)")
-    if config.lora and actor is not None and config.lora_target_modules == ALL_LINEAR_AND_OUTPUT \
-            and output_layer_tied(actor):
+    if tied_head_matters(config, actor):
         warnings.append(f"--lora: the output layer of {config.model} is tied to its input embeddings, so it is not "
-                        f"adapted (an adapter merged into it would change the embeddings as well); the policy can "
-                        f"move its logits only through the layers below it, which can leave a small or randomly "
-                        f"initialised model flat where training every weight learns: drop --lora to train them all")
+                        f"adapted (an adapter merged into it would change the embeddings as well), and the policy "
+                        f"moves its logits only through the layers below it; a model this small "
+                        f"({_count(actor.parameters())} parameters, under {_count_number(SMALL_MODEL)}) may have too "
+                        f"little below its head for that, and stay flat where training every weight learns (a random "
+                        f"tiny Llama did): drop --lora to train them all.  A larger model trains its other layers "
+                        f"well enough (SmolLM2-135M, tied too, learns with the agents recipes' --lora)")
     if not config.lora:  # the LoRA shape options do nothing on a full model (docs/design.md, "Configuration")
         unused = [flag_name(f) for f in dataclasses.fields(LoraOptions)
                   if f.name != "lora" and getattr(config, f.name) != f.default]
@@ -196,6 +213,30 @@ def plan_warnings(config: PPOConfig, actor=None) -> list[str]:
             warnings.append(f"{', '.join(unused)} given without --lora: they shape LoRA adapters, and this run trains "
                             f"the full model (add --lora, or drop them)")
     return warnings
+
+
+# A tied output layer left unadapted by --lora matters where the layers below it are few and
+# narrow: a user's random tiny Llama stayed flat with --lora over 200 iterations where training every
+# weight learned (docs/design.md, "Defaults that learn"), while SmolLM2-135M, whose head is tied too,
+# learns with --lora in the agents recipes (docs/benchmarks.md, "Agents").  Between the two, below
+# this many parameters the plan warns; above it, it says so in the actor's line.
+SMALL_MODEL = 50_000_000
+
+
+def tied_head_unadapted(config: PPOConfig, actor) -> bool:
+    """--lora with the default targets on a model whose output layer is its input embeddings: the
+    head is not adapted (models/lora.py, ``target_modules``)."""
+    return bool(config.lora and actor is not None and config.lora_target_modules == ALL_LINEAR_AND_OUTPUT
+                and output_layer_tied(actor))
+
+
+def tied_head_matters(config: PPOConfig, actor) -> bool:
+    """Whether the unadapted tied head is worth a warning: on a model under SMALL_MODEL parameters."""
+    return tied_head_unadapted(config, actor) and sum(p.numel() for p in actor.parameters()) < SMALL_MODEL
+
+
+def _count_number(n: int) -> str:
+    return f"{n / 1e6:g}M"
 
 
 def score_spread_warning(metrics: dict, iteration: int) -> str | None:
@@ -208,9 +249,10 @@ def score_spread_warning(metrics: dict, iteration: int) -> str | None:
     return None
 
 
-def _engine(config, actor=None) -> str:
+def _engine(config, actor=None, generator=None) -> str:
     """The rollout engine, when it is not the built-in one: its precision and the weight probe's,
-    from ``actor`` where it is built (a LoRA base kept in bf16 computes in bf16)."""
+    from ``actor`` where it is built (a LoRA base kept in bf16 computes in bf16); a server's from
+    the ``generator`` that asked it."""
     if config.rollout_engine == "torch":
         return ""
     mode = config.is_correction
@@ -224,9 +266,17 @@ def _engine(config, actor=None) -> str:
 
     from ppo_rlhf.rollout.vllm_engine import PROBE_TOLERANCE, engine_dtype, probe_precision  # (vLLM is not imported)
 
-    dtype = engine_dtype(config.mixed_precision)
+    dtype = getattr(generator, "dtype", None) or engine_dtype(config.mixed_precision)
     compared = probe_precision(actor, dtype) if actor is not None else dtype
     tolerance = config.vllm_probe_tolerance or PROBE_TOLERANCE[compared]
     name = str(dtype).removeprefix("torch.")
-    return (f"; engine vllm in {name} (weights synced before each rollout and checked by a probe in "
-            f"{str(compared).removeprefix('torch.')}, tolerance {tolerance:g}; {weights})")
+    probe = f"checked by a probe in {str(compared).removeprefix('torch.')}, tolerance {tolerance:g}"
+    if config.rollout_engine == "vllm-server":
+        servers = ", ".join(getattr(generator, "servers_described", lambda: config.server_url)())
+        staleness = getattr(config, "max_staleness", 0)
+        timing = ("synchronous: each rollout after the update's push" if not staleness else
+                  f"asynchronous: the next batches generated while the trainer updates, samples at most {staleness} "
+                  f"versions old")
+        return (f"; engine vllm-server at {servers} in {name} (weights pushed after each update, {probe}; {timing}; "
+                f"{weights})")
+    return f"; engine vllm in {name} (weights synced before each rollout and {probe}; {weights})"

@@ -12,14 +12,17 @@ from collections.abc import Callable
 
 import torch
 
+from ppo_rlhf.config import ConfigError
 from ppo_rlhf.core import informative_groups, overlong_penalty
-from ppo_rlhf.distributed import gather_rows, sum_across_processes
+from ppo_rlhf.distributed import gather_rows, max_across_processes, sum_across_processes
 from ppo_rlhf.envs import environment_source
+from ppo_rlhf.rollout.agents import AgentSource
 from ppo_rlhf.rollout.episodes import Episodes, episode_seeds, roll_out, score_episodes
 from ppo_rlhf.rollout.generation import Generator, TorchGenerator
 from ppo_rlhf.rollout.reward import unscored_rows
 from ppo_rlhf.sharding import gathered
 from ppo_rlhf.trainers.estimators import check_prompt_groups
+from ppo_rlhf.trainers.ppo_async import Generated
 from ppo_rlhf.trainers.ppo_batch import Rollout
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 from ppo_rlhf.trainers.ppo_setup import episode_objects
@@ -31,11 +34,21 @@ def environments_of(config: PPOConfig, environment=None, tools: list | None = No
     rollouts.  Episode options without episodes are refused here, at start: a config may be built
     with them for objects given to the trainer."""
     config.check_episode_options_used()
+    if config.agent is not None:  # an agent plays the episodes itself, on the server's OpenAI endpoint
+        return AgentSource(config.agent, config.env_workers)
     environment, tools = episode_objects(config, environment, tools)
-    return environment_source(environment, tools, tool_parser=config.tool_parser,
-                              tool_timeout=config.tool_timeout, env_workers=config.env_workers,
-                              environment_config=config.environment_config,
-                              action_names=config.action_names or None, observation_text=config.observation_text)
+    source = environment_source(environment, tools, tool_parser=config.tool_parser,
+                                tool_timeout=config.tool_timeout, env_workers=config.env_workers,
+                                environment_config=config.environment_config,
+                                action_names=config.action_names or None, observation_text=config.observation_text)
+    if source is not None and config.turn_rewards == "per-turn" and not source.pays_per_turn:
+        # TRL's classes and tools reward an episode once it ends (get_reward, reward functions):
+        # per-turn would place that reward where sum does, and say it did more.
+        raise ConfigError(f"invalid value for 'turn_rewards': 'per-turn' with {source.description}, which rewards no "
+                          f"turn on its own (TRL's environment classes and tools have no step reward: get_reward() "
+                          f"and the reward functions score the finished episode); leave --turn-rewards out (sum), "
+                          f"or give an environment of gymnasium's shape, whose step() returns each turn's reward")
+    return source
 
 
 class RolloutStage:
@@ -44,19 +57,26 @@ class RolloutStage:
     def roll_out(self, rows: list[dict], metrics: dict[str, float]) -> Rollout:
         """Stages 1-2 on this process's ``rows``: episodes played by the actor (one turn each without
         an environment), then scored, each score shaped on its own (missing EOS, overlong) -- what
-        needs the whole batch waits for the gathered batch."""
+        needs the whole batch waits for the gathered batch.  Rows an asynchronous run's worker has
+        already played (trainers/ppo_async.py, ``Generated``) are only scored."""
         config = self.config
-        start = time.perf_counter()
         prompts = [row.get(config.prompt_field) for row in rows]
         check_prompt_groups(prompts, config.samples_per_prompt)
-        with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
-            episodes = roll_out(self.actor, self.tokenizer, self.generator, rows, prompts, self.episode_limits,
-                                self.environments, self.environment_seeds(len(rows)))
-        # An engine with weights of its own (vllm) reports the seconds it took to receive the actor's.
-        sync = getattr(self.generator, "last_sync_seconds", None)
-        if sync is not None:
-            metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + sync
-        metrics["time/generate"] += time.perf_counter() - start - (sync or 0.0)
+        if isinstance(rows, Generated):
+            episodes, versions = rows.episodes, rows.versions
+            metrics["time/generate"] += rows.waited  # the trainer's wait; the worker's own seconds beside it
+            metrics["async/generate_seconds"] = metrics.get("async/generate_seconds", 0.0) + rows.seconds
+        else:
+            start = time.perf_counter()
+            episodes = self.generate_episodes(rows, self.generator, self.environment_seeds(len(rows)))
+            # An engine with weights of its own (vllm) reports the seconds it took to receive the actor's.
+            sync = getattr(self.generator, "last_sync_seconds", None)
+            if sync is not None:
+                metrics["time/weight_sync"] = metrics.get("time/weight_sync", 0.0) + sync
+            metrics["time/generate"] += time.perf_counter() - start - (sync or 0.0)
+            versions = getattr(self.generator, "last_versions", None)
+        if versions is not None:  # a generation server's: the policy version that sampled each row
+            self.sampled_versions += [version for version in versions if version is not None]
         start = time.perf_counter()
         raw_scores, components, unscored = self.score(rows, episodes)
         metrics["time/score"] += time.perf_counter() - start
@@ -64,6 +84,30 @@ class RolloutStage:
         scores, turn_rewards = self.place_turn_rewards(raw_scores, episodes)
         scores = self.shape_scores(scores, finished, episodes.sequences.loss_mask.sum(dim=1))
         return Rollout(rows, episodes, finished, raw_scores, scores, components, turn_rewards, unscored=unscored)
+
+    def generate_episodes(self, rows: list[dict], generator: Generator, seeds: list[int] | None) -> Episodes:
+        """Stage 1: this process's ``rows`` played by the actor on ``generator`` (the run's, or an
+        asynchronous run's worker's), environments reset from ``seeds``."""
+        prompts = [row.get(self.config.prompt_field) for row in rows]
+        with gathered(self.actor):  # sharded: the whole actor, gathered once for the whole rollout
+            return roll_out(self.actor, self.tokenizer, generator, rows, prompts, self.episode_limits,
+                            self.environments, seeds)
+
+    def staleness_metrics(self, metrics: dict[str, float]) -> None:
+        """How many policy versions old the rows trained on were sampled, over every process
+        (a generation server's runs: docs/design.md, "Asynchronous rollouts"), and the samples an
+        asynchronous run dropped as too old."""
+        if not self.sampled_versions and self.rollouts is None:
+            return
+        staleness = torch.tensor([float(self.iteration - version) for version in self.sampled_versions])
+        summed = sum_across_processes(torch.tensor([staleness.sum().item(), float(len(staleness))],
+                                                   device=self.device))
+        metrics["staleness/mean"] = (summed[0] / summed[1]).item() if summed[1] > 0 else 0.0
+        metrics["staleness/max"] = float(max_across_processes(int(staleness.max().item()) if len(staleness) else 0))
+        if self.rollouts is not None:
+            dropped = sum_across_processes(torch.tensor([float(self.rollouts.dropped)], device=self.device))
+            metrics["staleness/dropped"] = dropped.item()
+            self.rollouts.dropped = 0
 
     def environment_seeds(self, rows: int) -> list[int] | None:
         """This process's episodes' environment seeds (rollout/episodes.py, episode_seeds); None
@@ -73,6 +117,14 @@ class RolloutStage:
         k = self.config.samples_per_prompt
         self.draws += 1
         return episode_seeds(self.config.seed, self.iteration, self.draws, self.rank * rows // k, rows // k, k)
+
+    def batch_seeds(self, index: int, rows: int) -> list[int] | None:
+        """The environment seeds of an asynchronous run's batch ``index``: those a synchronous run
+        gives the first draw of iteration ``index``."""
+        if self.environments is None:
+            return None
+        k = self.config.samples_per_prompt
+        return episode_seeds(self.config.seed, index, 1, self.rank * rows // k, rows // k, k)
 
     def score(self, rows: list[dict], episodes: Episodes
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:

@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import ConfigError, field_value
-from ppo_rlhf.data import drop_empty_prompts, environment_prompt, load_rows, prompt_check, with_environment_placeholders
+from ppo_rlhf.data import (data_source, drop_empty_prompts, environment_prompt, hold_data_objects, load_rows,
+                           prompt_check, with_environment_placeholders)
 from ppo_rlhf.distributed import on_main_process, rank, world_size
 from ppo_rlhf.envs import check_tool_list
 from ppo_rlhf.envs.chat import episode_prompt_lengths, prepare_for_config
-from ppo_rlhf.envs.options import apply_chat_template_file
+from ppo_rlhf.envs.options import prepare_template
 from ppo_rlhf.formats import prompt_rows
 from ppo_rlhf.hub import resolve_hub_models
 from ppo_rlhf.models import ModelError, load_tokenizer
@@ -47,13 +48,16 @@ def prompt_sets(config: PPOConfig, task, environments=None) -> tuple[list[dict],
     required, convert = prompt_reading(config.prompt_field, config.chat_template, environments is not None)
     keep = (lambda rows, source: rows) if environments is not None else (
         lambda rows, source: drop_empty_prompts(rows, config.prompt_field, source))
-    train = load_rows(config.prompts, required, convert, config.data_split) if config.prompts else (task.prompt_rows() if task else None)
+    drawn = config.iterations * config.batch_size // config.samples_per_prompt  # what a streamed data set gives
+    train = (load_rows(data_source(config, "prompts"), required, convert, config.data_split, limit=drawn)
+             if config.prompts else (task.prompt_rows() if task else None))
     if train is None:
         raise ConfigError("no prompts: give --prompts FILE or --task doubling")
     if config.prompts:
         train = keep(train, config.prompts)
     if config.eval_prompts:
-        held_out = keep(load_rows(config.eval_prompts, required, convert, config.eval_split), config.eval_prompts)
+        held_out = keep(load_rows(data_source(config, "eval_prompts"), required, convert, config.eval_split,
+                                  limit=config.eval_size), config.eval_prompts)
     else:
         held_out = task.eval_rows() if task else []
     return train, held_out[: config.eval_size]
@@ -67,12 +71,26 @@ def prompt_reading(field: str, chat_template: bool, episodes: bool) -> tuple[dic
     return {field: environment_prompt}, lambda rows: convert(with_environment_placeholders(rows, field))
 
 
-def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator) -> list[dict]:
-    """batch_size rows: batch_size / samples_per_prompt prompts drawn with replacement, each
-    repeated samples_per_prompt times in adjacent rows (the group baselines read them so)."""
-    k = config.samples_per_prompt
-    prompt_index = torch.randint(len(train_rows), (config.batch_size // k,), generator=rng)
-    return [train_rows[i] for i in prompt_index.tolist() for _ in range(k)]
+@dataclass
+class PromptCursor:
+    """Where --prompt-order in-order takes the next prompt from (saved in a checkpoint)."""
+
+    position: int = 0
+
+
+def draw_batch(train_rows: list[dict], config: PPOConfig, rng: torch.Generator,
+               cursor: PromptCursor | None = None) -> list[dict]:
+    """batch_size rows: batch_size / samples_per_prompt prompts, each repeated samples_per_prompt
+    times in adjacent rows (the group baselines read them so).  The prompts are drawn with
+    replacement from ``rng``, or with --prompt-order in-order taken in turn from ``cursor``."""
+    k, count = config.samples_per_prompt, config.batch_size // config.samples_per_prompt
+    if getattr(config, "prompt_order", "random") == "in-order":
+        cursor = cursor if cursor is not None else PromptCursor()
+        index = [(cursor.position + i) % len(train_rows) for i in range(count)]
+        cursor.position += count
+    else:
+        index = torch.randint(len(train_rows), (count,), generator=rng).tolist()
+    return [train_rows[i] for i in index for _ in range(k)]
 
 
 def check_processes(config: PPOConfig) -> None:
@@ -104,6 +122,7 @@ def record_given_episodes(config: PPOConfig, environment=None, tools: list | Non
     if not isinstance(config, PPOConfig):
         return  # checked_config names the wrong class
     check_tool_list(tools)  # before they are named: a single function is no list of them
+    hold_data_objects(config, ("prompts", "eval_prompts"))  # a data set set on the config after it was built
     if environment is not None:
         given = environment if isinstance(environment, str) else recorded_name(environment)
         if config.environment is not None and config.environment != given:
@@ -212,7 +231,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     lengths = None  # an episode's prompts as the model reads them: measured (and checked) before any model loads
     if environments is not None:  # the chat template checked for episodes before any model loads (envs/chat.py)
         environments.check_rows(train_rows + eval_rows)
-        if config.model is not None:
+        if config.model is not None and not hasattr(environments, "play"):  # (an agent renders its own prompts)
             early = load_tokenizer(config.model, "--model")
             prepare_for_config(early, environments, config)
             lengths = episode_prompt_lengths(early, environments, train_rows + eval_rows, config.prompt_field,
@@ -226,7 +245,7 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
     else:
         roles = load_roles(config, task, reward=reward)  # the given reward instead of the config's
         check_columns([roles.reward], train_rows, config.prompts or f"the {config.task} task's prompts")
-    apply_chat_template_file(roles.tokenizer, config.chat_template_file)
+    prepare_template(roles.tokenizer, config)
     # An episode may fill what --max-length leaves after its prompt (or --max-episode-tokens).
     episode_tokens = None if environments is None else (config.max_episode_tokens or config.max_length)
     check_policy(roles.actor, roles.tokenizer, config.model, [r[config.prompt_field] for r in train_rows + eval_rows],
@@ -242,7 +261,8 @@ def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generato
     """The rollout engine --rollout-engine asks for; each process samples its own rollouts."""
     return make_engine(config, actor, stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
                        config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
-                       config.max_length, max_rows=config.batch_size)
+                       config.max_length, max_rows=config.batch_size, tokenizer=tokenizer,
+                       agent=config.agent is not None)
 
 
 def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator,
@@ -261,7 +281,7 @@ def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, 
         if config.model is None:
             raise ConfigError("no tokenizer: give tokenizer= with an in-memory model, or config.model")
         tokenizer = load_tokenizer(config.model)
-    apply_chat_template_file(tokenizer, config.chat_template_file)
+    prepare_template(tokenizer, config)
     # What check_policy asks of a model loaded from its folder (the prompts are read at train()).
     check_tokenizer(tokenizer, "tokenizer=", config.chat_template, template_flag=config.chat_template_flag())
     check_vocabulary(model, tokenizer, "model=")

@@ -16,7 +16,6 @@ from ppo_rlhf.distributed import sum_across_processes, sum_gradients
 from ppo_rlhf.rollout.passes import ResponseStats, full_kl_between, response_stats
 from ppo_rlhf.sharding import plain
 from ppo_rlhf.trainers.ppo_batch import Experience
-from ppo_rlhf.trainers.ppo_passes import token_micro_batches
 
 
 def split_by_tokens(index: torch.Tensor, lengths: torch.Tensor, processes: int) -> list[torch.Tensor]:
@@ -98,12 +97,8 @@ class PolicyUpdate:
         config = self.config
         self.optimizer.zero_grad(set_to_none=True)
         mb_tokens = experience.mask[mb_index].sum().item()
-        lengths = experience.sequences.attention_mask.sum(dim=1)
-        mine = split_by_tokens(mb_index, lengths, self.processes)[self.rank]
+        mine, parts = self.update_micro_batches(experience, mb_index)
         totals: dict[str, torch.Tensor] = {}
-        parts = [torch.tensor(group, dtype=torch.long, device=self.device) for group in
-                 token_micro_batches(self.pass_lengths(experience.sequences)[mine], config.max_tokens_per_micro_batch,
-                                     config.train_micro_batch_size)]
         for part_index in parts:
             mb = experience.select(mine[part_index])
             token_share = mb.mask.sum().item() / max(mb_tokens, 1)
@@ -129,6 +124,18 @@ class PolicyUpdate:
                 weighted = value * shares.get(key, token_share)
                 totals[key] = weighted if key not in totals else totals[key] + weighted
         return self.sum_shares(totals)
+
+    def update_micro_batches(self, experience: Experience, mb_index: torch.Tensor
+                             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """This process's rows of the minibatch ``mb_index`` and its micro-batches (positions in
+        them): the minibatch split over the processes by the positions each row takes in a pass,
+        then cut by --max-tokens-per-micro-batch and --train-micro-batch-size.  Under FSDP a pass
+        is padded, every row counts the batch's whole width, so every process gets as many rows
+        and micro-batches, each a collective (docs/design.md, "Collectives of a rollout")."""
+        sequences = experience.sequences
+        mine = split_by_tokens(mb_index, self.pass_lengths(sequences), self.processes)[self.rank]
+        groups = self.cut(sequences, mine, self.config.train_micro_batch_size, decided_on=mb_index)
+        return mine, [torch.tensor(group, dtype=torch.long, device=self.device) for group in groups]
 
     def actor_loss(self, mb: Experience, response: ResponseStats, token_share: float, policy_share: float,
                    warming_up: bool) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:

@@ -31,6 +31,7 @@ from torch import nn
 from ppo_rlhf.checkpoint import atomic_directory, atomic_write_json, atomic_write_text, strict_json
 from ppo_rlhf.config import ConfigError, read_setting, to_dict
 from ppo_rlhf.distributed import gather_objects, on_main_process, rank, world_size
+from ppo_rlhf.interrupts import note_checkpoint
 from ppo_rlhf.run_folder import MAY_CHANGE_ON_RESUME, changed_settings
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.sharding import (fsdp_launched, load_whole, load_whole_optimizer_state, local_optimizer_state,
@@ -217,6 +218,7 @@ class Checkpoints:
     settings: dict  # the run's config, written as run_config.json
     saved: dict | None = None
     written: int | None = None  # the step of the last checkpoint this run wrote
+    unit: str = "step"  # what a step is called in messages (ppo, gym: iteration)
 
     @property
     def step(self) -> int:
@@ -237,6 +239,7 @@ class Checkpoints:
         self.saved = torch.load(last / TRAINER_STATE, weights_only=False, map_location="cpu")
         check_resumed_steps(self.step, total, last, unit, flag if flag is not None else ("--steps" if unit == "step" else ""))
         print(f"resumed from {last} after {unit} {self.step} of {total}")
+        note_checkpoint(self.step, unit)  # on disk, whole: an abort at once names it
         return self.saved
 
     def save(self, done: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
@@ -270,6 +273,7 @@ class Checkpoints:
 
         on_main_process(write)
         self.written = done
+        note_checkpoint(done, self.unit)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator=None) -> dict:
         """Put the saved weights, optimizer moments, loss scale and RNG states into this run;
@@ -294,7 +298,8 @@ def open_checkpoints(config: Any, out: str | Path, total: int, unit: str = "step
     state it continues from is read, where it resumes printed, and the metrics logged after it
     dropped.  ``logged_step_scale``: metrics are logged at step * this (gym: env steps); ``flag``:
     the option that sets ``total``, named when a resume asks for fewer steps than were done."""
-    checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config))
+    checkpoints = Checkpoints(Path(out), config.save_every, run_settings(config), unit=unit)
+    note_checkpoint(None)  # a new run has written none yet (a resume reads its own, below)
     if config.resume:
         checkpoints.load(total, unit, flag)
         on_main_process(drop_metrics_after, out, checkpoints.step * logged_step_scale,

@@ -24,7 +24,7 @@ from ppo_rlhf.core import masked_mean
 from ppo_rlhf.data import DataError, FieldCheck, class_index, prompt_check, text
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
 from ppo_rlhf.hardware import HardwareOptions
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models.loading import check_scratch_model
 from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.rollout.encoding import drop_padding_columns, encode_pairs, encode_texts, with_eos
@@ -299,7 +299,7 @@ def train_reward_model(model, tokenizer, rows: list[dict], config: RewardConfig,
             accuracy = sum_across_processes(correct.float().sum()) / config.batch_size
             run_log.log(done, {"loss": loss.item(), "train_accuracy": accuracy.item(),
                                "skipped_steps": guard.skipped, "seconds": time.perf_counter() - start})
-        stop = stop_requested()  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
+        stop = stop_after(done, config.steps)  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
         if checkpoints is not None and (checkpoints.due(done, config.steps) or (stop and checkpoints.every)):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "batch_rng": generator.get_state(), "seconds": time.perf_counter() - start, "guard": guard.state_dict()})

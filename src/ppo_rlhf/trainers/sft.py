@@ -2,7 +2,9 @@
 
 Rows are ``{prompt, completion}``; the loss covers the completion tokens and the EOS appended
 after them (the model must learn to stop), never the prompt or the padding.  A completion that
-already ends with a stop id (a chat template's end of turn) gets no EOS after it.
+already ends with a stop id (a chat template's end of turn) gets no EOS after it.  A row may also
+be a whole conversation (formats.py, ``Conversation``): rendered by the chat template, the loss on
+its assistant turns (trainers/sft_conversations.py).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, 
                              option)
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
+from ppo_rlhf.envs.chat import qwen3_training_template_path
 from ppo_rlhf.envs.options import check_template_file_used
+from ppo_rlhf.formats import CONVERSATION
 from ppo_rlhf.hardware import HardwareOptions
-from ppo_rlhf.interrupts import RunInterrupted, stop_requested
+from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models.loading import check_scratch_model
+from ppo_rlhf.recipes import recipe_names
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
 from ppo_rlhf.rollout.responses import apply_chat_template
@@ -33,6 +38,7 @@ from ppo_rlhf.trainers.common import prepare_to_train
 from ppo_rlhf.trainers.guard import DivergenceGuard
 from ppo_rlhf.trainers.optimizer import adamw
 from ppo_rlhf.trainers.resume import Checkpoints
+from ppo_rlhf.trainers.sft_conversations import conversation_tokens, training_template
 
 
 @dataclass
@@ -76,6 +82,11 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
     max_grad_norm: float = option(1.0, "clip the gradient norm to this", range=above(0), group=UPDATE)
     max_bad_steps: int = option(5, "stop after this many steps in a row with a non-finite loss or gradient norm "
                                    "(each is skipped)", range=at_least(1), group=UPDATE)
+    recipe: str | None = option(None, "measured settings in place of the defaults (ppo_rlhf/recipes.py, docs/agents.md "
+                                      "\"Recipes\"): agents-warm-up (conversations through the chat template: the "
+                                      "warm-up before ppo --recipe agents-grpo or agents-ppo); a setting given in "
+                                      "--config or by a flag wins over the recipe's; printed at start",
+                                choices=(None, *recipe_names("SFTConfig")), group=UPDATE)
 
     # --- hardware
     num_threads: int = option(0, "torch CPU threads (0: leave torch's default)", range=THREADS, group=HARDWARE)
@@ -113,19 +124,13 @@ def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def tokenize_completions(tokenizer, prompts: list[str], completions: list[str], max_length: int,
-                         add_special_tokens: bool = True, stop_ids: list[int] | None = None):
-    """Right-padded (N, L) input ids, attention mask and labels (-100 outside the completion).
-
-    ``add_special_tokens=False`` for prompts already formatted by a chat template, which writes
-    its own BOS and turn markers (the same way PPO encodes them).  ``stop_ids``: the ids that end
-    a response (default: the tokenizer's EOS alone)."""
-    sequences, label_rows = [], []
-    for p, target in completion_token_rows(tokenizer, prompts, completions, add_special_tokens, stop_ids):
-        sequences.append((p + target)[:max_length])
-        label_rows.append(([-100] * len(p) + target)[:max_length])
+def padded_examples(token_rows: list[tuple[list[int], list[int]]], max_length: int, pad_id: int):
+    """Right-padded (N, L) input ids, attention mask and labels (-100 outside what is learned) of
+    each row's (ids, labels), cut to ``max_length``."""
+    sequences = [ids[:max_length] for ids, _ in token_rows]
+    label_rows = [labels[:max_length] for _, labels in token_rows]
     length = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     labels = torch.full((len(sequences), length), -100, dtype=torch.long)
     attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
     for i, (ids, lab) in enumerate(zip(sequences, label_rows)):
@@ -140,11 +145,11 @@ def completion_token_rows(tokenizer, prompts: list[str], completions: list[str],
     """(prompt ids, completion ids and the EOS that ends them) of each row, before any cut."""
     eos = tokenizer.eos_token_id
     stop_ids = set([eos] if stop_ids is None else stop_ids)
-    prompt_ids = tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
-    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    prompt_ids = tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"] if prompts else []
+    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"] if completions else []
     # A completion that ends with a stop id (e.g. the template's <end_of_turn>) has ended:
-    # generation stops at that token, so an EOS after it is a token the model would never
-    # be asked for, and learning it only moves probability onto a second stop.
+    # generation stops at that token, so an EOS after it is a token the model would never be
+    # asked for, and learning it only moves probability onto a second stop.
     return [(p, c + ([] if c and c[-1] in stop_ids else [eos])) for p, c in zip(prompt_ids, completion_ids)]
 
 
@@ -154,31 +159,86 @@ def _prompts(tokenizer, rows: list[dict], config: SFTConfig) -> list[str]:
     return apply_chat_template(tokenizer, prompts, [r.get("tools") for r in rows]) if config.chat_template else prompts
 
 
+def sft_token_rows(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None
+                   ) -> list[tuple[list[int], list[int]]]:
+    """(ids, labels) of each row before any cut: a prompt and completion (the prompt through the
+    chat template if asked), or a whole conversation rendered by it (trainers/sft_conversations.py)."""
+    pairs = [row for row in rows if CONVERSATION not in row]
+    completions = iter(completion_token_rows(tokenizer, _prompts(tokenizer, pairs, config),
+                                             [r[config.completion_field] for r in pairs],
+                                             not config.chat_template, stop_ids))
+    template = training_template(tokenizer)
+    token_rows = []
+    for row in rows:
+        if CONVERSATION in row:
+            token_rows.append(conversation_tokens(tokenizer, row[CONVERSATION], row.get("_source", "a row"), template))
+        else:
+            p, target = next(completions)
+            token_rows.append((p + target, [-100] * len(p) + target))
+    return token_rows
+
+
 def sft_examples(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None):
     """The rows' (input ids, attention mask, labels), prompts through the chat template if asked."""
-    return tokenize_completions(tokenizer, _prompts(tokenizer, rows, config), [r[config.completion_field] for r in rows],
-                                config.max_length, add_special_tokens=not config.chat_template, stop_ids=stop_ids)
+    return padded_examples(sft_token_rows(tokenizer, rows, config, stop_ids), config.max_length,
+                           tokenizer.pad_token_id)
 
 
 def fit_rows(tokenizer, rows: list[dict], config: SFTConfig, stop_ids: list[int] | None = None
              ) -> tuple[list[dict], int]:
-    """The rows that keep a completion token within --max-length, and the longest sequence they
-    make.  Says how many rows were cut (their completions lose their end) or dropped (the prompt
-    fills --max-length: nothing to learn from, a NaN loss if a batch held only such rows); stops
-    when none is left."""
-    token_rows = completion_token_rows(tokenizer, _prompts(tokenizer, rows, config),
-                                       [r[config.completion_field] for r in rows], not config.chat_template, stop_ids)
+    """The rows that keep a learned token within --max-length, and the longest sequence they
+    make.  Says how many rows were cut (what is past --max-length is not learned: a completion's
+    end, a conversation's last turns) or dropped (the prompt fills --max-length: nothing to learn
+    from, a NaN loss if a batch held only such rows); stops when none is left."""
+    token_rows = sft_token_rows(tokenizer, rows, config, stop_ids)
     limit = config.max_length
-    kept = [(row, len(p) + len(target)) for row, (p, target) in zip(rows, token_rows) if len(p) < limit]
+    first_learned = [next((i for i, label in enumerate(labels) if label != -100), len(labels))
+                     for _, labels in token_rows]
+    # Each kept row with its tokens and learned tokens within --max-length (the summary's counts).
+    kept = [({**row, TOKENS: (min(len(ids), limit), sum(label != -100 for label in labels[:limit]))}, len(ids))
+            for row, (ids, labels), first in zip(rows, token_rows, first_learned) if first < limit]
     if not kept:
-        shortest = min(len(p) for p, _ in token_rows)
-        raise DataError(f"--max-length {limit}: no row keeps a completion token (the shortest prompt is {shortest} "
-                        f"tokens), so there is nothing left to learn; raise --max-length or shorten the prompts")
+        raise DataError(f"--max-length {limit}: no row keeps a completion token to learn (the shortest prompt is "
+                        f"{min(first_learned)} tokens), so there is nothing left to learn; raise --max-length or "
+                        f"shorten the prompts")
     cut = sum(1 for _, length in kept if length > limit)
     if cut or len(kept) < len(rows):
-        print(f"--max-length {limit}: {cut} of {len(rows)} rows cut (their completions lose their end), "
-              f"{len(rows) - len(kept)} dropped (the prompt fills it, leaving no completion token to learn)")
+        print(f"--max-length {limit}: {cut} of {len(rows)} rows cut (what is past it is not learned: a completion's "
+              f"end, a conversation's last turns), {len(rows) - len(kept)} dropped (the prompt fills it, leaving "
+              f"nothing to learn)")
+    warn_unstopped_turns(tokenizer, rows, token_rows, stop_ids)
+    if any(CONVERSATION in row for row in rows) and training_template(tokenizer) is not None:
+        print(f"chat template: Qwen3's writes a turn's think block only while the turn is last, so the conversations "
+              f"render with ppo-rlhf's training template ({qwen3_training_template_path()}), which writes it in "
+              f"every turn, as episodes do")
     return [row for row, _ in kept], min(limit, max(length for _, length in kept))
+
+
+TOKENS = "_tokens"  # a row's (tokens, learned tokens) within --max-length, set by fit_rows
+
+
+def token_counts(rows: list[dict]) -> dict[str, int]:
+    """The tokens of ``rows`` (kept by :func:`fit_rows`) and how many of them are learned."""
+    return {"tokens": sum(row[TOKENS][0] for row in rows), "trained_tokens": sum(row[TOKENS][1] for row in rows)}
+
+
+def warn_unstopped_turns(tokenizer, rows: list[dict], token_rows: list, stop_ids: list[int] | None) -> None:
+    """Say so when a conversation's trained turn ends with a token that is not a stop id: the model
+    learns to end its turns with it, and generation would not stop there."""
+    stops = set([tokenizer.eos_token_id] if stop_ids is None else stop_ids)
+    for row, (_, labels) in zip(rows, token_rows):
+        if CONVERSATION not in row:  # a completion gets an EOS where it does not end with a stop id
+            continue
+        ends = [labels[t] for t in range(len(labels)) if labels[t] != -100
+                and (t + 1 == len(labels) or labels[t + 1] == -100)]
+        loose = next((end for end in ends if end not in stops), None)
+        if loose is not None:
+            print(f"warning: {row.get('_source', 'a row')}: the chat template ends an assistant turn with "
+                  f"{tokenizer.decode([loose])!r}, which is not one of the model's stop tokens "
+                  f"({', '.join(repr(tokenizer.decode([i])) for i in sorted(stops))}): the model learns to end its "
+                  f"turns with it, and generation would not stop there; add its id to the model's "
+                  f"generation_config.json eos_token_id")
+            return
 
 
 def completion_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
@@ -280,7 +340,7 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if run_log is not None:
                 run_log.log(done, record)
-        stop = stop_requested()  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
+        stop = stop_after(done, config.steps)  # Ctrl-C: this step's state saved, then the run stops (interrupts.py)
         if checkpoints is not None and (checkpoints.due(done, config.steps) or (stop and checkpoints.every)):
             checkpoints.save(done, model, optimizer, accelerator=accelerator, state={
                 "order": order, "cursor": cursor, "order_rng": generator.get_state(), "evaluations": evaluations,
