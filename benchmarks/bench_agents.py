@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,12 +49,11 @@ from pathlib import Path
 import torch
 
 import agents_tools
+from common import HERE, RESULTS, ROOT, SMOLLM2, require_model, require_python, timed
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-MODEL = ROOT / "runs" / "smollm2-135m-instruct"
+MODEL = SMOLLM2
 OUT = ROOT / "runs" / "bench_agents"
+WARM = OUT / "sft" / "checkpoints" / "sft"  # the tools benchmark's SFT warm-up, where the others start
 TOOL = f"{HERE / 'agents_tools.py'}:calculator"
 ENVIRONMENT = f"{HERE / 'agents_tools.py'}:CalculatorEnv"  # the calculator as a TRL environment_factory class
 REWARD = f"{HERE / 'agents_tools.py'}:answer_reward"  # ppo_rlhf.rewards:answer_match on the last model turn
@@ -73,13 +71,14 @@ EPISODE_EVAL = ["--max-new-tokens", 48, "--max-length", 512, "--max-turns", 3]
 
 def ppo_rlhf(*args, log: Path) -> float:
     """One ``ppo-rlhf`` command, its output in ``log``; the seconds it took."""
-    command = [sys.executable, "-m", "ppo_rlhf.cli", *map(str, args)]
-    start = time.perf_counter()
-    with open(log, "w") as file:
-        done = subprocess.run(command, stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command))}; see {log}")
-    return time.perf_counter() - start
+    return timed([sys.executable, "-m", "ppo_rlhf.cli", *args], log)
+
+
+def warm_up() -> Path:
+    """The tools benchmark's SFT warm-up, checked to be there."""
+    if not (WARM / "config.json").is_file():
+        raise SystemExit(f"no {WARM}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
+    return WARM
 
 
 def qwen_template() -> str:
@@ -174,6 +173,27 @@ PEERS_WORK = {"k": 8, "batch_size": 32, "lr": 1e-4, "beta": 0.05, "temperature":
               "max_turns": 3}
 
 
+def peers_recipe(work: dict) -> list:
+    """ppo-rlhf's arguments for TRL's work: LoRA, GRPO, one optimizer step a batch, k3 KL in the loss."""
+    return ["--lora", "--estimator", "grpo", "--samples-per-prompt", work["k"], "--batch-size", work["batch_size"],
+            "--mini-batch-size", work["batch_size"], "--ppo-epochs", 1, "--kl-in", "loss", "--kl-coef", work["beta"],
+            "--lr", work["lr"], "--temperature", work["temperature"], "--max-new-tokens", work["max_episode_tokens"],
+            "--max-episode-tokens", work["max_episode_tokens"], "--max-length", 512, "--max-turns", work["max_turns"]]
+
+
+def trl_settings(folder: Path, args, template: str, work: dict, **more) -> Path:
+    """folder/settings.json of a TRL run from the warm-up: the training prompts in the order ppo-rlhf
+    draws them for the seed (folder/prompts.jsonl), the chat template, the work and ``more``."""
+    folder.mkdir(exist_ok=True)
+    rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
+    ordered = agents_tools.write_jsonl(folder / "prompts.jsonl", drawn_order(rows, args.iterations,
+                                                                             work["batch_size"] // work["k"], args.seed))
+    settings = {"model": str(WARM), "prompts": ordered, "chat_template": template, "out": str(folder),
+                "seed": args.seed, "threads": args.threads, "iterations": args.iterations, "work": work, **more}
+    (folder / "settings.json").write_text(json.dumps(settings, indent=2))
+    return folder / "settings.json"
+
+
 def peers(args) -> dict:
     """ppo-rlhf's ``--tool`` against TRL's ``tools=[calculator]``."""
     return side_by_side(args, "peers", environment=False)
@@ -189,44 +209,26 @@ def side_by_side(args, stem: str, environment: bool) -> dict:
     calculator given as a tool or (``environment``) as the CalculatorEnv class; seconds per
     iteration of each, then each adapter merged and scored by ``ppo-rlhf eval`` alike.  Outputs in
     OUT/{stem}_*."""
-    warm = OUT / "sft" / "checkpoints" / "sft"
-    if not (warm / "config.json").is_file():
-        raise SystemExit(f"no {warm}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
-    if not TRL_PYTHON.is_file():
-        raise SystemExit("no .venv-trl116: run `make trl116-venv` first")
+    warm = warm_up()
+    require_python(TRL_PYTHON, "trl116-venv")
     template = qwen_template()
-    rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
     eval_prompts = str(OUT / "held_out.jsonl")
     work = dict(PEERS_WORK)
     result = {"work": work}
     episode = ["--environment", ENVIRONMENT] if environment else ["--tool", TOOL]
     ours = OUT / f"{stem}_ppo_rlhf"
     ppo_rlhf("ppo", "--model", warm, "--prompts", OUT / "train.jsonl", *episode, "--chat-template-file", template,
-             "--reward-fn", REWARD, "--lora", "--estimator", "grpo", "--samples-per-prompt", work["k"],
-             "--batch-size", work["batch_size"], "--mini-batch-size", work["batch_size"], "--ppo-epochs", 1,
-             "--kl-in", "loss", "--kl-coef", work["beta"], "--lr", work["lr"], "--temperature", work["temperature"],
-             "--max-new-tokens", work["max_episode_tokens"], "--max-episode-tokens", work["max_episode_tokens"],
-             "--max-length", 512, "--max-turns", work["max_turns"], "--iterations", args.iterations,
+             "--reward-fn", REWARD, *peers_recipe(work), "--iterations", args.iterations,
              "--eval-every", 0, "--save-every", 0, "--seed", args.seed, "--out", ours, "--overwrite",
              "--num-threads", args.threads, log=OUT / f"{stem}_ppo_rlhf.log")
     seconds = [json.loads(line)["time/iteration"] for line in (ours / "metrics.jsonl").read_text().splitlines()
                if "time/iteration" in line]
     result["ppo_rlhf"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2)}
     trl = OUT / f"{stem}_trl"
-    trl.mkdir(exist_ok=True)
-    ordered = agents_tools.write_jsonl(trl / "prompts.jsonl", drawn_order(rows, args.iterations,
-                                                                          work["batch_size"] // work["k"], args.seed))
-    settings = {"model": str(warm), "prompts": ordered, "chat_template": template, "out": str(trl), "seed": args.seed,
-                "threads": args.threads, "iterations": args.iterations, "work": work}
-    if environment:
-        settings["environment"] = ENVIRONMENT.rpartition(":")[2]  # the class trl_env.py takes from agents_tools
-    (trl / "settings.json").write_text(json.dumps(settings, indent=2))
+    # with ``environment``, the class trl_env.py takes from agents_tools
+    more = {"environment": ENVIRONMENT.rpartition(":")[2]} if environment else {}
     runner = HERE / "peers" / ("trl_env.py" if environment else "trl_tools.py")
-    with open(OUT / f"{stem}_trl.log", "w") as file:
-        done = subprocess.run([str(TRL_PYTHON), str(runner), "--settings", str(trl / "settings.json")],
-                              stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode:
-        raise SystemExit(f"TRL failed ({done.returncode}); see {OUT / f'{stem}_trl.log'}")
+    timed([TRL_PYTHON, runner, "--settings", trl_settings(trl, args, template, work, **more)], OUT / f"{stem}_trl.log")
     seconds = [json.loads(line)["time/iteration"] for line in (trl / "metrics.jsonl").read_text().splitlines()]
     result["trl"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2),
                      "train_log": json.loads((trl / "result.json").read_text())["train_log"]}
@@ -531,8 +533,7 @@ def main() -> None:
                              "latency benchmark start from; what frozenlake-probe reads), nothing else")
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
     args = parser.parse_args()
-    if not (MODEL / "config.json").is_file():
-        raise SystemExit(f"no {MODEL}: run `make smollm2` first")
+    require_model(MODEL)
     if args.iterations is None:
         args.iterations = 2 if args.quick else {"tools": 24, "frozenlake": 16, "peers": 10,
                                                 "peers-env": 10}.get(args.benchmark, 0)

@@ -42,23 +42,18 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agents_tools  # noqa: E402
 from agents_http import URL_VARIABLE, LatencyServer  # noqa: E402
+from bench_agents import OUT, REWARD, TRL_PYTHON, WARM  # noqa: E402
+from common import HERE, RESULTS, ROOT, SMOLLM2, require_model, require_python, timed  # noqa: E402
 
-RESULTS = HERE / "results"
-OUT = ROOT / "runs" / "bench_agents"
-MODEL = ROOT / "runs" / "smollm2-135m-instruct"
-WARM = OUT / "sft" / "checkpoints" / "sft"
-TRL_PYTHON = ROOT / ".venv-trl116" / "bin" / "python"
+MODEL = SMOLLM2
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 CLIENTS = {"sync": f"{HERE / 'agents_http.py'}:calculator", "async": f"{HERE / 'agents_http_async.py'}:calculator"}
 # bench_agents.py's PPO_TOOLS: LoRA, GRPO with 8 samples of 4 prompts, one optimizer step a batch,
@@ -77,15 +72,6 @@ def child_env(server: LatencyServer) -> dict:
     paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, URL_VARIABLE: server.url, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
             "TOKENIZERS_PARALLELISM": "false"}
-
-
-def timed(command: list, log: Path, env: dict) -> float:
-    start = time.perf_counter()
-    with open(log, "w") as file:
-        done = subprocess.run([str(part) for part in command], stdout=file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    if done.returncode:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command))}; see {log}")
-    return time.perf_counter() - start
 
 
 def iteration_figures(folder: Path) -> dict:
@@ -112,16 +98,14 @@ def setup(args) -> tuple[Path, Path, str, list]:
 
     OUT.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        if not (MODEL / "config.json").is_file():
-            raise SystemExit(f"no {MODEL}: run `make smollm2` first")
+        require_model(MODEL)
         prompts = agents_tools.write_jsonl(OUT / "latency_smoke.jsonl",
                                            agents_tools.prompt_rows(agents_tools.problems(16, seed=2)))
         return MODEL, Path(prompts), str(tool_template_path()), [
             *SMOKE, "--tool-parser", f"{HERE / 'agents_http.py'}:calls_calculator"]
-    if not (WARM / "config.json").is_file():
-        raise SystemExit(f"no {WARM}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
     import bench_agents
 
+    bench_agents.warm_up()
     # --calls every-turn: the warm-up's model calls its tool in 9-31% of the episodes of its first
     # iterations, which would leave the waits mostly out of what is measured; the load measured is
     # every turn calling the tool (3 turns, 96 calls an iteration), the model's text kept as written.
@@ -134,8 +118,8 @@ def ppo_rlhf_run(name: str, args, latency, client: str, extra: list, python: str
     model, prompts, template, recipe = setup(args)
     out = OUT / f"latency_{name}"
     command = [python, "-m", "ppo_rlhf.cli", "ppo", "--model", model, "--prompts", prompts, "--tool", CLIENTS[client],
-               "--chat-template-file", template, "--reward-fn", f"{HERE / 'agents_tools.py'}:answer_reward", *recipe,
-               "--iterations", args.iterations, "--eval-every", 0, "--save-every", 0, "--save-rollouts", 1,
+               "--chat-template-file", template, "--reward-fn", REWARD, *recipe, "--iterations", args.iterations,
+               "--eval-every", 0, "--save-every", 0, "--save-rollouts", 1,
                "--seed", args.seed, "--num-threads", args.threads, "--out", out, "--overwrite", *extra]
     with LatencyServer(latency, seed=args.seed) as server:
         wall = timed(command, OUT / f"latency_{name}.log", child_env(server))
@@ -177,8 +161,7 @@ def torch_engine(args) -> dict:
 
 
 def vllm_engine(args) -> dict:
-    if not VLLM_PYTHON.is_file():
-        raise SystemExit("no .venv-vllm: run `make vllm-venv` first")
+    require_python(VLLM_PYTHON, "vllm-venv")
     runs = {}
     for latency, label in ((0.0, "none"), (RANDOM, "random")):
         for mode in ("turn_by_turn", "independent"):
@@ -201,7 +184,7 @@ def ppo_rlhf_vllm_run(name: str, args, latency, mode: str) -> dict:
     out = OUT / f"latency_{name}"
     settings = {"argv": [str(a) for a in [
         "--model", model, "--prompts", prompts, "--tool", CLIENTS["sync"], "--chat-template-file", template,
-        "--reward-fn", f"{HERE / 'agents_tools.py'}:answer_reward", *recipe, "--rollout-engine", "vllm",
+        "--reward-fn", REWARD, *recipe, "--rollout-engine", "vllm",
         "--iterations", args.iterations, "--eval-every", 0, "--save-every", 0, "--seed", args.seed,
         "--num-threads", args.threads, "--out", out, "--overwrite"]], "turn_by_turn": mode == "turn_by_turn"}
     settings_file = OUT / f"latency_{name}.json"
@@ -245,20 +228,13 @@ def vllm_run(settings_file: str) -> None:
 
 
 def trl_side_by_side(args) -> dict:
-    if not TRL_PYTHON.is_file():
-        raise SystemExit("no .venv-trl116: run `make trl116-venv` first")
     import bench_agents
 
-    if not (WARM / "config.json").is_file():
-        raise SystemExit(f"no {WARM}: run `python benchmarks/bench_agents.py tools` first (its SFT warm-up)")
+    require_python(TRL_PYTHON, "trl116-venv")
+    bench_agents.warm_up()
     template = bench_agents.qwen_template()
-    rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
-    work = {"k": 8, "batch_size": 32, "lr": 1e-4, "beta": 0.05, "temperature": 0.7, "max_episode_tokens": 144,
-            "max_turns": 3}  # bench_agents.py peers' settings
-    ours = ["--lora", "--estimator", "grpo", "--samples-per-prompt", work["k"], "--batch-size", work["batch_size"],
-            "--mini-batch-size", work["batch_size"], "--ppo-epochs", 1, "--kl-in", "loss", "--kl-coef", work["beta"],
-            "--lr", work["lr"], "--temperature", work["temperature"], "--max-new-tokens", work["max_episode_tokens"],
-            "--max-episode-tokens", work["max_episode_tokens"], "--max-length", 512, "--max-turns", work["max_turns"]]
+    work = dict(bench_agents.PEERS_WORK)  # bench_agents.py peers' settings
+    ours = bench_agents.peers_recipe(work)
     # --calls every-turn: one calculator call read in every turn on both sides (ppo-rlhf's parser,
     # TRL's response parser wrapped alike): the warm-up's model calls its tool in 9-19% of these
     # episodes, a few calls an iteration, which leaves the waits out of what is compared.
@@ -274,23 +250,18 @@ def trl_side_by_side(args) -> dict:
     for client, latency, label in plan:
         name = f"peers_{client}_{label}"
         trl = OUT / f"latency_trl_{client}_{label}"
-        trl.mkdir(exist_ok=True)
-        ordered = agents_tools.write_jsonl(trl / "prompts.jsonl", bench_agents.drawn_order(
-            rows, args.iterations, work["batch_size"] // work["k"], args.seed))
-        settings = {"model": str(WARM), "prompts": ordered, "chat_template": template, "out": str(trl),
-                    "seed": args.seed, "threads": args.threads, "iterations": args.iterations, "work": work,
-                    "tool": {"sync": "http", "async": "http-async"}[client], "every_turn_calls": every_turn}
-        (trl / "settings.json").write_text(json.dumps(settings, indent=2))
+        settings = bench_agents.trl_settings(trl, args, template, work, every_turn_calls=every_turn,
+                                             tool={"sync": "http", "async": "http-async"}[client])
         with LatencyServer(latency, seed=args.seed) as server:
-            timed([TRL_PYTHON, HERE / "peers" / "trl_tools.py", "--settings", trl / "settings.json"],
+            timed([TRL_PYTHON, HERE / "peers" / "trl_tools.py", "--settings", settings],
                   OUT / f"latency_trl_{client}_{label}.log", child_env(server))
             runs[f"trl_{client}_{label}"] = {"latency": latency, "calls": server.requests,
                                              "waiting_seconds": round(server.waiting_seconds(), 2),
                                              **iteration_figures(trl)}
         out = OUT / f"latency_{name}"
         command = [sys.executable, "-m", "ppo_rlhf.cli", "ppo", "--model", WARM, "--prompts", OUT / "train.jsonl",
-                   "--tool", CLIENTS[client], "--chat-template-file", template, "--reward-fn",
-                   f"{HERE / 'agents_tools.py'}:answer_reward", *ours, "--iterations", args.iterations,
+                   "--tool", CLIENTS[client], "--chat-template-file", template, "--reward-fn", REWARD, *ours,
+                   "--iterations", args.iterations,
                    "--eval-every", 0, "--save-every", 0, "--seed", args.seed, "--num-threads", args.threads,
                    "--out", out, "--overwrite"]
         with LatencyServer(latency, seed=args.seed) as server:

@@ -37,10 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-MODEL = ROOT / "runs" / "smollm2-135m-instruct"
+from common import HERE, ROOT, SMOLLM2, require_model, write_results
+
+MODEL = SMOLLM2
 TEMPLATE = ROOT / "src" / "ppo_rlhf" / "envs" / "chatml_tools.jinja"
 GIB = 2**30
 
@@ -167,8 +166,7 @@ def main() -> None:
         print(json.dumps(child(args.model, args.child, args.episodes, args.samples, args.new_tokens, args.iterations,
                                args.threads)))
         return
-    if not (Path(args.model) / "config.json").is_file():
-        raise SystemExit(f"no {args.model}: run `make smollm2` first")
+    require_model(args.model)
     new_tokens, iterations = (16, 1) if args.quick else (args.new_tokens, args.iterations)
     model, threads = args.model, args.threads
     runs = {} if args.quick else {
@@ -189,10 +187,8 @@ def report(runs: dict, args, new_tokens: int, iterations: int) -> None:
     result = {"benchmark": "agents_memory", "command": command, "machine": machine, "date": time.strftime("%Y-%m-%d"),
               "new_tokens": new_tokens, "runs": runs}
     stem = "agents_memory_quick" if args.quick else "agents_memory"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     auto = runs.get("auto_32", {})
-    lines = [f"# Agents: resident memory of the GRPO recipe (SmolLM2-135M-Instruct, LoRA)", "",
+    lines = ["# Agents: resident memory of the GRPO recipe (SmolLM2-135M-Instruct, LoRA)", "",
              f"`{command}` ({machine}, {result['date']}). The tools recipe (LoRA, GRPO with 8 samples of 4 prompts, "
              f"one step a batch, k3 KL 0.05 in the loss), the calculator listed by the ChatML tools template under a "
              f"system message of rules; every episode one turn of exactly {new_tokens} tokens. Peak: the process's "
@@ -219,8 +215,7 @@ def report(runs: dict, args, new_tokens: int, iterations: int) -> None:
             if key != "seconds" and key in cut["iterations"][0]:
                 other = cut["iterations"][0][key]
                 lines.append(f"| {key} | {value:.8g} | {other:.8g} | {abs(value - other):.2g} |")
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(stem, result, lines)
 
 
 if __name__ == "__main__":

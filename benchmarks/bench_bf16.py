@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, command, require_model, write_results
+
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 RUNS = {  # name: (model folder suffix, settings over the example's)
     "float32": ("", {"mixed_precision": "no"}),
@@ -97,8 +98,7 @@ def main() -> None:
         print(json.dumps(child(args.model, args.run_out, args.mixed_precision, args.num_threads, args.iterations)))
         return
     base = Path(args.model)
-    if not (base / "config.json").is_file():
-        sys.exit(f"{base} is not a model folder; make it with: ppo-rlhf convert-gguf --out {args.model}")
+    require_model(base)
     bf16_folder = Path(f"{base}-bf16")
     if not (bf16_folder / "config.json").is_file():
         subprocess.run([str(Path(sys.executable).parent / "ppo-rlhf"), "convert-gguf", "--out", str(bf16_folder),
@@ -127,7 +127,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# bf16 against float32: SmolLM2-135M-Instruct + LoRA + VADER",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_bf16.py` (examples/smollm2_vader/ppo.yaml, "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` (examples/smollm2_vader/ppo.yaml, "
         f"{results[0]['iterations']} iterations of 16 chat prompts, seed 0; the two runs side by side, each on "
         f"{args.num_threads} torch thread(s), {platform.machine()} CPU {bf16_instructions()}). float32: the float32 folder, no autocast. bf16: the same model converted with "
         "`convert-gguf --dtype bfloat16`, `--mixed-precision bf16` (frozen base in bf16, LoRA adapters and value "
@@ -145,9 +145,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
     for r in results:
         lines.append(f"- {r['name']}: " + ", ".join(f"{s:.2f}" for s in r["scores"]))
     lines.append("")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bf16.md").write_text("\n".join(lines))
-    (out / "bf16.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    write_results("bf16", {"args": vars(args), "results": results}, lines, out, echo=False)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,10 @@ warm-up, in one process.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -31,7 +29,8 @@ from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.sequences import Sequences
 from ppo_rlhf.tasks.doubling import build_tokenizer
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from common import write_results
+
 ROWS, PROMPT, RESPONSE = 32, 12, 7
 
 
@@ -100,8 +99,6 @@ def main() -> None:
     optimizers = [measure_optimizer(path, args.repeats) for path in ("loop", "foreach", "fused")]
     report = {"machine": f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s)",
               "load_average": list(os.getloadavg()), "losses": losses, "optimizers": optimizers}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
     eager = losses[0]["forward_backward_ms"]
     lines = ["# torch.compile and AdamW's paths on one PPO minibatch step", "",
              f"Command: `python benchmarks/bench_compile.py --threads {args.threads}`  ",
@@ -116,8 +113,7 @@ def main() -> None:
                      f"{row['forward_backward_ms']} | {row['forward_backward_ms'] / eager:.2f}x |")
     lines += ["", "| AdamW path | step ms (one model's parameters) |", "|---|---|"]
     lines += [f"| {row['path']} | {row['step_ms']} |" for row in optimizers]
-    (RESULTS / "compile.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("compile", report, lines)
 
 
 if __name__ == "__main__":

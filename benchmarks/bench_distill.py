@@ -37,17 +37,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
-import time
 from pathlib import Path
 
-import torch
+from common import RESULTS, header, pyplot, record, require_model, run_in_child, save_figure, write_results
 
-from bench_estimators import run_in_child
-
-HERE = Path(__file__).parent
-RESULTS = HERE / "results"
 TARGET_SHARE, TARGET_RATIO = 0.9, 0.25
 # The README's chain_sum command ("Real reasoning tasks"), as PPOConfig fields.
 CHAIN_SUM = {"lora": True, "task": "reasoning-gym:chain_sum",
@@ -127,8 +120,7 @@ def main() -> None:
     log = out / "runs.log"
     recipe = dict(SMOKE if args.smoke else CHAIN_SUM)
     model = smoke_model(out) if args.smoke else args.model
-    if not (Path(model) / "config.json").is_file():
-        raise SystemExit(f"{model} is missing; make it with: make smollm2")
+    require_model(model)
     key = accuracy_key(recipe["task"])
 
     teacher_run = out / "teacher"
@@ -188,19 +180,12 @@ def report(args, recipe: dict, teacher: str, teacher_accuracy: float, runs: dict
                      "grpo_after": grpo["after"], "distill_after": distill["after"],
                      "met": ratio is not None and ratio <= TARGET_RATIO})
     distilled, _, stem = distill_settings(args.distill_gamma)
-    results = {"command": "python benchmarks/bench_distill.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                          f"{args.num_threads or torch.get_num_threads()} thread(s)",
-               "date": time.strftime("%Y-%m-%d"), "note": args.note, "recipe": recipe, "distill": distilled,
+    results = {**record(args.note, args.num_threads), "recipe": recipe, "distill": distilled,
                "teacher": teacher, "teacher_accuracy": teacher_accuracy, "threshold": threshold, "rows": rows,
                "runs": runs}
     # A smoke test's figures say nothing of the method: they stay in its run folder.
     results_folder, stem = (out, f"{stem}_smoke") if args.smoke else (RESULTS, stem)
-    results_folder.mkdir(exist_ok=True)
-    (results_folder / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = [f"# On-policy distillation against GRPO{' (smoke test)' if args.smoke else ''}", "",
-             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
-             f"Measured: {results['date']}; {results['note']}", "",
+    lines = [*header(f"On-policy distillation against GRPO{' (smoke test)' if args.smoke else ''}", results),
              f"Teacher {teacher}: held-out greedy accuracy {teacher_accuracy:.1%}; the target is "
              f"{TARGET_SHARE:.0%} of it, {threshold:.1%}, reached by the distilled student in at most "
              f"{TARGET_RATIO:g}x the PPO seconds GRPO takes.", "",
@@ -217,16 +202,12 @@ def report(args, recipe: dict, teacher: str, teacher_accuracy: float, runs: dict
                      f"{'n/a' if row['ratio'] is None else format(row['ratio'], '.2f')} | {'yes' if row['met'] else 'no'} "
                      f"| {row['grpo_after']:.1%} | {row['distill_after']:.1%} |")
     lines += ["", f"![held-out accuracy against PPO seconds]({stem}.png)", ""]
-    (results_folder / f"{stem}.md").write_text("\n".join(lines))
+    write_results(stem, results, "\n".join(lines), results_folder, indent=1)
     plot(runs, threshold, results_folder / f"{stem}.png")
-    print("\n".join(lines))
 
 
 def plot(runs: dict, threshold: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(6.5, 4.2))
     for name, colour in (("grpo", "tab:orange"), ("distill", "tab:blue")):
@@ -238,8 +219,7 @@ def plot(runs: dict, threshold: float, path: Path) -> None:
     axis.set_ylabel("held-out greedy accuracy (%)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_estimators import TASK_COMMON, mean_points, run_in_child, spread
+from bench_estimators import TASK_COMMON
+from common import command, mean_points, run_in_child, spread, write_results
 
-HERE = Path(__file__).parent
-RESULTS = HERE / "results"
 ENGINES = ("torch", "vllm")
 RECIPE = {**TASK_COMMON, "estimator": "grpo", "samples_per_prompt": 4, "iterations": 80, "eval_every": 20,
           "eval_size": 500, "eval_sampled": False, "vllm_memory_utilization": 0.01, "overwrite": True}
@@ -90,11 +88,8 @@ def main() -> None:
 
 
 def write_report(args, runs: dict) -> None:
-    results = {"command": "python benchmarks/bench_engine_learning.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.machine()}, jobs {args.jobs}", "date": time.strftime("%Y-%m-%d"),
-               "recipe": RECIPE, "runs": runs}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "engine_learning.json").write_text(json.dumps(results, indent=1) + "\n")
+    results = {"command": command(), "machine": f"{platform.machine()}, jobs {args.jobs}",
+               "date": time.strftime("%Y-%m-%d"), "recipe": RECIPE, "runs": runs}
     lines = ["# The built-in task with each rollout engine", "", f"Command: `{results['command']}`  ",
              f"Measured: {results['date']} ({results['machine']})", "",
              "grpo, 16 prompts x 4 samples, 80 iterations, the task's rule reward; held-out greedy exact match "
@@ -106,8 +101,7 @@ def write_report(args, runs: dict) -> None:
         per_seed = ", ".join(f"{r['seed']}: {r['after']:.3f}" for r in done)
         lines.append(f"| {engine} | {len(done)} | {spread([r['before'] for r in done], digits=3)} "
                      f"| {spread([r['after'] for r in done], digits=3)} | {per_seed} | {mean_curve} |")
-    (RESULTS / "engine_learning.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("engine_learning", results, lines, indent=1)
 
 
 if __name__ == "__main__":

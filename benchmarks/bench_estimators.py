@@ -22,19 +22,14 @@ benchmarks/results/estimators.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import resource
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import torch
 import yaml
 
-HERE = Path(__file__).parent
+from common import (HERE, RESULTS, child, header, mean_curve, pyplot, record, run_in_child, save_figure, spread,
+                    train_sft_and_rm, write_results)
+
 ESTIMATORS = ("gae", "grpo", "dr-grpo", "rloo", "reinforce++", "remax")
 SAMPLES = {"gae": 1, "grpo": 4, "dr-grpo": 4, "rloo": 4, "reinforce++": 4, "remax": 1}
 # The shared budget and update of the built-in task's runs (tests/test_learning.py uses the same).
@@ -44,71 +39,6 @@ TASK_COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_
 # gae's critic, as the demo preset trains it (stages/demo.py).
 GAE_CRITIC = {"critic": "separate", "critic_lr": 1e-3, "critic_warmup": 3, "vf_coef": 1.0, "cliprange_value": None}
 SMOLLM2_OVERRIDES = {"iterations": 10, "eval_every": 5, "save_every": 0, "sample_every": 0, "show_samples": 0}
-
-
-# ---------------------------------------------------------------- one PPO run, in a child process
-def child(config_path: str) -> None:
-    """Run PPO from a JSON config; write its peak resident memory next to its summary."""
-    from ppo_rlhf.config import build_config
-    from ppo_rlhf.stages.ppo import run_ppo
-    from ppo_rlhf.trainers.ppo_config import PPOConfig
-
-    values = json.loads(Path(config_path).read_text())
-    run_ppo(build_config(PPOConfig, values))
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    (Path(values["out"]) / "peak_memory.json").write_text(json.dumps({"peak_rss_mib": peak_mib}))
-
-
-def run_in_child(values: dict, log: Path, num_threads: int = 0, report_only: bool = False) -> dict | None:
-    """The figures of one PPO run, run in a child process (``report_only``: read from a finished
-    run folder, None if there is none)."""
-    values = {**values, "num_threads": num_threads}
-    out = Path(values["out"])
-    if report_only:
-        return run_figures(out) if (out / "peak_memory.json").exists() else None
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = out.parent / f"{out.name}.json"
-    config_path.write_text(json.dumps(values))
-    with log.open("a") as handle:
-        subprocess.run([sys.executable, __file__, "--child", str(config_path)], check=True, stdout=handle,
-                       stderr=subprocess.STDOUT)
-    return run_figures(out)
-
-
-# ---------------------------------------------------------------- figures from a run folder
-def first_reaching(records: list[dict], key: str, threshold: float) -> float | None:
-    """PPO seconds (evaluation excluded) at the first evaluation where ``key`` >= threshold."""
-    return next((r["time/elapsed"] for r in records if r.get(key, -1.0) >= threshold), None)
-
-
-def curve(records: list[dict], key: str) -> list[tuple[float, float]]:
-    """(PPO seconds, value) at each evaluation; the evaluation before PPO at 0 s."""
-    return [(r.get("time/elapsed", 0.0), r[key]) for r in records if key in r]
-
-
-def run_figures(out: Path) -> dict:
-    from ppo_rlhf.runlog import read_metrics
-
-    records = read_metrics(out / "metrics.jsonl")
-    iterations = [r for r in records if "time/iteration" in r]
-    summary = json.loads((out / "summary.json").read_text())
-    figures = {
-        "s_per_iteration": statistics.median(r["time/iteration"] for r in iterations),
-        "split_s": {k: statistics.median(r[f"time/{k}"] for r in iterations)
-                    for k in ("generate", "score", "forward", "train")},
-        "ppo_seconds": summary["ppo_seconds"],
-        "peak_rss_mib": json.loads((out / "peak_memory.json").read_text())["peak_rss_mib"],
-        "kl_last": statistics.mean(r["kl"] for r in iterations[-3:]),
-        "before": summary["before"], "after": summary["after"], "after_sampled": summary["after_sampled"],
-    }
-    for key in ("eval/exact_match", "eval_sampled/exact_match", "eval/score"):
-        if any(key in r for r in records):
-            figures[f"curve:{key}"] = curve(records, key)
-    if any("eval/exact_match" in r for r in records):
-        for threshold in (0.95, 0.99):
-            figures[f"s_to_{threshold:.0%}_greedy"] = first_reaching(records, "eval/exact_match", threshold)
-            figures[f"s_to_{threshold:.0%}_sampled"] = first_reaching(records, "eval_sampled/exact_match", threshold)
-    return figures
 
 
 # ---------------------------------------------------------------- the two settings
@@ -129,52 +59,8 @@ def smollm2_values(estimator: str, seed: int, out: Path, iterations: int) -> dic
     return values
 
 
-def train_sft_and_rm(out: Path, seed: int) -> tuple[str, str, dict]:
-    from ppo_rlhf.config import build_config
-    from ppo_rlhf.stages.demo import DemoConfig, stage_configs
-    from ppo_rlhf.stages.reward import run_reward
-    from ppo_rlhf.stages.sft import run_sft
-
-    sft_config, rm_config, _ = stage_configs(build_config(DemoConfig, {"out": str(out), "seed": seed,
-                                                                       "overwrite": True}))
-    sft_config.overwrite = rm_config.overwrite = True
-    sft, rm = run_sft(sft_config), run_reward(rm_config)
-    return sft["checkpoints"]["sft"], rm["checkpoints"]["reward"], {"sft_seconds": sft["seconds"],
-                                                                  "rm_seconds": rm["seconds"],
-                                                                  "rm_eval_accuracy": rm["eval_accuracy"]}
-
-
-# ---------------------------------------------------------------- report
-def spread(values: list[float], scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
-    """mean (min-max) over seeds; 'n/a' when a value is missing."""
-    if not values or any(v is None for v in values):
-        reached = [v for v in values if v is not None]
-        return f"{len(reached)}/{len(values)} seeds" + (f" ({min(reached) * scale:.{digits}f}-{max(reached) * scale:.{digits}f}{unit})" if reached else "")
-    mean = statistics.mean(values) * scale
-    if len(values) == 1:
-        return f"{mean:.{digits}f}{unit}"
-    return f"{mean:.{digits}f}{unit} ({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
-
-
-def mean_points(runs: list[dict], key: str) -> list[tuple[float, float]]:
-    """The seeds' (x, y) lists under ``key`` averaged point by point (they are taken at the same
-    iterations)."""
-    curves = [r[key] for r in runs if key in r]
-    length = min(len(c) for c in curves)
-    return [(statistics.mean(c[i][0] for c in curves), statistics.mean(c[i][1] for c in curves)) for i in range(length)]
-
-
-def mean_curve(runs: list[dict], key: str) -> list[tuple[float, float]]:
-    """The seeds' evaluation curves of metric ``key`` averaged point by point."""
-    return mean_points(runs, f"curve:{key}")
-
-
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [("task", "eval/exact_match", "built-in task: held-out greedy exact-match"),
               ("task", "eval_sampled/exact_match", "built-in task: sampled (T=1) exact-match"),
               ("smollm2", "eval/score", "SmolLM2 + VADER: held-out greedy score")]
@@ -188,13 +74,11 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xlabel("PPO seconds (evaluation excluded), mean over seeds")
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def report(results: dict) -> str:
-    lines = ["# Advantage estimators side by side", "", f"Command: `{results['command']}`  ",
-             f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", ""]
+    lines = header("Advantage estimators side by side", results)
     task = results.get("task")
     if task:
         lines += ["## Built-in task (learned reward model)", "",
@@ -260,11 +144,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.log"
     iterations, eval_size = (3, 100) if args.quick else (TASK_COMMON["iterations"], TASK_COMMON["eval_size"])
-    results = {"command": "python benchmarks/bench_estimators.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                          f"{torch.get_num_threads()} threads",
-               "date": time.strftime("%Y-%m-%d"), "note": args.note + (f"; {args.num_threads} torch thread(s) per run"
-                                                                        if args.num_threads else "")}
+    results = record(args.note + (f"; {args.num_threads} torch thread(s) per run" if args.num_threads else ""),
+                     unit="threads")
 
     if args.seeds:
         if args.report_only:
@@ -307,12 +188,8 @@ def main() -> None:
         if runs:
             results["smollm2"] = {"seeds": args.smollm2_seeds, "iterations": smol_iterations, "runs": runs}
 
-    results_dir = HERE / "results"
-    results_dir.mkdir(exist_ok=True)
-    (results_dir / "estimators.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, results_dir / "estimators.png")
-    (results_dir / "estimators.md").write_text(report(results))
-    print(report(results))
+    write_results("estimators", results, report(results), indent=1)
+    plot(results, RESULTS / "estimators.png")
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+from common import HERE, RESULTS, write_results
+
 DEMO_MODEL = {"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 42, "n_inner": None}
 
 
@@ -310,10 +310,7 @@ def main() -> None:
         here = results["by_threads"][str(threads)]["ppo_rlhf_same_work_s_per_iteration"]
         if here:  # measured in this run at this thread count: the figure to set against the floor
             results["by_threads"][str(threads)]["ratio_measured_to_floor"] = here / floor
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "floor.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "floor.md").write_text(report(results))
-    print(report(results))
+    write_results("floor", results, report(results))
 
 
 def report(r: dict) -> str:

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from common import ROOT, SMOLLM2, require_model, write_results
+
 CONFIGS = ROOT / "configs" / "accelerate"
 EXAMPLE = ROOT / "examples" / "smollm2_vader"
 STEPS, BATCH, MAX_LENGTH, NEW_TOKENS = 6, 8, 64, 32
@@ -113,7 +113,7 @@ def largest_difference(one: str, two: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(ROOT / "runs" / "smollm2-135m-instruct"))
+    parser.add_argument("--model", default=str(SMOLLM2))
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_fsdp_memory"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -127,8 +127,7 @@ def main() -> None:
     from bench_lora_memory import prepare
 
     model, work = Path(args.model), Path(args.work)
-    if not (model / "config.json").is_file():
-        raise SystemExit(f"{model}: no model folder; run `make smollm2` first")
+    require_model(model)
     work.mkdir(parents=True, exist_ok=True)
     prompts = [json.loads(line)["prompt"] for line in (EXAMPLE / "prompts.jsonl").open()]
     (work / "sft.jsonl").write_text("".join(json.dumps({"prompt": p, "completion": " It was a lovely day, and I "
@@ -148,8 +147,6 @@ def main() -> None:
     report = {"model": str(model), "parameters": parameters, "sft_steps": STEPS, "batch_size": BATCH,
               "max_length": MAX_LENGTH, "ppo_new_tokens": NEW_TOKENS, "torch": torch.__version__,
               "machine": platform.machine(), "cpus": os.cpu_count(), "runs": runs}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fsdp_memory.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Peak memory per process: data parallel against sharded (FSDP)", "",
              "Command: `python benchmarks/bench_fsdp_memory.py`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one torch thread per "
@@ -171,8 +168,7 @@ def main() -> None:
     for r in runs:
         lines.append(f"| {r['stage']} | {r['mode']} | {r['allocator']} | {' / '.join(f'{p:,}' for p in r['peak_mib_by_process'])} "
                      f"| {r['trained_state_mib']:,} | {r['stage_seconds']} | {r['largest_difference_to_data_parallel']:.2g} |")
-    (RESULTS / "fsdp_memory.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("fsdp_memory", report, lines)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset
 from ppo_rlhf.trainers.gym_ppo import train
 
+from common import write_results
+
 # Kept with the results so that the tuning behind the preset is on record (not recomputed here).
 PENDULUM_HISTORY = (
     "The first full run used the zoo's Pendulum settings unchanged (lr 1e-3, constant), which the zoo tunes "
@@ -125,7 +127,15 @@ def seed_row(row: dict) -> str:
             + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
 
 
-def write_markdown(path: Path, results: dict) -> None:
+def section(name: str, benchmark: dict, rollouts: str, target: str, sb3: str, ratio: str) -> list[str]:
+    """An environment's heading and its table of seeds."""
+    return [f"## {name}, {benchmark['total_steps']:,} env steps budget, {benchmark['runs'][0]['ours']['env_steps']:,} "
+            f"used (whole rollouts of {rollouts}) (target: {target})", "",
+            f"| seed | ppo-rlhf return | {sb3} | ppo-rlhf time (s) | SB3 time (s) | {ratio} |", "|---|---|---|---|---|---|",
+            *[seed_row(row) for row in benchmark["runs"]]]
+
+
+def markdown(results: dict) -> str:
     cp, pd, m = results["cartpole"], results["pendulum"], results["machine"]
     lines = [
         "# Gym PPO benchmark: ppo-rlhf vs Stable-Baselines3",
@@ -141,13 +151,8 @@ def write_markdown(path: Path, results: dict) -> None:
         f"(argmax / mean action) policy, mean over {cp['eval_episodes']} evaluation episodes per seed, on env seeds "
         f"the training never used. Wall time: the training loop only (rollouts + updates + logging), not evaluation.",
         "",
-        f"## CartPole-v1, {cp['total_steps']:,} env steps budget, {cp['runs'][0]['ours']['env_steps']:,} used "
-        "(whole rollouts of 8 x 32) (target: >= 475 for every seed)",
-        "",
-        "| seed | ppo-rlhf return | SB3 return | ppo-rlhf time (s) | SB3 time (s) | time ratio ppo-rlhf / SB3 |",
-        "|---|---|---|---|---|---|",
+        *section("CartPole-v1", cp, "8 x 32", ">= 475 for every seed", "SB3 return", "time ratio ppo-rlhf / SB3"),
     ]
-    lines += [seed_row(row) for row in cp["runs"]]
     sc = cp["summary"]
     passed = sum(r["ours"]["eval_mean_return"] >= 475 for r in cp["runs"])
     lines += [
@@ -159,13 +164,8 @@ def write_markdown(path: Path, results: dict) -> None:
         "",
         f"ppo-rlhf reaches >= 475 on **{passed} of {len(cp['runs'])}** seeds.",
         "",
-        f"## Pendulum-v1, {pd['total_steps']:,} env steps budget, {pd['runs'][0]['ours']['env_steps']:,} used "
-        "(whole rollouts of 4 x 1024) (target: mean return above -400)",
-        "",
-        "| seed | ppo-rlhf return | SB3 return (same settings, no gSDE) | ppo-rlhf time (s) | SB3 time (s) | ratio |",
-        "|---|---|---|---|---|---|",
+        *section("Pendulum-v1", pd, "4 x 1024", "mean return above -400", "SB3 return (same settings, no gSDE)", "ratio"),
     ]
-    lines += [seed_row(row) for row in pd["runs"]]
     ps = pd["summary"]
     passed = sum(r["ours"]["eval_mean_return"] > -400 for r in pd["runs"])
     lines += [
@@ -185,7 +185,7 @@ def write_markdown(path: Path, results: dict) -> None:
         f"`{results['runs_dir']}`; re-score a policy with `ppo-rlhf gym-eval {results['runs_dir']}/cartpole-seed1 --episodes 100`.",
         "",
     ]
-    path.write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -202,9 +202,8 @@ def main() -> int:
                         help="only redraw OUT/gym.md from the measurements in OUT/gym.json (no training)")
     args = parser.parse_args()
     if args.render_only:
-        out = Path(args.out)
-        write_markdown(out / "gym.md", json.loads((out / "gym.json").read_text()))
-        print((out / "gym.md").read_text())
+        results = json.loads((Path(args.out) / "gym.json").read_text())
+        write_results("gym", results, markdown(results), args.out)
         return 0
 
     torch.set_num_threads(1)  # both sides: tiny MLPs, one thread is fastest and fair
@@ -228,11 +227,7 @@ def main() -> int:
         "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()), "torch": torch.__version__,
         "gymnasium": gymnasium.__version__, "sb3": stable_baselines3.__version__, "python": platform.python_version(),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gym.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_markdown(out / "gym.md", results)
-    print((out / "gym.md").read_text())
+    write_results("gym", results, markdown(results), args.out)
     return 0
 
 

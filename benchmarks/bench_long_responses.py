@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import resource
@@ -37,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).parent
-RESULTS = HERE / "results"
-MODEL = HERE.parent / "runs" / "smollm2-135m-instruct"
+from common import HERE, RESULTS, SMOLLM2, write_results
+
+MODEL = SMOLLM2
 WAYS = {"before": {"padding_free": False, "fused_output_layer": False},
         "after": {"padding_free": True, "fused_output_layer": True}}
 
@@ -242,11 +241,7 @@ def main() -> None:
                    "tokens_per_s_ratio": round(after["tokens_per_s"] / before["tokens_per_s"], 2),
                    "update_peak_ratio": round(after["update_peak_mib"] / before["update_peak_mib"], 2),
                    "pg_loss_difference": abs(after["pg_loss"] - before["pg_loss"])}
-    RESULTS.mkdir(exist_ok=True)
-    results_file.write_text(json.dumps(summary, indent=2) + "\n")
-    text = report(summary)
-    (RESULTS / "long_responses.md").write_text(text)
-    print(text)
+    write_results("long_responses", summary, report(summary))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "smollm2_vader"
+from common import ROOT, command, require_model, write_results
+
+EXAMPLE = ROOT / "examples" / "smollm2_vader"
 MODES = ("four_models", "lora", "lora_shared")
 
 
@@ -120,8 +122,7 @@ def main() -> None:
                                args.max_new_tokens)))
         return
     base = Path(args.model).resolve()
-    if not (base / "config.json").is_file():
-        sys.exit(f"{base} is not a model folder; make it with: ppo-rlhf convert-gguf --out {args.model}")
+    require_model(base)
     results = []
     with tempfile.TemporaryDirectory(prefix="lora-memory-") as scratch:
         reward_model, reward_adapter = prepare(base, Path(scratch))
@@ -140,7 +141,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# LoRA on one base: peak memory of one PPO iteration",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_lora_memory.py` ({platform.machine()} CPU, "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` ({platform.machine()} CPU, "
         "float32, one torch thread).",
         f"Base: `{Path(args.model).name}`; batch of {args.batch_size} chat prompts from examples/smollm2_vader, "
         f"minibatch {args.batch_size // 2}, one PPO epoch, up to {args.max_new_tokens} new tokens sampled at "
@@ -164,10 +165,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
         "Target: LoRA at most 0.4x the four-model peak.",
         "",
     ]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lora_memory.md").write_text("\n".join(lines))
-    (out / "lora_memory.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    print("\n".join(lines))
+    write_results("lora_memory", {"args": vars(args), "results": results}, lines, out)
 
 
 if __name__ == "__main__":

@@ -22,24 +22,20 @@ reward at 0.05, no entropy term, 100 iterations.  Only the variant changes:
 Held-out greedy and sampled exact-match (500 prompts) every 10 iterations, against iterations and
 PPO seconds; the policy's entropy over training (clip-higher is meant to keep it from collapsing);
 response tokens generated per sequence that reached the update.  Each run is its own process
-(bench_estimators.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
+(common.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
-import time
 from pathlib import Path
 
-import torch
+from bench_estimators import GAE_CRITIC
+from common import (RESULTS, header, mean_points, pyplot, record, run_in_child, save_figure, spread, train_sft_and_rm,
+                    write_results)
 
-from bench_estimators import GAE_CRITIC, mean_points, run_in_child, spread, train_sft_and_rm
-
-HERE = Path(__file__).parent
 COMMON = {"task": "doubling", "do_sample": True, "max_new_tokens": 7, "max_length": 19, "batch_size": 64,
           "mini_batch_size": 32, "ppo_epochs": 4, "lr": 3e-4, "kl_coef": 0.05, "iterations": 100,
           "eval_every": 10, "eval_size": 500, "save_every": 0, "sample_every": 0}
@@ -56,7 +52,7 @@ VARIANTS = {
 
 
 def variant_figures(out: Path, figures: dict) -> dict:
-    """bench_estimators' figures, plus what the variants change: entropy, and tokens generated
+    """The figures of common.run_figures, plus what the variants change: entropy, and tokens generated
     per sequence that reached the update."""
     from ppo_rlhf.runlog import read_metrics
 
@@ -73,11 +69,7 @@ def variant_figures(out: Path, figures: dict) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [("greedy_by_iteration", "held-out greedy exact-match", "iteration"),
               ("curve:eval/exact_match", "held-out greedy exact-match", "PPO seconds (evaluation excluded)"),
               ("entropy", "policy entropy (nats per token)", "iteration")]
@@ -91,13 +83,11 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xlabel(xlabel)
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def report(results: dict) -> str:
-    lines = ["# Policy-loss variants side by side", "", f"Command: `{results['command']}`  ",
-             f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", "",
+    lines = [*header("Policy-loss variants side by side", results),
              f"Built-in task, rule reward. SFT model: {results['source']}; greedy exact-match before PPO "
              f"{results['sft_exact_match']:.2%}. Every run: 64 sequences per iteration, minibatch 32, 4 epochs, "
              f"lr 3e-4, k1 KL in the reward at 0.05, {results['iterations']} iterations; held-out "
@@ -142,10 +132,7 @@ def main() -> None:
                         help="torch threads per run (0: torch's default); 1 when other work shares the cores")
     args = parser.parse_args()
     if args.report_only:
-        results = json.loads((HERE / "results" / "loss_variants.json").read_text())
-        plot(results, HERE / "results" / "loss_variants.png")
-        (HERE / "results" / "loss_variants.md").write_text(report(results))
-        return print(report(results))
+        return write(json.loads((RESULTS / "loss_variants.json").read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.log"
@@ -164,19 +151,16 @@ def main() -> None:
             values = {**COMMON, **VARIANTS[variant], "seed": seed, "model": sft, "out": str(run_out),
                       "iterations": iterations, "eval_size": eval_size, "overwrite": True}
             runs[variant].append(variant_figures(run_out, run_in_child(values, log, args.num_threads)))
-    results = {"command": "python benchmarks/bench_loss_variants.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                          f"{torch.get_num_threads()} threads",
-               "date": time.strftime("%Y-%m-%d"),
-               "note": args.note + (f"; {args.num_threads} torch thread(s) per run" if args.num_threads else ""),
+    results = {**record(args.note + (f"; {args.num_threads} torch thread(s) per run" if args.num_threads else ""),
+                        unit="threads"),
                "source": source, "seeds": args.seeds, "iterations": iterations, "eval_size": eval_size,
                "sft_exact_match": runs[args.variants[0]][0]["before"]["eval/exact_match"], "runs": runs}
-    results_dir = HERE / "results"
-    results_dir.mkdir(exist_ok=True)
-    (results_dir / "loss_variants.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, results_dir / "loss_variants.png")
-    (results_dir / "loss_variants.md").write_text(report(results))
-    print(report(results))
+    write(results)
+
+
+def write(results: dict) -> None:
+    write_results("loss_variants", results, report(results), indent=1)
+    plot(results, RESULTS / "loss_variants.png")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from bench_lora_memory import memory_kib, prepare, reset_peak
+from common import ROOT, checkouts, command, require_model, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "smollm2_vader"
 BATCH, MINIBATCH = 16, 8
 
@@ -135,40 +135,32 @@ def main() -> None:
                               args.gradient_checkpointing)))
         return
     base = Path(args.model).resolve()
-    if not (base / "config.json").is_file():
-        sys.exit(f"{base} is not a model folder; make it with: ppo-rlhf convert-gguf --out {args.model}")
+    require_model(base)
     results: list[dict] = []
     saved = Path(args.out) / "memory.json"
     if args.keep and saved.is_file():
         results = json.loads(saved.read_text())["results"]
-    with tempfile.TemporaryDirectory(prefix="memory-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="memory-") as scratch, \
+            checkouts([args.before] if args.before else [], scratch) as trees:
         reward_model, _ = prepare(base, Path(scratch))
-        before = None
-        if args.before:
-            before = Path(scratch) / "before"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), args.before],
-                           check=True, capture_output=True)
-        try:
-            runs = [(args.before, before, length, None, False) for length in args.compare_lengths] if before else []
-            runs += [("now", ROOT, length, None, False) for length in args.compare_lengths]
-            runs += [("now", ROOT, length, args.micro_batch, False) for length in args.lengths]
-            if args.gradient_checkpointing:
-                runs += [("now", ROOT, length, args.micro_batch, True) for length in args.lengths]
-            for label, code, length, micro, checkpointing in runs:
-                rollout_micro = micro if micro and micro < BATCH else None
-                train_micro = None
-                if rollout_micro:
-                    train_micro = args.train_micro or min(rollout_micro, MINIBATCH)
-                key = (label, length, rollout_micro, train_micro, checkpointing)
-                if any(row_key(r) == key for r in results):
-                    continue
-                result = run_child(code, base, reward_model, length, rollout_micro, train_micro, checkpointing)
-                results.append({"label": label, **result, "measured": time.strftime("%Y-%m-%d")})
-                print(json.dumps(results[-1]), flush=True)
-                write_report(results, args, Path(args.out))  # after every run: a long run is never lost
-        finally:
-            if before:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False)
+        before = trees.get(args.before)
+        runs = [(args.before, before, length, None, False) for length in args.compare_lengths] if before else []
+        runs += [("now", ROOT, length, None, False) for length in args.compare_lengths]
+        runs += [("now", ROOT, length, args.micro_batch, False) for length in args.lengths]
+        if args.gradient_checkpointing:
+            runs += [("now", ROOT, length, args.micro_batch, True) for length in args.lengths]
+        for label, code, length, micro, checkpointing in runs:
+            rollout_micro = micro if micro and micro < BATCH else None
+            train_micro = None
+            if rollout_micro:
+                train_micro = args.train_micro or min(rollout_micro, MINIBATCH)
+            key = (label, length, rollout_micro, train_micro, checkpointing)
+            if any(row_key(r) == key for r in results):
+                continue
+            result = run_child(code, base, reward_model, length, rollout_micro, train_micro, checkpointing)
+            results.append({"label": label, **result, "measured": time.strftime("%Y-%m-%d")})
+            print(json.dumps(results[-1]), flush=True)
+            write_report(results, args, Path(args.out))  # after every run: a long run is never lost
 
 
 def row_key(result: dict) -> tuple:
@@ -184,10 +176,8 @@ def write_report(results: list[dict], args, out: Path) -> None:
     lines = [
         "# Peak memory of one PPO iteration against response length and micro-batch size",
         "",
-        f"Measured {', '.join(sorted({r.get('measured', '?') for r in results}))} by `python benchmarks/bench_memory.py"
-        + (f" --before {args.before}" if args.before else "")
-        + (" --gradient-checkpointing" if args.gradient_checkpointing else "")
-        + f"` ({platform.machine()} CPU, float32, one torch thread; rows of an earlier run kept with `--keep`).",
+        f"Measured {', '.join(sorted({r.get('measured', '?') for r in results}))} by `{command()}` "
+        f"({platform.machine()} CPU, float32, one torch thread; rows of an earlier run kept with `--keep`).",
         f"`{Path(args.model).name}` as four full models (actor and separate critic trained with AdamW, frozen "
         f"reference and reward model), batch {BATCH} chat prompts, minibatch {MINIBATCH}, one epoch, every response "
         "exactly the length shown. Peak: resident high-water mark over the iteration; above models: the peak less "
@@ -207,9 +197,7 @@ def write_report(results: list[dict], args, out: Path) -> None:
         lines.append(row)
     lines += ["", f"Baseline (Python, torch and transformers imported, no model): {results[0]['baseline_mib']:.0f} MiB; "
               f"models loaded: {results[0]['loaded_mib']:,.0f} MiB.", ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "memory.md").write_text("\n".join(lines))
-    (out / "memory.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    write_results("memory", {"args": vars(args), "results": results}, lines, out, echo=False)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ What runs (docs in benchmarks/results/peers.md):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -34,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+from common import (HERE, peer_arguments, peer_env, pyplot, read_jsonl, right_padded, run_peer, save_figure,
+                    seconds_at, versions, write_results)
+
 PIPELINE_SEED = 0  # the SFT / reward-model pipeline, and the task's prompt split, of every run
 EVAL_SAMPLING_SEED = 0  # one sampling stream for every sampled evaluation
 
@@ -154,22 +153,13 @@ def logits_check(pipeline: Path, trl_python: str, work: Path, n_prompts: int = 1
     generator = TorchGenerator(stop_token_ids(tokenizer, policy), tokenizer.pad_token_id, task.max_new_tokens,
                                do_sample=True, seed=0)
     out = generate_responses(policy, tokenizer, generator, prompts, task.max_prompt_length)
-    rows = []
-    for i in range(len(prompts)):
-        prompt = out.sequences.prompt_ids[i][out.sequences.prompt_mask[i].bool()]
-        response = out.sequences.response_ids[i][out.sequences.response_mask[i].bool()]
-        rows.append(torch.cat([prompt, response]))
-    length = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, row in enumerate(rows):  # right-padded, as TRL's step() pads them
-        input_ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    input_ids, mask = right_padded(out, tokenizer.pad_token_id)  # as TRL's step() pads them
     texts = [p + r for p, r in zip(prompts, out.texts)]
     work.mkdir(parents=True, exist_ok=True)
     torch.save({"input_ids": input_ids, "attention_mask": mask, "texts": texts}, work / "check_inputs.pt")
     command = [trl_python, str(HERE / "peers" / "trl_ppo.py"), "check", "--sft", str(sft_dir), "--reward",
                str(rm_dir), "--inputs", str(work / "check_inputs.pt"), "--out", str(work / "check_trl.pt")]
-    subprocess.run(command, check=True, env=subprocess_env(ppo_rlhf=False), stderr=subprocess.DEVNULL)
+    subprocess.run(command, check=True, env=peer_env(ppo_rlhf=False), stderr=subprocess.DEVNULL)
     theirs = torch.load(work / "check_trl.pt")
     with torch.no_grad():
         ours = policy(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
@@ -179,7 +169,7 @@ def logits_check(pipeline: Path, trl_python: str, work: Path, n_prompts: int = 1
     reward_diff = (our_scores - theirs["reward_logits"]).abs().max().item()
     ids_equal = theirs["encoded"] == [tokenizer(t)["input_ids"] for t in texts]
     tolerance = 1e-4
-    result = {"sequences": len(rows), "positions": int(attended.sum()), "policy_logits_max_abs_diff": logits_diff,
+    result = {"sequences": len(input_ids), "positions": int(attended.sum()), "policy_logits_max_abs_diff": logits_diff,
               "reward_logits_max_abs_diff": reward_diff, "tokenizer_ids_equal": ids_equal,
               "tolerance": tolerance, "passed": logits_diff <= tolerance and reward_diff <= tolerance and ids_equal,
               "trl_side": theirs["versions"],
@@ -212,23 +202,8 @@ def evaluate_policies(run_dir: Path, eval_size: int) -> list[dict]:
 
 
 # ---------------------------------------------------------------- running
-def subprocess_env(ppo_rlhf: bool = True) -> dict:
-    """The environment of a run: ppo-rlhf's sources on the path of its own runs only (TRL's
-    virtual environment must not see them)."""
-    env = dict(os.environ)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT / "src"]
-    env["PYTHONPATH"] = os.pathsep.join(([str(ROOT / "src")] if ppo_rlhf else []) + paths)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
-
-
 def run_one(row: str, seed: int, args, pipeline: Path, prompts_file: Path) -> Path:
     run_dir = Path(args.out) / "runs" / f"{row}-seed{seed}"
-    if run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
     settings = {"out": str(run_dir), "save_every": args.eval_every, "seed": seed}
     if ROWS[row]["system"] == "ppo-rlhf":
         settings["ppo"] = ppo_rlhf_settings(row, pipeline, seed, args.iterations, args.threads)
@@ -241,22 +216,10 @@ def run_one(row: str, seed: int, args, pipeline: Path, prompts_file: Path) -> Pa
                          "iterations": args.iterations, "max_new_tokens": task_of_pipeline().max_new_tokens,
                          "threads": args.threads})
         command = [args.trl_python, str(HERE / "peers" / "trl_ppo.py"), "train"]
-    (run_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
-    load_before = os.getloadavg()
-    start = time.perf_counter()
-    with open(run_dir / "log.txt", "w") as log:
-        subprocess.run(command + ["--settings", str(run_dir / "settings.json")], check=True,
-                       env=subprocess_env(ROWS[row]["system"] == "ppo-rlhf"),
-                       stdout=log, stderr=subprocess.STDOUT)
-    process_seconds = time.perf_counter() - start
-    result = json.loads((run_dir / "result.json").read_text())
-    result.update({"row": row, "seed": seed, "process_seconds": process_seconds,
-                   "load_average_before": load_before, "load_average_after": os.getloadavg()})
-    (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    start = time.perf_counter()
-    evaluations = evaluate_policies(run_dir, args.eval_size)
-    (run_dir / "evaluations.json").write_text(json.dumps(evaluations, indent=2) + "\n")
-    print(f"  {row} seed {seed}: {process_seconds:.0f} s process, evaluated in {time.perf_counter() - start:.0f} s; "
+    process_seconds, evaluations, evaluation_seconds = run_peer(
+        run_dir, command, settings, peer_env(ROWS[row]["system"] == "ppo-rlhf"),
+        lambda folder: evaluate_policies(folder, args.eval_size), row=row, seed=seed)
+    print(f"  {row} seed {seed}: {process_seconds:.0f} s process, evaluated in {evaluation_seconds:.0f} s; "
           f"final greedy {100 * evaluations[-1]['eval/exact_match']:.2f}%, sampled "
           f"{100 * evaluations[-1]['sampled/exact_match']:.2f}%", flush=True)
     return run_dir
@@ -268,19 +231,12 @@ THRESHOLDS = {"s_to_99_greedy": ("eval/exact_match", 0.99), "s_to_99_5_greedy": 
 SPLIT = ("generate", "score", "forward", "train", "other")
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def run_figures(run_dir: Path) -> dict:
     iterations = read_jsonl(run_dir / "metrics.jsonl")
     evaluations = json.loads((run_dir / "evaluations.json").read_text())
     result = json.loads((run_dir / "result.json").read_text())
-    elapsed, seconds_at = 0.0, {0: 0.0}
-    for record in iterations:
-        elapsed += record["time/iteration"]
-        seconds_at[record["iteration"]] = elapsed
-    curve = [{"iteration": p["iteration"], "seconds": seconds_at[p["iteration"]],
+    elapsed, at = seconds_at(iterations)
+    curve = [{"iteration": p["iteration"], "seconds": at[p["iteration"]],
               "greedy": p["eval/exact_match"], "sampled": p["sampled/exact_match"],
               "greedy_value": p.get("eval/value_correct"), "greedy_style": p.get("eval/style_correct")}
              for p in evaluations]
@@ -294,7 +250,7 @@ def run_figures(run_dir: Path) -> dict:
                "final_greedy": curve[-1]["greedy"], "final_sampled": curve[-1]["sampled"], "curve": curve}
     for name, (key, threshold) in THRESHOLDS.items():
         point = next((p for p in evaluations if p[key] >= threshold), None)
-        figures[name] = None if point is None else seconds_at[point["iteration"]]
+        figures[name] = None if point is None else at[point["iteration"]]
         figures[name.replace("s_to", "iteration_to")] = None if point is None else point["iteration"]
     return figures
 
@@ -332,6 +288,19 @@ def fmt_range(s, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     if s["min"] == s["max"]:
         return f"{scale * s['median']:.{digits}f}{unit}"
     return f"{scale * s['median']:.{digits}f}{unit} ({scale * s['min']:.{digits}f}–{scale * s['max']:.{digits}f})"
+
+
+def loading_check(check: dict) -> str:
+    """The report's paragraph on the loading check."""
+    same_ids = "the same" if check["tokenizer_ids_equal"] else "DIFFERENT"
+    return (f"TRL ({versions(check['trl_side'])}) loads the transformers-{check['ppo_rlhf_side']['transformers']} "
+            f"folders ppo-rlhf wrote: on {check['sequences']} sampled prompt + response sequences "
+            f"({check['positions']} positions), the largest policy-logit difference is "
+            f"{check['policy_logits_max_abs_diff']:.1e} and the largest reward-logit difference "
+            f"{check['reward_logits_max_abs_diff']:.1e} (tolerance {check['tolerance']:g}); the two tokenizers give "
+            f"{same_ids} ids: **{'passed' if check['passed'] else 'FAILED'}**. config.json and model.safetensors "
+            "load as they are; the tokenizer is built from tokenizer.json, because tokenizer_config.json names a "
+            "transformers-5 class (`TokenizersBackend`).")
 
 
 def report(results: dict) -> str:
@@ -388,19 +357,8 @@ def report(results: dict) -> str:
               "`step` calls `.to` on it). Neither system's early stop is on. TRL's value head keeps its own "
               "initialisation (PyTorch's Linear default); ppo-rlhf's starts near 0 (std 1/(H+1)). TRL trains with "
               "Adam, ppo-rlhf with AdamW at weight decay 0: the same update."]
-    check = results.get("logits_check")
-    if check:
-        lines += ["", "## Loading check", "",
-                  f"TRL (torch {check['trl_side']['torch']}, transformers {check['trl_side']['transformers']}, trl "
-                  f"{check['trl_side']['trl']}) loads the transformers-{check['ppo_rlhf_side']['transformers']} folders "
-                  f"ppo-rlhf wrote: on {check['sequences']} sampled prompt + response sequences ({check['positions']} "
-                  f"positions), the largest policy-logit difference is {check['policy_logits_max_abs_diff']:.1e} and "
-                  f"the largest reward-logit difference {check['reward_logits_max_abs_diff']:.1e} (tolerance "
-                  f"{check['tolerance']:g}); the two tokenizers give "
-                  f"{'the same' if check['tokenizer_ids_equal'] else 'DIFFERENT'} ids: "
-                  f"**{'passed' if check['passed'] else 'FAILED'}**. config.json and model.safetensors load as they "
-                  f"are; the tokenizer is built from tokenizer.json, because tokenizer_config.json names a "
-                  f"transformers-5 class (`TokenizersBackend`)."]
+    if results.get("logits_check"):
+        lines += ["", "## Loading check", "", loading_check(results["logits_check"])]
     same = results.get("same_prompts")
     if same:
         lines += ["", f"Same prompts: the first batch of ppo-rlhf's same-work run and of TRL's same-settings run "
@@ -423,11 +381,7 @@ def report(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colours = {"ppo-rlhf-same": "tab:blue", "trl-same": "tab:orange", "trl-example": "tab:red",
                "ppo-rlhf-preset": "tab:green"}
     figure, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
@@ -447,41 +401,24 @@ def plot(results: dict, path: Path) -> None:
     axes[0].legend(loc="lower right", fontsize=8)
     figure.suptitle(f"ppo-rlhf and TRL 0.11.4, one line per run (seeds {', '.join(map(str, results['seeds']))}); "
                     f"{results['machine_short']}", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 # ---------------------------------------------------------------- main
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/peers", help="run folders (default runs/peers)")
-    parser.add_argument("--pipeline", default=None, help="a demo run folder holding sft/ and rm/ to start from "
-                                                         "(default: OUT/pipeline, made once)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", default=ROW_ORDER, choices=ROW_ORDER)
-    parser.add_argument("--iterations", type=int, default=160)
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--eval-size", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads in every run (0: torch's default, one per core); 1 when other jobs run")
-    parser.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
-    parser.add_argument("--quick", action="store_true", help="validation: 1 seed, 20 iterations, 200 prompts; "
-                                                             "runs and results (peers.md/json/png) in OUT-quick")
-    parser.add_argument("--report-only", action="store_true", help="redo the tables and the plot from the run folders")
-    parser.add_argument("--note", action="append", default=[], help="a line added to the report (e.g. the machine's load)")
-    args = parser.parse_args()
-    results_dir = RESULTS
-    if args.quick:  # its results stay in its run folder: they are a check that everything runs, not figures
-        args.seeds, args.iterations, args.eval_every, args.eval_size = args.seeds[:1], 20, 10, 200
-        args.out = args.out.rstrip("/") + "-quick"
-        results_dir = Path(args.out)
+    def own(parser) -> None:
+        parser.add_argument("--pipeline", default=None, help="a demo run folder holding sft/ and rm/ to start from "
+                                                             "(default: OUT/pipeline, made once)")
+        parser.add_argument("--rows", nargs="+", default=ROW_ORDER, choices=ROW_ORDER)
+
+    args, results_dir = peer_arguments(
+        __doc__, "runs/peers", [0, 1, 2], 160, 10, 2000, 0,
+        "torch threads in every run (0: torch's default, one per core); 1 when other jobs run", ".venv-trl",
+        "`make bench-peers` builds .venv-trl (torch==2.13.0, then trl==0.11.4 and its pins)", (20, 10, 200),
+        "validation: 1 seed, 20 iterations, 200 prompts; runs and results (peers.md/json/png) in OUT-quick", own)
     out = Path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not Path(args.trl_python).exists():
-        sys.exit(f"{args.trl_python} not found: `make bench-peers` builds .venv-trl (torch==2.13.0, then trl==0.11.4 "
-                 f"and its pins)")
     pipeline = Path(args.pipeline) if args.pipeline else out / "pipeline"
     state_file = out / "bench_state.json"
     if args.report_only:
@@ -536,12 +473,8 @@ def main() -> None:
         "logits_check": state.get("logits_check"), "same_prompts": same_prompts,
         "rows": summarise(runs), "runs": runs, "notes": args.note,
     }
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "peers.json").write_text(json.dumps(results, indent=2) + "\n")
-    (results_dir / "peers.md").write_text(report(results))
+    write_results("peers", results, report(results), results_dir)
     plot(results, results_dir / "peers.png")
-    print(f"written: {results_dir / 'peers.md'}, peers.json, peers.png")
-    print(report(results))
 
 
 if __name__ == "__main__":

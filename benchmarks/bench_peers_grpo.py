@@ -30,11 +30,9 @@ What runs (the settings are in SAME_WORK and the report lists what could not be 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -44,11 +42,10 @@ from pathlib import Path
 import torch
 
 from bench_reasoning import COMMON, ESTIMATORS, TRAIN_TASKS
+from common import (HERE, SMOLLM2, median_range, peer_arguments, peer_env, pyplot, read_jsonl, require_model,
+                    right_padded, run_peer, save_figure, seconds_at, versions, write_results)
 
 GRPO = ESTIMATORS["grpo"]
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
 SYSTEMS = ("ppo-rlhf", "trl", "ppo-rlhf.trl")
 NAMES = {"ppo-rlhf": "ppo-rlhf grpo", "trl": "TRL 1.16 GRPOTrainer",
          "ppo-rlhf.trl": "TRL's script through ppo_rlhf.trl"}
@@ -161,16 +158,7 @@ def logits_check(task_settings: dict, work: dict, model_dir: str, trl_python: st
                                do_sample=True, seed=0)
     out = generate_responses(policy, tokenizer, generator, [row["prompt"] for row in rows],
                              work["max_length"] - work["max_new_tokens"], chat_template=True)
-    sequences = []
-    for i in range(len(rows)):
-        prompt = out.sequences.prompt_ids[i][out.sequences.prompt_mask[i].bool()]
-        response = out.sequences.response_ids[i][out.sequences.response_mask[i].bool()]
-        sequences.append(torch.cat([prompt, response]))
-    length = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for i, s in enumerate(sequences):  # right-padded, as TRL's forward passes take them
-        input_ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    input_ids, mask = right_padded(out, tokenizer.pad_token_id)
     task_index = [row["task_index"] for row in rows]
     our_rewards = task.rule_reward(texts, out.texts, task_index)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -180,7 +168,7 @@ def logits_check(task_settings: dict, work: dict, model_dir: str, trl_python: st
                 "task": task_settings}
     (work_dir / "check.json").write_text(json.dumps(settings, indent=2) + "\n")
     subprocess.run([trl_python, str(HERE / "peers" / "trl_grpo.py"), "check", "--settings", str(work_dir / "check.json")],
-                   check=True, env=subprocess_env(ppo_rlhf=False))
+                   check=True, env=peer_env(ppo_rlhf=False, threads=1))
     theirs = torch.load(work_dir / "check_trl.pt")
     with torch.no_grad():
         ours = policy(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
@@ -189,7 +177,7 @@ def logits_check(task_settings: dict, work: dict, model_dir: str, trl_python: st
     ids_equal = theirs["prompt_ids"] == our_prompt_ids
     rewards_equal = list(theirs["rewards"]) == list(our_rewards)
     tolerance = 1e-4
-    result = {"sequences": len(sequences), "positions": int(attended.sum()), "logits_max_abs_diff": diff,
+    result = {"sequences": len(input_ids), "positions": int(attended.sum()), "logits_max_abs_diff": diff,
               "logits_bitwise_equal": bool(torch.equal(ours[attended], theirs["logits"][attended])),
               "prompt_ids_equal": ids_equal, "rewards_equal": rewards_equal, "rewards": our_rewards,
               "tolerance": tolerance, "passed": diff <= tolerance and ids_equal and rewards_equal,
@@ -235,17 +223,6 @@ class Judge:
 
 
 # ---------------------------------------------------------------- running
-def subprocess_env(ppo_rlhf: bool = True, threads: int = 1) -> dict:
-    """ppo-rlhf's sources on the path of its own runs only (trl_grpo.py adds the one pure-Python
-    module it imports itself); OMP threads as torch's."""
-    env = dict(os.environ)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT / "src"]
-    env["PYTHONPATH"] = os.pathsep.join(([str(ROOT / "src")] if ppo_rlhf else []) + paths)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["OMP_NUM_THREADS"] = str(threads)
-    return env
-
-
 def runs_of_other_seeds(state_file: Path, plan: dict, seeds: list[int]) -> list[str]:
     """The finished runs of an earlier invocation into the same folder, for seeds not run again now,
     where it ran the same plan (task, work, iterations, evaluations): a seed per sitting adds up to
@@ -283,9 +260,6 @@ def recorded_runs(results_file: Path, plan: dict, seeds: set[int]) -> list[dict]
 
 def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Path, judge: Judge) -> Path:
     run_dir = Path(args.out) / "runs" / f"{system}-seed{seed}"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
     settings = {"out": str(run_dir), "save_every": args.eval_every, "seed": seed, "iterations": args.iterations,
                 "threads": args.threads, "prompts_file": str(prompts_file)}
     if system == "ppo-rlhf":
@@ -296,43 +270,23 @@ def run_one(system: str, seed: int, args, task_settings: dict, prompts_file: Pat
         settings.update({"model": args.model, "prompts": str(prompts_file), "task": task_settings, "work": SAME_WORK})
         command = ([args.trl_python, str(HERE / "peers" / "trl_grpo.py"), "train"] if system == "trl" else
                    [sys.executable, str(HERE / "peers" / "trl_grpo.py"), "train", "--trainer", "ppo_rlhf.trl"])
-    (run_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
-    load_before = os.getloadavg()
-    start = time.perf_counter()
-    with open(run_dir / "log.txt", "w") as log:
-        done = subprocess.run(command + ["--settings", str(run_dir / "settings.json")],
-                              env=subprocess_env(system != "trl", args.threads), stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode:
-        sys.exit(f"{system} seed {seed} failed (exit {done.returncode}); its log: {run_dir / 'log.txt'}")
-    process_seconds = time.perf_counter() - start
-    result = json.loads((run_dir / "result.json").read_text())
-    result.update({"system": system, "seed": seed, "process_seconds": process_seconds,
-                   "load_average_before": load_before, "load_average_after": os.getloadavg()})
-    (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    start = time.perf_counter()
-    evaluations = judge(run_dir)
-    (run_dir / "evaluations.json").write_text(json.dumps(evaluations, indent=2) + "\n")
+    process_seconds, evaluations, evaluation_seconds = run_peer(
+        run_dir, command, settings, peer_env(system != "trl", args.threads), judge, system=system, seed=seed)
     seconds = [r["time/iteration"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     print(f"  {system} seed {seed}: {statistics.median(seconds):.2f} s/iteration (median), train "
-          f"{sum(seconds):.0f} s, process {process_seconds:.0f} s, evaluation {time.perf_counter() - start:.0f} s; "
+          f"{sum(seconds):.0f} s, process {process_seconds:.0f} s, evaluation {evaluation_seconds:.0f} s; "
           f"greedy accuracy {100 * evaluations[0]['eval/accuracy']:.1f}% -> {100 * evaluations[-1]['eval/accuracy']:.1f}%",
           flush=True)
     return run_dir
 
 
 # ---------------------------------------------------------------- figures
-from bench_peers import read_jsonl  # noqa: E402 -- one reader for both peer benchmarks
-
-
 def run_figures(run_dir: Path) -> dict:
     iterations = read_jsonl(run_dir / "metrics.jsonl")
     evaluations = json.loads((run_dir / "evaluations.json").read_text())
     result = json.loads((run_dir / "result.json").read_text())
-    elapsed, seconds_at = 0.0, {0: 0.0}
-    for record in iterations:
-        elapsed += record["time/iteration"]
-        seconds_at[record["iteration"]] = elapsed
-    curve = [{"iteration": p["iteration"], "seconds": seconds_at[p["iteration"]], "accuracy": p["eval/accuracy"],
+    elapsed, at = seconds_at(iterations)
+    curve = [{"iteration": p["iteration"], "seconds": at[p["iteration"]], "accuracy": p["eval/accuracy"],
               "task_score": p.get("eval/task_score"), "answer_format": p.get("eval/answer_format")} for p in evaluations]
     same_prompts = None  # every iteration's prompts (task indices, K copies each) those of the prompt file
     settings = json.loads((run_dir / "settings.json").read_text())
@@ -405,16 +359,6 @@ def facade_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    m = statistics.median(values)
-    if min(values) == max(values):
-        return f"{scale * m:.{digits}f}{unit}"
-    return f"{scale * m:.{digits}f}{unit} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
-
-
 def threads_text(runs: list[dict]) -> str:
     """The torch threads the runs used, for the report's prose ("2 torch threads")."""
     counts = sorted({r["threads"] for r in runs if r.get("threads")})
@@ -451,11 +395,11 @@ def report(results: dict) -> str:
     for system in SYSTEMS:
         mine = [r for r in runs if r["system"] == system]
         if mine:
-            lines.append(f"| {NAMES[system]} | {spread([r['s_per_iteration_median'] for r in mine], digits=3)} | "
-                         f"{spread([r.get('cpu_s_per_iteration_median') for r in mine], digits=3)} | "
-                         f"{spread([r['train_seconds'] for r in mine], digits=0)} | "
-                         f"{spread([r['start_accuracy'] for r in mine], 100, 1, '%')} | "
-                         f"{spread([r['final_accuracy'] for r in mine], 100, 1, '%')} |")
+            lines.append(f"| {NAMES[system]} | {median_range([r['s_per_iteration_median'] for r in mine], digits=3)} | "
+                         f"{median_range([r.get('cpu_s_per_iteration_median') for r in mine], digits=3)} | "
+                         f"{median_range([r['train_seconds'] for r in mine], digits=0)} | "
+                         f"{median_range([r['start_accuracy'] for r in mine], 100, 1, '%')} | "
+                         f"{median_range([r['final_accuracy'] for r in mine], 100, 1, '%')} |")
     lines += ["", "CPU s/iteration: the run process's CPU seconds (all its threads) per iteration, median; less "
                   "disturbed by other jobs than the wall seconds are (it still grows under contention, through caches "
                   "and memory bandwidth), and with several threads it also counts their waits.",
@@ -507,10 +451,8 @@ def report(results: dict) -> str:
     check = results.get("logits_check")
     if check:
         lines += ["", "## Loading check", "",
-                  f"The base model loaded in each environment (ppo-rlhf: torch {check['ppo_rlhf_side']['torch']}, "
-                  f"transformers {check['ppo_rlhf_side']['transformers']}, peft {check['ppo_rlhf_side']['peft']}; TRL "
-                  f"side: torch {check['trl_side']['torch']}, transformers {check['trl_side']['transformers']}, trl "
-                  f"{check['trl_side']['trl']}, peft {check['trl_side']['peft']}) on the same {check['sequences']} "
+                  f"The base model loaded in each environment (ppo-rlhf: {versions(check['ppo_rlhf_side'])}; TRL side: "
+                  f"{versions(check['trl_side'])}) on the same {check['sequences']} "
                   f"sampled prompt + response sequences ({check['positions']} positions): largest logit difference "
                   f"{check['logits_max_abs_diff']:.1e} ({'bitwise equal' if check['logits_bitwise_equal'] else 'not bitwise equal'}); "
                   f"TRL's tokenisation of the prompt strings gives {'the same' if check['prompt_ids_equal'] else 'DIFFERENT'} "
@@ -545,11 +487,7 @@ def report(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colours = {"ppo-rlhf": "tab:blue", "trl": "tab:orange", "ppo-rlhf.trl": "tab:green"}
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     labelled = set()
@@ -569,48 +507,29 @@ def plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     figure.suptitle(f"ppo-rlhf grpo and TRL 1.16 GRPOTrainer, {results['task']['name']}, one line per run; "
                     f"{results['machine_short']}", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 # ---------------------------------------------------------------- main
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/peers_grpo", help="run folders (default runs/peers_grpo)")
-    parser.add_argument("--model", default=str(ROOT / "runs" / "smollm2-135m-instruct"),
-                        help="the model folder (make smollm2)")
-    parser.add_argument("--task", default=None, help=f"reasoning-gym task name (default {DEFAULT_TASK}, with "
-                                                     f"bench_reasoning.py's generator settings)")
-    parser.add_argument("--task-config", default=None, help="the generator's settings, key=value,... (default: the "
-                                                            "task's in bench_reasoning.py)")
-    parser.add_argument("--task-size", type=int, default=None, help="training problems generated (default: "
-                                                                            "bench_reasoning.py's for the task)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--iterations", type=int, default=GRPO_ITERATIONS)
-    parser.add_argument("--eval-every", type=int, default=GRPO_ITERATIONS // 4)
-    parser.add_argument("--eval-size", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="torch threads in every run (default: every core; the runs take turns, one at a time)")
-    parser.add_argument("--trl-python", default=str(ROOT / ".venv-trl116" / "bin" / "python"))
-    parser.add_argument("--quick", action="store_true", help="validation: 1 seed, 4 iterations, 8 held-out problems; "
-                                                             "runs and results in OUT-quick")
-    parser.add_argument("--report-only", action="store_true", help="redo the tables and the plot from the run folders")
-    parser.add_argument("--note", action="append", default=[], help="a line added to the report (e.g. the load)")
-    args = parser.parse_args()
-    results_dir = RESULTS
-    if args.quick:  # a check that everything runs, not figures: its results stay in its run folder
-        args.seeds, args.iterations, args.eval_every, args.eval_size = args.seeds[:1], 4, 2, 8
-        args.out = args.out.rstrip("/") + "-quick"
-        results_dir = Path(args.out)
+    def own(parser) -> None:
+        parser.add_argument("--model", default=str(SMOLLM2), help="the model folder (make smollm2)")
+        parser.add_argument("--task", default=None, help=f"reasoning-gym task name (default {DEFAULT_TASK}, with "
+                                                         f"bench_reasoning.py's generator settings)")
+        parser.add_argument("--task-config", default=None, help="the generator's settings, key=value,... (default: "
+                                                                "the task's in bench_reasoning.py)")
+        parser.add_argument("--task-size", type=int, default=None, help="training problems generated (default: "
+                                                                        "bench_reasoning.py's for the task)")
+
+    args, results_dir = peer_arguments(
+        __doc__, "runs/peers_grpo", [0, 1], GRPO_ITERATIONS, GRPO_ITERATIONS // 4, 200, os.cpu_count(),
+        "torch threads in every run (default: every core; the runs take turns, one at a time)", ".venv-trl116",
+        "make trl116-venv builds .venv-trl116 (torch==2.13.0, then trl==1.16.0, peft and reasoning-gym)", (4, 2, 8),
+        "validation: 1 seed, 4 iterations, 8 held-out problems; runs and results in OUT-quick", own)
     args.model = str(Path(args.model).resolve())
     out = Path(args.out)
     torch.set_num_threads(args.threads)
-    if not (Path(args.model) / "config.json").is_file():
-        sys.exit(f"{args.model} is not a model folder: make smollm2 makes it")
-    if not Path(args.trl_python).exists():
-        sys.exit(f"{args.trl_python} not found: make trl116-venv builds .venv-trl116 (torch==2.13.0, then trl==1.16.0, "
-                 f"peft and reasoning-gym)")
+    require_model(args.model)
     state_file = out / "bench_state.json"
     if args.report_only:
         state = json.loads(state_file.read_text())
@@ -660,12 +579,8 @@ def main() -> None:
         "logits_check": state.get("logits_check"), "targets": targets(runs), "facade": facade_rows(runs),
         "runs": runs, "notes": args.note,
     }
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "peers_grpo.json").write_text(json.dumps(results, indent=2) + "\n")
-    (results_dir / "peers_grpo.md").write_text(report(results))
+    write_results("peers_grpo", results, report(results), results_dir)
     plot(results, results_dir / "peers_grpo.png")
-    print(f"written: {results_dir / 'peers_grpo.md'}, peers_grpo.json, peers_grpo.png")
-    print(report(results))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.demo import DemoConfig, run_demo, stage_configs
 from ppo_rlhf.stages.ppo import run_ppo
 
-HERE = Path(__file__).parent
+from common import write_results
+
 # A figure quoted in the issue, measured elsewhere (another machine, another implementation and its
 # own settings): context for the whole pipeline, not a comparison of the same work.  The comparison
 # with TRL on the same machine, checkpoints and settings is benchmarks/bench_peers.py (peers.md).
@@ -101,10 +102,7 @@ def main() -> None:
         "seeds": seeds,
         "references": REFERENCES,
     }
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "pipeline.json").write_text(json.dumps(results, indent=2) + "\n")
-    (HERE / "results" / "pipeline.md").write_text(report(results))
-    print(report(results))
+    write_results("pipeline", results, report(results))
 
 
 def pct(metrics: dict, key: str) -> str:

@@ -10,7 +10,7 @@ checkers, trained with PPO (gae) and with GRPO.
 package's checker on the answer in <answer> tags, else the last number); the issue asks for two
 tasks on which it starts between 5% and 50%.  ``train``: for each task, estimator (gae, grpo) and
 seed, one PPO run with LoRA on the CPU, iterations sized to the time budget, held-out greedy
-accuracy every --eval-every iterations; each run is its own process (bench_estimators.py's
+accuracy every --eval-every iterations; each run is its own process (common.py's
 runner).  Results: benchmarks/results/reasoning_{pick,train}.{json,md} and reasoning.png.
 
 Why LoRA: one base in memory serves actor, reference and (shared head) critic, so an iteration
@@ -22,18 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import torch
+from common import RESULTS, header, pyplot, record, run_in_child, save_figure, spread, write_results
 
-from bench_estimators import run_in_child, spread
-
-HERE = Path(__file__).parent
-RESULTS = HERE / "results"
 # Candidates whose answers are short numbers or words, so 64 new tokens hold an answer.
 CANDIDATES = {
     "chain_sum": "min_terms=2,max_terms=3,min_digits=1,max_digits=2",
@@ -94,11 +88,6 @@ BUDGET_SECONDS = 30 * 60  # the issue's budget of training time a run
 HAND_NOTES = "Per run, added by hand"  # the heading of reasoning_train.md's notes, kept on a rewrite
 
 
-def machine(num_threads: int) -> str:
-    threads = num_threads or torch.get_num_threads()
-    return f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {threads} thread(s)"
-
-
 def pick(args) -> None:
     from ppo_rlhf.config import build_config
     from ppo_rlhf.stages.evaluate import EvalConfig, run_eval
@@ -119,21 +108,14 @@ def pick(args) -> None:
 
 
 def write_pick(args, rows: list[dict]) -> None:
-    results = {"command": "python benchmarks/bench_reasoning.py " + " ".join(sys.argv[1:]),
-               "machine": machine(args.num_threads), "date": time.strftime("%Y-%m-%d"), "note": args.note,
-               "model": args.model, "tasks": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "reasoning_pick.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-    lines = ["# SmolLM2-135M-Instruct on reasoning-gym tasks, before training", "",
-             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
-             f"Measured: {results['date']}; {results['note']}", "",
+    results = {**record(args.note, args.num_threads), "model": args.model, "tasks": rows}
+    lines = [*header("SmolLM2-135M-Instruct on reasoning-gym tasks, before training", results),
              f"Greedy decoding, 64 new tokens, {EVAL_SIZE} held-out problems per task; accuracy: the package's "
              f"checker gives 1 to the answer in <answer> tags (else the last number).", "",
              "| task | generator settings | accuracy | mean score | answers in tags | seconds |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['task']} | `{r['task_config'] or 'defaults'}` | {r['accuracy']:.1%} | {r['task_score']:.3f} | "
               f"{r['answer_format']:.1%} | {r['seconds']:.0f} |" for r in rows]
-    (RESULTS / "reasoning_pick.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("reasoning_pick", results, lines, indent=1, ensure_ascii=False)
 
 
 def train_figures(out: Path) -> dict:
@@ -206,15 +188,10 @@ def train(args) -> None:
     runs = {task: {estimator: sorted(runs[task][estimator], key=lambda r: r["seed"])
                    for estimator in ESTIMATORS if estimator in runs[task]}
             for task in TRAIN_TASKS if task in runs}
-    results = {"command": "python benchmarks/bench_reasoning.py " + " ".join(sys.argv[1:]),
-               "machine": machine(args.num_threads), "date": time.strftime("%Y-%m-%d"), "note": args.note,
-               "settings": {**COMMON, **args.settings}, "iterations": iterations,
+    results = {**record(args.note, args.num_threads), "settings": {**COMMON, **args.settings}, "iterations": iterations,
                "seeds": sorted({r["seed"] for by_estimator in runs.values() for done in by_estimator.values() for r in done}),
                "runs": runs}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "reasoning_train.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-    lines = ["# SmolLM2-135M-Instruct trained on reasoning-gym tasks", "", f"Command: `{results['command']}`  ",
-             f"Machine: {results['machine']}  ", f"Measured: {results['date']}; {results['note']}", "",
+    lines = [*header("SmolLM2-135M-Instruct trained on reasoning-gym tasks", results),
              f"LoRA, iterations of 32 sequences; held-out greedy accuracy on {EVAL_SIZE} problems "
              f"never trained on; mean (min-max) over seeds {results['seeds']}. Settings: `{json.dumps(results['settings'])}`.", "",
              "| task | estimator | runs | iterations | accuracy before | after | points gained | within 30 minutes "
@@ -248,16 +225,12 @@ def train(args) -> None:
     earlier = report.read_text() if report.is_file() else ""
     if HAND_NOTES in earlier:
         lines += [earlier[earlier.index(HAND_NOTES):].rstrip("\n"), ""]
-    report.write_text("\n".join(lines))
+    write_results("reasoning_train", results, "\n".join(lines), indent=1, ensure_ascii=False)
     plot(runs, RESULTS / "reasoning.png")
-    print("\n".join(lines))
 
 
 def plot(runs: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.2), squeeze=False)
     colours = {"gae": "tab:blue", "grpo": "tab:orange", "grpo-4mb": "tab:brown", "gspo": "tab:green",
@@ -273,8 +246,7 @@ def plot(runs: dict, path: Path) -> None:
         axis.set_xlabel("PPO minutes (evaluation excluded); dotted: the 30-minute budget")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def parse_setting(text: str) -> tuple[str, object]:

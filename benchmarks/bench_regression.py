@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, checkouts, command, write_results
 
 
 def child(sft: str, reward: str, out: str, iterations: int, threads: int, seed: int, early_stop: bool) -> dict:
@@ -112,12 +112,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="regression-") as scratch_name:
         scratch = Path(scratch_name)
         sft, reward = train_base(scratch, args)
-        versions = {now: ROOT}
-        for commit in args.before:
-            versions[commit] = scratch / f"code-{commit}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(versions[commit]), commit],
-                           check=True, capture_output=True)
-        try:
+        with checkouts(args.before, scratch) as earlier:
+            versions = {now: ROOT, **earlier}
             rounds = []
             names = list(versions)
             for index in range(args.rounds):
@@ -130,20 +126,13 @@ def main() -> None:
                                                                       if k != "code"), flush=True)
                 rounds.append(measured)
                 write_report(rounds, now, args, Path(args.out))
-        finally:
-            for commit in args.before:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(versions[commit])],
-                               check=False, capture_output=True)
 
 
 def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
     lines = [
         "# The demo's PPO seconds per iteration, this code against earlier commits",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_regression.py"
-        + (f" --before {' '.join(args.before)}" if args.before else "")
-        + (" --no-early-stop" if args.no_early_stop else "")
-        + f"` ({platform.machine()} CPU, {args.num_threads} torch thread(s), {os.cpu_count()} cores). The demo's "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` ({platform.machine()} CPU, {args.num_threads} torch thread(s), {os.cpu_count()} cores). The demo's "
         f"PPO preset ({args.iterations} iterations, separate critic, learned reward"
         + (", its approx_kl early stop off: 8 minibatch steps per iteration in every version" if args.no_early_stop else "")
         + ") from one SFT and reward model, "
@@ -169,11 +158,8 @@ def write_report(rounds: list[dict], now: str, args, out: Path) -> None:
                      + f" | {statistics.fmean(r[name]['update_steps'] for r in rounds):.2f} "
                      f"| {median(name, 'train_seconds_per_step'):.4f} | {ratios(name, 'train_seconds_per_step')} |")
     lines.append("")
-    out.mkdir(parents=True, exist_ok=True)
-    name = "regression_no_early_stop" if args.no_early_stop else "regression"
-    (out / f"{name}.md").write_text("\n".join(lines))
-    (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "this_code": now, "rounds": rounds},
-                                                    indent=2))
+    write_results("regression_no_early_stop" if args.no_early_stop else "regression",
+                  {"args": vars(args), "this_code": now, "rounds": rounds}, lines, out, echo=False)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, command, write_results
+
 PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
 ENGINES = ("torch", "vllm")
 PRECISIONS = ("float32", "bf16")
@@ -203,7 +204,7 @@ def write_report(results: list[dict], bandwidth: float, gflop_s: dict[str, float
     lines = [
         "# Rollout engines: torch against vLLM in the trainer's process",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `benchmarks/bench_rollout_engines.py` ({platform.machine()}, "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` ({platform.machine()}, "
         f"device {results[0]['device']}, threads {args.threads or 'torch default'}).",
         f"Model `{Path(args.model).name}`, {args.batch_size} chat prompts x up to {args.max_new_tokens} new tokens, "
         f"temperature 0.7; grpo, 8 samples per prompt, one PPO epoch. Measured memory bandwidth (copy): "
@@ -239,11 +240,7 @@ def write_report(results: list[dict], bandwidth: float, gflop_s: dict[str, float
               "part in 2 FLOPs per generated token (compute: matrix-product FLOP/s / (2 x parameters); attention "
               "not counted). The iteration's other seconds (old, reference and update passes) are the trainer's, "
               "the same for both engines.", ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rollout_engines.md").write_text("\n".join(lines))
-    (out / "rollout_engines.json").write_text(json.dumps({"args": vars(args), "bandwidth_gb_s": bandwidth,
-                                                          "results": results}, indent=2))
-    print("\n".join(lines))
+    write_results("rollout_engines", {"args": vars(args), "bandwidth_gb_s": bandwidth, "results": results}, lines, out)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,9 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, SMOLLM2, require_model, write_results  # noqa: E402
 from bench_vllm_readme import readme_commands, replaced  # noqa: E402 -- the README's chain_sum commands
 
 ARMS = {"colocated": None, "server": 0, "staleness 1": 1, "staleness 2": 2}  # arm -> --max-staleness (None: vllm)
@@ -169,11 +168,9 @@ def accuracy_at(curve: list, seconds: float) -> float | None:
 
 
 def write(results: list[dict], args, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "server.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1) + "\n")
     by = {(r["arm"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
-    lines = [f"# A generation server and asynchronous rollouts on 2 cores (issue 59)", "",
+    lines = ["# A generation server and asynchronous rollouts on 2 cores (issue 59)", "",
              f"`benchmarks/bench_server.py{' --quick' if args.quick else ''}`: the README's chain_sum GRPO recipe on "
              f"{args.model} with LoRA; colocated = `--rollout-engine vllm`, 2 threads; the others a server and a "
              f"trainer on 1 thread each (pinned where taskset is there).", "",
@@ -204,12 +201,12 @@ def write(results: list[dict], args, folder: Path) -> None:
     lines += ["", "Held-out accuracy against training seconds (evaluation excluded):", ""]
     for r in results:
         lines.append(f"- {r['arm']}, seed {r['seed']}: " + ", ".join(f"{at:.0f} s {acc:.3f}" for at, acc in r["curve"]))
-    (folder / "server.md").write_text("\n".join(lines) + "\n")
+    write_results("server", {"args": vars(args), "runs": results}, lines, folder, indent=1, echo=False)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(ROOT / "runs" / "smollm2-135m-instruct"))
+    parser.add_argument("--model", default=str(SMOLLM2))
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--iterations", type=int, default=None, help="default: the README's (36)")
@@ -223,8 +220,7 @@ def main() -> None:
     if args.quick:
         args.iterations, args.batch_size, args.eval_every, args.eval_size = 3, 16, 3, 4
         args.seeds = "0"
-    if not (Path(args.model) / "config.json").is_file():
-        raise SystemExit(f"{args.model} holds no model: make smollm2 (or --model FOLDER)")
+    require_model(args.model)
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     results = []

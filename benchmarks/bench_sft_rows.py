@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tarfile
@@ -35,9 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+from common import HERE, ROOT, command, processor, write_results
+
 OUT = ROOT / "runs" / "bench_sft_rows"
 sys.path.insert(0, str(HERE))
 BEFORE, AFTER = "one row per turn (before)", "one row per conversation (after)"
@@ -154,9 +152,9 @@ def main() -> None:
     tokenizer.chat_template = tool_template_path().read_text()
     load_before = os.getloadavg()[1]
     result = {"benchmark": "sft_rows", "date": time.strftime("%Y-%m-%d"), "before": args.before,
-              "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch threads",
+              "machine": f"{processor()}, {args.threads} torch threads",
               "settings": {k: getattr(args, k) for k in ("traces", "steps", "batch_size", "max_length", "repeats")},
-              "command": "python benchmarks/bench_sft_rows.py " + " ".join(sys.argv[1:]), "warm_ups": {}}
+              "command": command(), "warm_ups": {}}
     with tempfile.TemporaryDirectory() as scratch:
         sources = {BEFORE: source_of(args.before, Path(scratch)), AFTER: source_of(None, Path(scratch))}
         for name, rows in warm_ups(args.traces).items():
@@ -179,8 +177,6 @@ def main() -> None:
 
 
 def report(result: dict) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sft_rows.json").write_text(json.dumps(result, indent=2) + "\n")
     settings = result["settings"]
     lines = ["# SFT warm-up: one row per assistant turn, or one per conversation", "",
              f"`{result['command']}` ({result['machine']}, {result['date']}); a tiny Llama (2 layers, width 64) "
@@ -202,8 +198,7 @@ def report(result: dict) -> None:
               f"{result['load_average_5min'][1]} at the end, on {os.cpu_count()} cores: other work ran beside "
               "these runs, and a step's seconds varied with it between runs of the same work. The tokens are "
               "exact; the seconds an epoch follow the tokens an epoch."]
-    (RESULTS / "sft_rows.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("sft_rows", result, lines)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-SMOLLM2 = ROOT / "runs" / "smollm2-135m-instruct"
+from common import ROOT, SMOLLM2, checkouts, write_results
+
 CHAIN_SUM = ["--lora", "--task", "reasoning-gym:chain_sum", "--task-config",
              "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "--task-size", 2000, "--task-reward", "exact",
              "--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 32,
@@ -65,11 +63,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="ppo-rlhf-before-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(scratch / "tree"), args.before], cwd=ROOT, check=True,
-                   capture_output=True)
-    sources = {"before": scratch / "tree" / "src", "after": ROOT / "src"}
-    runs = {way: {"demo": [], "chain_sum": []} for way in sources}
-    try:
+    with checkouts([args.before], scratch) as trees:
+        sources = {"before": trees[args.before] / "src", "after": ROOT / "src"}
+        runs = {way: {"demo": [], "chain_sum": []} for way in sources}
         for round_index in range(args.rounds):
             order = ("before", "after") if round_index % 2 == 0 else ("after", "before")
             for way in order:
@@ -78,8 +74,6 @@ def main() -> None:
             for way in order:
                 runs[way]["chain_sum"].append(chain_sum(sources[way], scratch / f"chain_{way}", args.threads))
                 print(way, "chain_sum", runs[way]["chain_sum"][-1], flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(scratch / "tree")], cwd=ROOT, capture_output=True)
 
     def median(way: str, kind: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[way][kind])
@@ -87,8 +81,6 @@ def main() -> None:
     summary = {"before": args.before, "after": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                                              capture_output=True, text=True).stdout.strip(),
                "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "runs": runs}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "single_turn_speed.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = ["# The single-turn path, before and after", "",
              f"`python benchmarks/bench_single_turn_speed.py --before {args.before}` ({args.rounds} rounds, alternating; "
              f"{args.threads} threads; {summary['date']}): commit {args.before} against {summary['after']}.", "",
@@ -97,8 +89,7 @@ def main() -> None:
     for way in ("before", "after"):
         lines.append(f"| {way} | {median(way, 'demo', 'seconds')} | {median(way, 'demo', 'ppo_seconds')} | "
                      f"{median(way, 'demo', 'exact_match')} | {median(way, 'chain_sum', 'iteration_seconds')} |")
-    (RESULTS / "single_turn_speed.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("single_turn_speed", summary, lines)
 
 
 if __name__ == "__main__":

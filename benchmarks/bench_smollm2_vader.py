@@ -12,7 +12,6 @@ greedy replies to the held-out prompts before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -25,7 +24,8 @@ from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.ppo import run_ppo
 from ppo_rlhf.trainers.ppo_config import PPOConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, command, write_results
+
 CONFIG = ROOT / "examples" / "smollm2_vader" / "ppo.yaml"
 
 
@@ -57,7 +57,7 @@ def write_report(config: PPOConfig, summary: dict, records: list[dict], wall: fl
     lines = [
         "# SmolLM2-135M-Instruct + LoRA, rewarded by VADER sentiment",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/bench_smollm2_vader.py` "
+        f"Measured {time.strftime('%Y-%m-%d')} by `{command()}` "
         f"(examples/smollm2_vader/ppo.yaml: {config.iterations} iterations of {config.batch_size} chat prompts, "
         f"LoRA r={config.lora_r}, critic {config.critic}, lr {config.lr}, kl_coef {config.kl_coef}, "
         f"{config.ppo_epochs} PPO epoch(s), up to {config.max_new_tokens} new tokens at temperature "
@@ -86,11 +86,8 @@ def write_report(config: PPOConfig, summary: dict, records: list[dict], wall: fl
     for sample in summary["samples"]:
         lines.append(f"- **{sample['prompt']}**  \n  before: {sample['before']!r}  \n  after: {sample['after']!r}")
     lines.append("")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "smollm2_vader.md").write_text("\n".join(lines))
-    (out / "smollm2_vader.json").write_text(json.dumps({"summary": summary, "metrics": records, "wall_seconds": wall},
-                                                       indent=2, ensure_ascii=False))
-    print("\n".join(lines))
+    write_results("smollm2_vader", {"summary": summary, "metrics": records, "wall_seconds": wall}, lines, out,
+                  ensure_ascii=False)
 
 
 if __name__ == "__main__":

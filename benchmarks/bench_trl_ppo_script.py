@@ -30,15 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from common import RESULTS, ROOT, command, processor, write_results
+
 SCRIPT = ROOT / "tests" / "trl_scripts" / "ppo.py"
 EVAL_ROWS = 100  # TRL's ppo.py keeps the last 100 rows of its data set for evaluation
 
@@ -189,14 +188,10 @@ def main() -> None:
             print(f"{r['system']} seed {seed}: {r['s_per_iteration_median']:.3f} s/iteration, score "
                   f"{r['score_first']:.3f} -> {r['score_last']:.3f}, held-out exact match "
                   f"{100 * r['eval']['eval/exact_match']:.1f}%", flush=True)
-    results = {"command": "python benchmarks/bench_trl_ppo_script.py " + " ".join(sys.argv[1:]),
-               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} "
-                          f"torch threads", "ppo_arguments": ppo_arguments(budget, 0), "budget": budget,
+    results = {"command": command(), "machine": f"{processor()}, {os.cpu_count()} cores, {args.threads} torch threads",
+               "ppo_arguments": ppo_arguments(budget, 0), "budget": budget,
                "eval_size": budget["eval_size"], "sft": evaluate(sft, budget), "runs": runs}
-    results_dir = out if args.quick else HERE / "results"
-    (results_dir / "trl_ppo_script.json").write_text(json.dumps(results, indent=2) + "\n")
-    (results_dir / "trl_ppo_script.md").write_text(report(results))
-    print(report(results))
+    write_results("trl_ppo_script", results, report(results), out if args.quick else RESULTS)
 
 
 if __name__ == "__main__":

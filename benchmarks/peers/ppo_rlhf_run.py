@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import build_config
-from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.rollout.generation import TorchGenerator
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.stages.common import load_task, seed_everything, set_threads
-from ppo_rlhf.stages.ppo import draw_batch, prompt_sets
-from ppo_rlhf.trainers.roles import load_roles
 from ppo_rlhf.trainers.ppo import PPOTrainer
 from ppo_rlhf.trainers.ppo_config import PPOConfig
+from ppo_rlhf.trainers.ppo_loop import save_actor
+from ppo_rlhf.trainers.ppo_setup import draw_batch, prompt_sets
+from ppo_rlhf.trainers.roles import load_roles
 
 
 def build_trainer(values: dict, task_seed: int):
@@ -49,41 +49,54 @@ def build_trainer(values: dict, task_seed: int):
     return trainer, train_rows, config
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", required=True)
-    args = parser.parse_args()
-    settings = json.loads(Path(args.settings).read_text())
-    out = Path(settings["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    trainer, train_rows, config = build_trainer(settings["ppo"], settings["task_seed"])
+def timed_iterations(trainer, train_rows: list[dict], config, out: Path, save_every: int, keys: tuple[str, ...],
+                     cpu: bool = False) -> list[list[dict]]:
+    """``config.iterations`` of ``trainer.step`` on the batches PPOTrainer.train would draw for the seed,
+    each timed (wall seconds, and with ``cpu`` the process's CPU seconds) into out/metrics.jsonl with
+    the trainer's own split and its metrics ``keys``; the policy saved outside the timing, at
+    iteration 0, every ``save_every`` and at the end, into out/policies/NNNNN.  Returns the batches."""
     rng = torch.Generator().manual_seed(config.seed)  # as PPOTrainer.train draws its batches
-    save_every = settings["save_every"]
 
     def save(iteration: int) -> None:
-        save_pretrained_atomic(trainer.actor, None, out / "policies" / f"{iteration:05d}")
+        save_actor(trainer.actor, None, out / "policies" / f"{iteration:05d}")
 
     save(0)
-    first_prompts = None
+    batches = []
     with open(out / "metrics.jsonl", "w") as log:
         for iteration in range(1, config.iterations + 1):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             batch = draw_batch(train_rows, config, rng)
             metrics = trainer.step(batch)
-            wall = time.perf_counter() - start
-            split = {f"time/{k}": metrics[f"time/{k}"] for k in ("generate", "score", "forward", "train")}
-            record = {"iteration": iteration, "time/iteration": wall, **split,
-                      "time/other": wall - sum(split.values()), "score": metrics["score"], "kl": metrics["kl"],
-                      "kl_coef": metrics["kl_coef"], "response_length": metrics["response_length"],
-                      "update_steps": metrics["update_steps"]}
+            wall, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+            split = {f"time/{k}": metrics.get(f"time/{k}", 0.0) for k in ("generate", "score", "forward", "train")}
+            record = {"iteration": iteration, "time/iteration": wall, **({"cpu/iteration": cpu_seconds} if cpu else {}),
+                      **split, "time/other": wall - sum(split.values()), **{k: metrics.get(k) for k in keys}}
             log.write(json.dumps(record) + "\n")
             log.flush()
-            if first_prompts is None:
-                first_prompts = [row[config.prompt_field] for row in batch]
+            batches.append(batch)
             if iteration % save_every == 0 or iteration == config.iterations:
                 save(iteration)
+    return batches
+
+
+def run_settings(doc: str) -> tuple[dict, Path]:
+    """The run's settings (``--settings RUN.json``) and its folder, made."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", required=True)
+    settings = json.loads(Path(parser.parse_args().settings).read_text())
+    out = Path(settings["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    return settings, out
+
+
+def main() -> None:
+    settings, out = run_settings(__doc__)
+    trainer, train_rows, config = build_trainer(settings["ppo"], settings["task_seed"])
+    batches = timed_iterations(trainer, train_rows, config, out, settings["save_every"],
+                               ("score", "kl", "kl_coef", "response_length", "update_steps"))
     (out / "result.json").write_text(json.dumps({
-        "system": "ppo-rlhf", "first_batch_prompts": first_prompts, "threads": torch.get_num_threads(),
+        "system": "ppo-rlhf", "first_batch_prompts": [row[config.prompt_field] for row in batches[0]],
+        "threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "ppo_config": {k: v for k, v in vars(config).items()},
     }, indent=2, default=str) + "\n")

@@ -105,14 +105,19 @@ def train_and_record(trainer, tokenizer, out: Path, **fields) -> None:
     }, indent=2, default=str) + "\n")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", required=True)
-    settings = json.loads(Path(parser.parse_args().settings).read_text())
+def quiet_trl() -> None:
+    """Before TRL is imported: no tokenizer threads, no notices of experimental features (TRL 1.16's
+    environment_factory is one) or UserWarnings."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     warnings.filterwarnings("ignore", category=UserWarning)
 
+
+def grpo_trainer(settings: dict, **tools):
+    """TRL's GRPOTrainer on the settings' SFT warm-up, prompts and work (K, batch, tokens, turns, lr,
+    beta), LoRA as ppo-rlhf's defaults, the calculator's answer check as the reward; ``tools``:
+    ``tools=[...]`` or ``environment_factory=...``.  Returns the trainer and its tokenizer."""
+    quiet_trl()
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,8 +126,6 @@ def main() -> None:
 
     import agents_tools
 
-    if settings.get("every_turn_calls"):
-        every_turn_calls()
     out = Path(settings["out"])
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings["threads"])
@@ -142,12 +145,25 @@ def main() -> None:
         max_completion_length=work["max_episode_tokens"], max_tool_calling_iterations=work["max_turns"] - 1,
         temperature=work["temperature"], top_p=1.0, top_k=0, learning_rate=work["lr"], lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, adam_epsilon=1e-8, max_grad_norm=1.0, beta=work["beta"], epsilon=0.2,
-        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False, log_completions=False)
+        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False, log_completions=False,
+        gradient_checkpointing=True)  # GRPOConfig's own default: stated, as it costs time
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     model = AutoModelForCausalLM.from_pretrained(settings["model"], dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=agents_tools.answer_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, peft_config=peft_config, tools=[tool(settings)])
-    train_and_record(trainer, tokenizer, out)
+                          processing_class=tokenizer, peft_config=peft_config, **tools)
+    return trainer, tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", required=True)
+    settings = json.loads(Path(parser.parse_args().settings).read_text())
+    quiet_trl()
+    if settings.get("every_turn_calls"):
+        every_turn_calls()
+    trainer, tokenizer = grpo_trainer(settings, tools=[tool(settings)])
+    train_and_record(trainer, tokenizer, Path(settings["out"]))
+
 
 if __name__ == "__main__":
     main()
