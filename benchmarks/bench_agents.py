@@ -242,45 +242,16 @@ def side_by_side(args, stem: str, environment: bool) -> dict:
     return result
 
 
-# FrozenLake's PPO recipes (--recipe), on the SFT warm-up's model, LoRA, temperature 1, 32 episodes an
-# iteration: GRPO with the episode's reward (8 episodes of each of 4 maps: the group baseline compares
-# plays of one map), or PPO with a critic (GAE) crediting each move by the environment's per-turn
-# rewards, 32 maps an iteration.  Learning rates as tried (docs/benchmarks.md): PPO at 1e-4 on 16
-# episodes moved the policy little in 12 iterations (KL 0.2-0.6 an episode); GRPO at 5e-4 halved the
-# entropy in one step and fell from 29% to 22% held-out in 4 (stopped there); both run at 2e-4.
-# ``ppo-lambda`` lets the critic credit each move: with lam 1 (``ppo``) every move of an episode gets
-# its return minus a baseline, the good first moves of a game lost at the last as much as the move
-# into the hole; with lam 0.95 a move's advantage leans on the values of the states it leads to, so
-# the move into a hole is the one blamed.  The value head learns at 1e-3 (at ``ppo``'s 2e-4 its
-# explained variance stayed at 0.1-0.2 through 13 iterations), the LoRA at 3e-4.  Measured: training
-# success 3% -> 25% in 9 iterations, held-out greedy 29% -> 29% (docs/benchmarks.md).
-# ``-cool`` recipes sample at temperature 0.7 (the flag after the default overrides it): at 1 the
-# warm-up wins 3% of its training games against 29% greedy, so the critic's values sit near 0 and a
-# move into a hole is barely worse than any other, and GRPO's groups of 8 mostly score all 0 and
-# give no signal; cooler sampling plays nearer the greedy policy that is evaluated, and wins more.
-# Measured (ppo-lambda-cool): the entropy fell 0.19 -> 0.05 a token, held-out 29% -> 26% in 9.
+# FrozenLake's recipes (--recipe), on the SFT warm-up's model, LoRA, temperature 1, 32 episodes an
+# iteration: GRPO with the episode's reward (8 plays of each of 4 maps), or PPO with a critic (GAE,
+# lam 0.95) crediting each move by the environment's per-turn rewards, the value head at 1e-3.  The
+# recipes of the first six rounds are retired (docs/benchmarks.md, "Retired scripts").
 LAKE_RECIPES = {
     "grpo": ["--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 16,
              "--ppo-epochs", 1, "--kl-in", "loss", "--lr", 2e-4],
-    "ppo": ["--estimator", "gae", "--turn-rewards", "per-turn", "--batch-size", 32, "--mini-batch-size", 16,
-            "--ppo-epochs", 2, "--lr", 2e-4, "--critic-warmup", 1],
     "ppo-lambda": ["--estimator", "gae", "--turn-rewards", "per-turn", "--batch-size", 32, "--mini-batch-size", 16,
                    "--ppo-epochs", 2, "--lr", 3e-4, "--lam", 0.95, "--critic-lr", 1e-3, "--critic-warmup", 1],
 }
-LAKE_RECIPES["ppo-lambda-cool"] = [*LAKE_RECIPES["ppo-lambda"], "--temperature", 0.7]
-LAKE_RECIPES["grpo-cool"] = [*LAKE_RECIPES["grpo"], "--temperature", 0.7]  # not run yet
-# ``-hole`` recipes add a reward function that costs a fall into a hole (agents_tools.lake_hole, -1
-# on the episode's last move): FrozenLake pays 0 for a hole as for running out of moves, and the
-# warm-up's greedy policy loses by falling, not by wandering (3.6 moves a held-out game on average,
-# never the 8 allowed).  Success is still the goal reached (eval/episode/success, reward/environment).
-# Measured (ppo-hole): held-out 29% -> 39% -> 0% -> 29% at iterations 3, 6, 9 (at 6 it stalled).
-LAKE_HOLE = ["--reward-fn", "benchmarks/agents_tools.py:lake_hole"]
-LAKE_RECIPES["ppo-hole"] = [*LAKE_RECIPES["ppo-lambda"], *LAKE_HOLE]
-LAKE_RECIPES["grpo-hole"] = [*LAKE_RECIPES["grpo"], *LAKE_HOLE]  # not run yet
-# ``ppo-hole-edge``: a fall costs 1 and each move into an edge 0.25 (agents_tools.lake_hole_or_edge):
-# under ``ppo-hole`` the policy learned to stall against an edge, where running out of moves costs 0.
-LAKE_RECIPES["ppo-hole-edge"] = [*LAKE_RECIPES["ppo-lambda"], "--reward-fn",
-                                 "benchmarks/agents_tools.py:lake_hole_or_edge"]
 
 
 LAKE_INSTRUCTIONS = ("You are on a frozen lake. Reach the goal without stepping into a hole. Answer with one move: "
@@ -293,10 +264,8 @@ def lake_temperature(flags: list[str]) -> str:
 
 
 # The warm-up's traces (--warm-up) and how a board reads (--view, agents_tools' observation functions);
-# the first of each is what the first six rounds ran, and names its folders and results as before.
-# Measured (docs/benchmarks.md, seventh round): on lake_view's boards neither warm-up taught the model
-# to read what a move steps onto; walks on lake_safe_view's boards, then --recipe ppo-lambda: held-out
-# 5% -> 81% in 4 iterations (15.5 min of PPO).
+# the first of each names folders and results without a suffix.  The recipe that learns is walks on
+# lake_safe_view's boards (docs/benchmarks.md, "FrozenLake in text").
 LAKE_WARM_UPS = {"paths": "shortest-path traces", "walks": "random walks that keep the rules (lake_walk)"}
 LAKE_VIEWS = {"sides": "lake_view", "safe": "lake_safe_view"}
 

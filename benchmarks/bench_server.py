@@ -36,8 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, SMOLLM2, require_model, write_results  # noqa: E402
-from bench_vllm_readme import readme_commands, replaced  # noqa: E402 -- the README's chain_sum commands
+from common import RESULTS, ROOT, SMOLLM2, readme_commands, replaced, require_model, write_results  # noqa: E402
 
 ARMS = {"colocated": None, "server": 0, "staleness 1": 1, "staleness 2": 2}  # arm -> --max-staleness (None: vllm)
 ACCURACY = "eval/accuracy"

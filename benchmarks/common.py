@@ -1,5 +1,5 @@
 """What the benchmark scripts share: where things are and SmolLM2's folder (checked, saying how to
-make it), a command run and timed with its output in a log, earlier commits checked out beside this
+make it), the README's commands, a command run and timed with its output in a log, earlier commits checked out beside this
 one, the record of a result (the command that made it, the machine, a JSON and a Markdown file), the
 spread over seeds, PPO runs each in a process of their own and the figures read off their run
 folders, the A/B loop that alternates two ways of one trainer's iteration, and the plumbing of the
@@ -16,7 +16,9 @@ import contextlib
 import json
 import os
 import platform
+import re
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -72,6 +74,21 @@ def checkouts(commits, folder: Path):
         for tree in trees.values():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
                            capture_output=True)
+
+
+def readme_commands(heading: str = "**Real reasoning tasks.**") -> list[list[str]]:
+    """The ``ppo-rlhf`` commands of the first bash block after the README's ``heading``."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text[text.index(heading):], re.S).group(1).replace("\\\n", " ")
+    return [shlex.split(line.split("#")[0])[1:] for line in block.splitlines()
+            if line.split("#")[0].strip().startswith("ppo-rlhf ")]
+
+
+def replaced(command_line: list[str], option: str, value: str) -> list[str]:
+    """``command_line`` with ``option``'s value set to ``value``."""
+    command_line = list(command_line)
+    command_line[command_line.index(option) + 1] = value
+    return command_line
 
 
 def command() -> str:

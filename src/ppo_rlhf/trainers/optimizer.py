@@ -2,7 +2,7 @@
 
 Fused AdamW updates every tensor of a parameter group in one kernel.  On the built-in task's
 4-layer model on a CPU one step takes 0.3 ms fused, 1.0 ms with the multi-tensor (foreach) path
-and 2.7 ms with the per-parameter loop, torch's default on a CPU (benchmarks/bench_compile.py);
+and 2.7 ms with the per-parameter loop, torch's default on a CPU (benchmarks/results/compile.md);
 on a GPU fused is the fastest path too.  It also holds no temporaries: the foreach path allocates a copy of the second
 moments (the whole group's size) at every step.  It rounds differently from the loop, by float
 round-off (tests/test_trainer_paths.py bounds it).

@@ -87,7 +87,7 @@ TRAINING_ARGUMENTS: dict[str, Fate] = {
     "activation_checkpointing_kwargs": inert("ppo-rlhf checkpoints each decoder layer, non-reentrant"),
     "gradient_checkpointing": maps("gradient_checkpointing (TRL's default: on)"),
     "gradient_checkpointing_kwargs": inert("ppo-rlhf checkpoints each decoder layer, non-reentrant"),
-    "torch_compile": refused("ppo-rlhf does not compile the model (benchmarks/bench_compile.py measured no gain)"),
+    "torch_compile": refused("ppo-rlhf does not compile the model (benchmarks/results/compile.md measured no gain)"),
     "torch_compile_backend": refused("ppo-rlhf does not compile the model"),
     "torch_compile_mode": refused("ppo-rlhf does not compile the model"),
     "use_liger_kernel": refused("no Liger kernels here; ppo-rlhf's fused output layer already avoids the logits"),
