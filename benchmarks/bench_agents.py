@@ -1,40 +1,17 @@
-"""Agents on SmolLM2-135M-Instruct, on the CPU (docs/agents.md): a calculator tool for products the
-model cannot do in its head, and FrozenLake played in text.
+"""Agents on SmolLM2-135M-Instruct on the CPU: a calculator tool (``tools``), FrozenLake played in
+text (``frozenlake``, ``frozenlake-probe``), and the tool work side by side with TRL 1.16's
+GRPOTrainer, as a tool (``peers``) and as an ``environment_factory`` class (``peers-env``).
 
     make smollm2                                        # once: the model as a folder
     python benchmarks/bench_agents.py tools             # SFT warm-up, then 30 minutes of GRPO
-    python benchmarks/bench_agents.py frozenlake        # SFT warm-up, then PPO with a critic on 4x4 maps
+    python benchmarks/bench_agents.py frozenlake        # SFT warm-up, then PPO on 4x4 maps
     python benchmarks/bench_agents.py frozenlake-probe  # after frozenlake: each policy's moves at set states
     python benchmarks/bench_agents.py tools --quick     # a few iterations, to see it run
 
-``tools``: "What is 347 * 29?" (a 3-digit times a 2-digit number, 4-5 digit answers), scored 1 for
-the right number in the model's last turn (ppo_rlhf.rewards:answer_match).  Held-out greedy
-accuracy on 200 problems never trained on, with the calculator (an episode: the model may call
-it, reads its answer, then answers) and without it (one turn), for the model as it comes, after a
-short SFT warm-up on generated traces (SmolLM2 calls a tool it was never shown about once in 40
-answers), and after GRPO.  The warm-up is kept short on purpose: it teaches the format, and what
-PPO adds is measured on top of it.  ``frozenlake``: FrozenLake 4x4, not slippery, each row a
-random map of its own, the position said in words after each move (``agents_tools.lake_view``:
-where the goal lies and what each move steps onto); success rate (reaching the goal
-within 8 moves) on 100 maps never trained on, greedy, for the model as it comes, after an SFT
-warm-up on shortest-path traces of training maps, and after PPO with a critic (GAE) and the
-environment's per-turn rewards.  As it comes, SmolLM2 names no move in 86% of its turns; the
-warm-up teaches the one-word answer.
-
-``peers``: the same tool work side by side with TRL 1.16's GRPOTrainer (``tools=[calculator]``), both
-from the SFT warm-up of ``tools``: the same prompts in the same order, K, learning rate, KL (k3 in
-the loss, 0.05), LoRA, temperature and completion budget (the model's and the tool's tokens
-together, as TRL counts them); seconds per iteration, and held-out accuracy after the same
-iterations, each adapter scored by ``ppo-rlhf eval`` alike.  Needs ``make trl116-venv``.
-``peers-env``: the same, the calculator played as a TRL ``environment_factory`` class
-(``agents_tools.CalculatorEnv``: an object per episode, reset with the row's columns, its method
-the tool): ppo-rlhf's ``--environment`` against TRL's ``environment_factory=``, each adapter
-scored by ``ppo-rlhf eval`` playing the class.
-
-The chat template of every step is TRL's Qwen 2.5 template (read from .venv-trl116): SmolLM2's own
-has no tools, and it is the one TRL parses tool calls from, so both systems render the same prompts.
-Every step is a ``ppo-rlhf`` command, as a user runs it; its output lands in runs/bench_agents/.
-Results: benchmarks/results/agents_{tools,frozenlake,peers,peers_env}.{json,md}.
+Every step is a ``ppo-rlhf`` command (TRL's Qwen 2.5 chat template; ``peers`` and ``peers-env`` need
+``make trl116-venv``), its output in runs/bench_agents/.  Results:
+benchmarks/results/agents_{tools,frozenlake,peers,peers_env}.{json,md}; the method:
+docs/benchmarks.md, "Agents".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Agents at the speed of their tools (issue 48; docs/agents.md, "Tools that wait"): seconds per
-PPO iteration with a calculator tool that answers over HTTP after a wait, against the same tool
-answering at once.  SmolLM2-135M-Instruct after the SFT warm-up of ``bench_agents.py tools``.
+"""Agents at the speed of their tools (issue 48): seconds per PPO iteration with a calculator that
+answers over HTTP after a wait (agents_http.py: a sync and an async client) against the same tool
+answering at once, from the SFT warm-up of ``bench_agents.py tools``.
 
     python benchmarks/bench_agents.py tools                       # once: the SFT warm-up (and make smollm2)
     python benchmarks/bench_agents_latency.py torch               # ppo-rlhf, torch engine
@@ -8,31 +8,9 @@ answering at once.  SmolLM2-135M-Instruct after the SFT warm-up of ``bench_agent
     python benchmarks/bench_agents_latency.py trl                 # ppo-rlhf and TRL 1.16 (make trl116-venv)
     python benchmarks/bench_agents_latency.py torch --smoke       # a minute, to see it run (SmolLM2 as it comes)
 
-The tool is the benchmarks' calculator (agents_tools.calculator) served by a local HTTP server the
-benchmark starts (agents_http.LatencyServer: a thread per request, so waits overlap as a real
-service's do), called by one of two clients with the calculator's own name, signature and
-docstring, so the prompt shows the schema the warm-up taught: a plain ``def`` using urllib
-(agents_http.calculator) and an ``async def`` using asyncio's streams (agents_http_async.calculator).
-
-``torch``: the tools benchmark's GRPO recipe (LoRA, 8 samples of 4 prompts: 32 episodes an
-iteration, up to 3 turns of 48 tokens, the torch engine), each client with no latency and with
-0.5 s a call; and, for scale, the 0.5 s tool with ``--env-workers 1`` (one call at a time, as every
-call ran before issue 48).  Target: the 0.5 s iteration at most 1.15x the one without.  The runs
-draw the same prompts and sample the same episodes whatever the latency (results do not depend on
-when a call answers): the report says whether the first iteration's saved episodes are equal.
-
-``vllm``: the same recipe on the vLLM engine (run by .venv-vllm's python), a latency drawn per call
-from 0.1-2 s, episodes turn by turn (the engine's ``generate`` once per turn on every episode
-still going, as before issue 48) against episodes that never wait for each other (each turn its
-own request, continuous batching); and both with no latency.
-
-``trl``: TRL 1.16's GRPOTrainer (``tools=[calculator]``: the sync client, then the async one)
-against ppo-rlhf on the settings of ``bench_agents.py peers`` (benchmarks/peers/trl_tools.py), each
-with no latency and with 0.5 s.  Targets: the seconds the 0.5 s tool adds to ppo-rlhf's iteration at
-most a tenth of what it adds to TRL's, and ppo-rlhf's whole iteration no slower than TRL's.
-
-Every run is a process of its own, one after another; results in
-benchmarks/results/agents_latency_{torch,vllm,trl}.{json,md}.  Run on an otherwise idle machine.
+Every run a process of its own, on an otherwise idle machine.  Results:
+benchmarks/results/agents_latency_{torch,vllm,trl}.{json,md}; the arms and targets:
+docs/benchmarks.md, "Agents at the speed of their tools (issue 48)".
 """
 
 from __future__ import annotations

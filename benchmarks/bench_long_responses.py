@@ -1,24 +1,14 @@
 """Long, uneven responses on SmolLM2-135M-Instruct, float32, on the CPU (docs/design.md, "Long
-responses"): the trainer's passes -- old log-probs, reference, update -- on one batch, with the
-padding-free passes and the fused output layer (the defaults) against the padded passes through
-the model's own logits (``--no-padding-free --no-fused-output-layer``: the code before them), in
-the same run, on the same batch.
+responses"): the trainer's passes on one batch of 64 responses of 32-1,024 tokens, padding-free
+with the fused output layer (the defaults) against the padded passes
+(``--no-padding-free --no-fused-output-layer``), each way in a process of its own.
 
     make smollm2                                         # once: the model as a folder
     python benchmarks/bench_long_responses.py            # the 64-response batch, both ways
     python benchmarks/bench_long_responses.py --longest  # then: the longest batch each way fits in 16 GiB
 
-The batch: 64 prompts of 64 tokens and responses of 32 to 1,024 tokens, log-uniform (geometric
-spacing: median 181, mean 295 -- most answers short and a long tail, as reasoning rollouts are), so
-a padded pass runs 64 x 1,088 positions for ~23,000 real ones.  Each way: old + reference passes
-(no gradient), then one PPO epoch of 4 minibatches of 16 (estimator grpo: no critic), 4 rows per
-micro-batch; tokens/s is the batch's real tokens (prompt + response) over those passes' seconds;
-peak memory is the process's resident set sampled every 5 ms during each phase, above what it held
-before the phase.  Each way runs in a process of its own.  ``--longest``: responses all 1,024
-tokens, the update's micro-batch of N rows growing until the process, its data segment (heap and
-private mappings, where tensors live) capped at 16 GiB, cannot allocate.
-
-Results: benchmarks/results/long_responses.{json,md}.
+Results: benchmarks/results/long_responses.{json,md}; the batch and what is measured:
+docs/benchmarks.md, "Long responses".
 """
 
 from __future__ import annotations

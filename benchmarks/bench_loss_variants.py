@@ -1,28 +1,11 @@
-"""The policy-loss variants side by side: GRPO, DAPO, GSPO, CISPO, SAPO and PPO on one rollout budget.
+"""The policy-loss variants side by side: GRPO, DAPO, GSPO, CISPO, SAPO and PPO on one rollout budget,
+the built-in task with its rule reward, from one SFT model; only the variant changes (VARIANTS).
 
     python benchmarks/bench_loss_variants.py                  # 6 variants x 3 seeds, ~25 min on 2 cores
     python benchmarks/bench_loss_variants.py --quick          # a few iterations of each, to try the script
 
-The built-in task with its rule reward (1 for the exact answer, 0.4 each for the right value and
-the right style), from one SFT model (the demo's SFT stage, seed 0; ``--from-demo DIR`` reuses a
-``ppo-rlhf demo`` run's).  Every run rolls out 64 sequences per iteration (16 prompts x 4 samples;
-PPO: 64 prompts x 1, with the demo's separate critic), minibatch 32, 4 epochs, lr 3e-4, k1 KL in the
-reward at 0.05, no entropy term, 100 iterations.  Only the variant changes:
-
-    grpo   estimator grpo (group mean and std), its paper's sequence-mean loss
-    dapo   grpo + clip-higher (0.2 / 0.28) + dynamic sampling + overlong shaping (a buffer of 1
-           token: the task's answers end by token 6 of 7) + DAPO's token-mean loss
-    gspo   grpo + one ratio per response, clipped at 3e-4 / 4e-4 as the GSPO paper (GSPO-token:
-           each token keeps its own advantage, which the k1 KL in the reward makes per-token)
-    cispo  grpo + CISPO: every token's gradient weighted by its ratio clipped at 1.2, no lower bound
-           (verl's example), over all tokens (token-mean, as the MiniMax-M1 paper)
-    sapo   grpo + SAPO's soft gate, tau 1.0 / 1.05 (the paper's), GRPO's sequence-mean loss
-    ppo    estimator gae with a critic (the demo's: a separate model from the SFT trunk)
-
-Held-out greedy and sampled exact-match (500 prompts) every 10 iterations, against iterations and
-PPO seconds; the policy's entropy over training (clip-higher is meant to keep it from collapsing);
-response tokens generated per sequence that reached the update.  Each run is its own process
-(common.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png}.
+Each run its own process (common.py's runner).  Results: benchmarks/results/loss_variants.{json,md,png};
+the settings and figures: docs/benchmarks.md, "Policy-loss variants, issue 37", and docs/estimators.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Peer benchmark: ppo-rlhf against TRL 0.11.4's PPOTrainer on the built-in task, same machine,
-same checkpoints, same prompts, one evaluator.  Writes benchmarks/results/peers.{json,md,png}.
+same checkpoints, same prompts, one evaluator (evaluate_policies below), after a logits check of
+both loadings.  Writes benchmarks/results/peers.{json,md,png}.
 
     make bench-peers                                  # builds .venv-trl, then runs this
     python benchmarks/bench_peers.py                  # 3 seeds x 4 rows x 160 iterations
     python benchmarks/bench_peers.py --quick          # validation: 1 seed, 20 iterations, 200 prompts
     python benchmarks/bench_peers.py --report-only    # redo the tables and plot from the run folders
 
-What runs (docs in benchmarks/results/peers.md):
-1. the SFT and reward models of `ppo-rlhf demo` (its presets, seed 0), made once in
-   OUT/pipeline (or taken from --pipeline DIR, a demo run folder);
-2. a logits check: TRL's policy (transformers 4.46, .venv-trl) and ppo-rlhf's (transformers 5)
-   on the same token ids, the reward model's scores likewise, and the tokenizers' ids;
-3. for each seed, the four rows in turn, the order rotated from seed to seed so that each
-   system runs early and late: each run is a fresh process (ppo-rlhf: benchmarks/peers/
-   ppo_rlhf_run.py; TRL: benchmarks/peers/trl_ppo.py under .venv-trl/bin/python) that times
-   its iterations and saves its policy every --eval-every iterations (outside the timing);
-4. one evaluator (evaluate_policies below, ppo-rlhf's Evaluator and the task's exact-match
-   rule) judges every saved policy of every run on the same held-out prompts, greedy and
-   sampled at T=1 with one fixed sampling seed; training seconds exclude all of it.
+Each run a fresh process (benchmarks/peers/ppo_rlhf_run.py; benchmarks/peers/trl_ppo.py under
+.venv-trl), the order rotated from seed to seed; the method: docs/benchmarks.md, "Against TRL's
+PPOTrainer (0.11.4)".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Peer benchmark: ppo-rlhf's GRPO against TRL 1.16's GRPOTrainer on a reasoning-gym task with
-SmolLM2-135M-Instruct and LoRA, same machine, same prompts, same reward code, one evaluator.
-Writes benchmarks/results/peers_grpo.{json,md,png}.  Issue 20, item 6; issue 58, item 3: the third
-system is TRL's script itself (benchmarks/peers/trl_grpo.py, the one TRL runs) with its import
-changed to ppo_rlhf.trl, run under ppo-rlhf's environment -- side by side with TRL running it, and
-with ppo-rlhf's own API on the same work (the facade should cost nothing).
+SmolLM2-135M-Instruct and LoRA, same machine, same prompts, same reward code, one evaluator (issue
+20, item 6); and TRL's own script (benchmarks/peers/trl_grpo.py) run through ppo_rlhf.trl (issue
+58, item 3).
 
     make smollm2 trl116-venv                              # once: the model folder, TRL's venv
     python benchmarks/bench_peers_grpo.py                 # 2 seeds x 2 systems x 36 iterations
@@ -11,21 +9,9 @@ with ppo-rlhf's own API on the same work (the facade should cost nothing).
     python benchmarks/bench_peers_grpo.py --quick         # validation: 1 seed, 4 iterations, 8 problems
     python benchmarks/bench_peers_grpo.py --report-only   # redo the tables and plot from the run folders
 
-What runs (the settings are in SAME_WORK and the report lists what could not be matched):
-1. the task (default: chain_sum with bench_reasoning.py's generator settings) is built by
-   ppo-rlhf's own code; for each seed, the prompt rows ppo-rlhf will draw (its draw_batch, the
-   seed's generator) go to a JSONL file in that order, as the chat-templated string and its ids;
-   TRL reads that file with shuffle_dataset off, so both systems train on the same prompts in the
-   same order;
-2. a loading check: the same token ids through both environments' model loading (max |logit
-   diff|), TRL's tokenisation of the prompt strings against ppo-rlhf's ids, and TRL's reward
-   function against ppo-rlhf's on the same responses;
-3. for each seed, both systems in turn, the order alternated from seed to seed; each run a fresh
-   process (benchmarks/peers/ppo_rlhf_grpo_run.py; benchmarks/peers/trl_grpo.py under
-   .venv-trl116) that times its iterations and saves its LoRA adapter every --eval-every
-   iterations outside the timing;
-4. one evaluator (ppo-rlhf's Evaluator and the task's metric, greedy, the same --eval-size
-   held-out problems, never trained on) judges every saved adapter; training seconds exclude it.
+The settings are in SAME_WORK, and the report lists what could not be matched.  Results:
+benchmarks/results/peers_grpo.{json,md,png}; the method: docs/benchmarks.md, "Against TRL 1.16's
+GRPOTrainer".
 """
 
 from __future__ import annotations

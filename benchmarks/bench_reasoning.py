@@ -1,21 +1,14 @@
 """A real model on real tasks: SmolLM2-135M-Instruct on reasoning-gym tasks, scored by their own
-checkers, trained with PPO (gae) and with GRPO.
+checkers, trained with PPO (gae) and with GRPO, LoRA (one base serves actor, reference and critic).
 
     make smollm2                                               # once: the model as a folder
     python benchmarks/bench_reasoning.py pick                  # starting accuracy of candidate tasks
     python benchmarks/bench_reasoning.py train --tasks chain_sum gcd               # ~30 minutes of training a run
     python benchmarks/bench_reasoning.py train --tasks chain_sum --estimators gspo cispo --seeds 0   # issue 37
 
-``pick``: the model's greedy accuracy on 200 held-out problems of each candidate task (the
-package's checker on the answer in <answer> tags, else the last number); the issue asks for two
-tasks on which it starts between 5% and 50%.  ``train``: for each task, estimator (gae, grpo) and
-seed, one PPO run with LoRA on the CPU, iterations sized to the time budget, held-out greedy
-accuracy every --eval-every iterations; each run is its own process (common.py's
-runner).  Results: benchmarks/results/reasoning_{pick,train}.{json,md} and reasoning.png.
-
-Why LoRA: one base in memory serves actor, reference and (shared head) critic, so an iteration
-holds one 135M model instead of three, and a 1e-3 step moves an adapter where a full model at its
-width-scaled 1.3e-5 barely moves in the budget.
+Each run its own process (common.py's runner).  Results:
+benchmarks/results/reasoning_{pick,train}.{json,md} and reasoning.png; the method:
+docs/benchmarks.md, "A real model on real tasks".
 """
 
 from __future__ import annotations

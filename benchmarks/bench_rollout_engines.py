@@ -1,5 +1,6 @@
 """Rollouts and whole PPO iterations with each rollout engine: torch (the built-in decoding loop)
-against vLLM in the trainer's process (issue 21; docs/design.md, "The vLLM rollout engine").
+against vLLM in the trainer's process (issue 21; docs/design.md, "The vLLM rollout engine"), each
+case in a fresh process of .venv-vllm, with the bounds memory bandwidth and arithmetic set.
 
     make vllm-venv smollm2                                   # once: vLLM's environment, the model folder
     .venv-vllm/bin/python benchmarks/bench_rollout_engines.py     # on an otherwise idle machine
@@ -7,23 +8,9 @@ against vLLM in the trainer's process (issue 21; docs/design.md, "The vLLM rollo
     .venv-vllm/bin/python benchmarks/bench_rollout_engines.py --precisions float32 --models lora --keep
                                                  # some cases only, merged with those already measured
 
-Both engines run in .venv-vllm (the same torch, transformers and threads), each case in a fresh
-process: SmolLM2-135M-Instruct by default, 64 chat prompts from examples/smollm2_vader x up to 128
-new tokens at temperature 0.7, float32 and bf16 (--mixed-precision bf16: the torch loop under
-autocast, the vLLM engine in bfloat16), full model and --lora, a critic-free estimator (grpo, 8
-samples per prompt) and a length reward (no reward model: the rollout is what is measured).
-
-Per case: the rollout's generated tokens per second (after a warm-up rollout), the weight-sync
-seconds (vLLM), the seconds of a whole PPO iteration (the last of --iterations), the peak resident memory
-(VmHWM), and the bound a decode step sets: every weight is read once per step, so tokens/s <=
-batch x memory bandwidth / model bytes, with the bandwidth measured here (a large tensor copy).
-A second bound is the arithmetic: 2 FLOPs per weight per generated token, at the FLOP/s a large
-matrix product reaches here (on 2 CPU cores it binds before the bandwidth does).  Targets on the
-CPU: the vLLM rollout at least 3x the torch engine's tokens/s at this batch, the whole iteration at
-least 1.5x faster.  A CPU without bf16 instructions (AVX2 only) multiplies bf16 at a fraction of a
-GFLOP/s: run --precisions float32 there.  With CUDA, the same cases run on the GPU.
-
-Writes RESULTS/rollout_engines.md and .json.
+A CPU without bf16 instructions multiplies bf16 at a fraction of a GFLOP/s: run --precisions
+float32 there.  Writes RESULTS/rollout_engines.md and .json; the cases and targets:
+docs/benchmarks.md, "Rollout engines".
 """
 
 from __future__ import annotations

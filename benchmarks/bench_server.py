@@ -7,18 +7,10 @@ server" and "Asynchronous rollouts").
     .venv-vllm/bin/python benchmarks/bench_server.py         # the whole measurement: hours on 2 cores
     .venv-vllm/bin/python benchmarks/bench_server.py --quick # 3 iterations an arm, seed 0: checks the script
 
-Each arm runs the README's ``ppo`` command (its flags, the seed, a held-out evaluation every
-``--eval-every`` iterations), the colocated one with ``--rollout-engine vllm --num-threads 2`` and the
-others against ``ppo-rlhf serve --num-threads 1`` started for the run, trainer and server pinned to
-a core each where ``taskset`` is there.  From each run's metrics.jsonl: seconds an iteration,
-samples and tokens a second, held-out accuracy against training seconds (evaluation excluded:
-``time/elapsed``), the staleness trained at, and the iteration's split into generation (with the
-push) and update (scoring, passes, update).  The ideal-overlap bound is the synchronous server
-run's: generation and update fully overlapped, each at its measured one-thread speed, an iteration
-takes max(generation, update) instead of their sum.  The target (issue 59): staleness 1 at least
-1.25x the colocated run's samples a second, its held-out accuracy at equal training time no lower,
-on both seeds.  Writes RESULTS/server.json and server.md (``--quick``: in the scratch folder, as a
-check that everything runs, not figures).
+The ideal-overlap bound is the synchronous server run's, generation and update fully overlapped:
+max(generation, update) an iteration instead of their sum.  Writes RESULTS/server.json and
+server.md (``--quick``: in the scratch folder, a check, not figures); the figures read and the
+target: docs/benchmarks.md, "The generation server and asynchronous rollouts".
 """
 
 from __future__ import annotations

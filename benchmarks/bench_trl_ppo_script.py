@@ -1,28 +1,15 @@
 """TRL's PPO script, run through ppo_rlhf.trl, against this project's own PPO on the same settings,
-on the built-in task (issue 58, item 3).  Writes benchmarks/results/trl_ppo_script.{json,md}.
+on the built-in task (issue 58, item 3): one SFT model and one-label reward model, then for each
+seed TRL 0.23's examples/scripts/ppo/ppo.py (tests/trl_scripts/ppo.py) and ``ppo-rlhf ppo`` with
+the settings its command line maps to, judged by one evaluator.
 
     python benchmarks/bench_trl_ppo_script.py             # seeds 0 and 1, the full budget
     python benchmarks/bench_trl_ppo_script.py --quick     # validation: 1 seed, a few steps of each stage
 
-What runs:
-1. once: an SFT model of the built-in task (tasks/doubling.py: `ppo-rlhf sft --task doubling`,
-   the demo's preset) and a one-output reward model that prefers the answer in the style the prompt
-   asks (`ppo-rlhf rm --mode pairwise` on pairs of the task's prompts: the right answer in the style
-   asked, chosen, against the same answer in another style) -- TRL's PPO reads a reward model with
-   one label;
-2. the training prompts and 100 held-out ones (the task's) in a data folder, the held-out ones last,
-   as TRL's ppo.py keeps the last 100 rows for evaluation;
-3. for each seed: TRL's examples/scripts/ppo/ppo.py (tests/trl_scripts/ppo.py: TRL 0.23's, its import
-   changed to ppo_rlhf.trl) with the command line below, and `ppo-rlhf ppo` with the settings that
-   command line maps to (ppo_rlhf.trl.translate.ppo_settings: the same batch, epochs, KL, clip,
-   GAE, temperature, learning rate and length), its critic the reward model's trunk;
-4. one evaluator (the task's exact-match rule, greedy, the task's held-out prompts) judges the
-   SFT model and each run's final actor.
-
-The target: the script learns as the project's own PPO does -- held-out exact match and the
-training score move alike.  What the two runs do differently: TRL's value model starts from the
-reward model's score head (ppo-rlhf's critic from a fresh head on the same trunk), and the
-script's prompts come pre-tokenized (the same ids).
+What the two runs do differently: TRL's value model starts from the reward model's score head
+(ppo-rlhf's critic from a fresh head on the same trunk), and the script's prompts come
+pre-tokenized (the same ids).  Writes benchmarks/results/trl_ppo_script.{json,md}; see
+docs/benchmarks.md, "TRL's PPO script against ppo-rlhf's PPO".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""What the benchmark scripts share: where things are and SmolLM2's folder (checked, saying how to
-make it), the README's commands, a command run and timed with its output in a log, earlier commits checked out beside this
-one, the record of a result (the command that made it, the machine, a JSON and a Markdown file), the
-spread over seeds, PPO runs each in a process of their own and the figures read off their run
-folders, the A/B loop that alternates two ways of one trainer's iteration, and the plumbing of the
-peer benchmarks (their command line, a system's run in a fresh process, timed and judged; the
-right-padded sequences both loadings are checked on).
+"""What the benchmark scripts share: paths and SmolLM2's folder, the README's commands, a command run
+and timed, earlier commits checked out beside this one, the record of a result (JSON and
+Markdown), the spread over seeds, PPO runs each in a process of their own and their figures, the
+A/B loop that alternates two ways of one trainer's iteration, and the peer benchmarks' plumbing.
 
 A script imports what it needs (``from common import ...``; a script's own folder is first on
 sys.path).  Run as a script, it is the child process of ``run_in_child``.

@@ -1,21 +1,13 @@
-"""The spread of every learning test's outcome over seeds: what a learning test's bar is set from.
-
-A learning test asserts what training reached (accuracy, reward, loss).  On another machine the
-same run follows another path: another CPU's round-off moves a run as another seed does (by
-tens of iterations on the built-in task), so a bar set from one run on one machine is a knife
-edge.  This script runs every test marked ``learning`` once per seed (``pytest --learning-seed
-S`` adds S to each test's seeds: its runs and the models it draws), each at one torch thread as
-the tests pin it, records the outcomes the tests report (``record_outcome`` in
-tests/conftest.py) and writes, per outcome, its value on each seed and its worst
-(DEVELOPERS.md, "Learning tests"):
+"""The spread of every learning test's outcome over seeds, what a learning test's bar is set from
+(DEVELOPERS.md, "Learning tests"): every test marked ``learning``, once per seed
+(``pytest --learning-seed S``), at one torch thread, its reported outcomes (``record_outcome``).
 
     python benchmarks/learning_spread.py                          # seeds 0-4, every learning test
     python benchmarks/learning_spread.py --seeds 5-7 -k estimator # more seeds of some tests
     python benchmarks/learning_spread.py --threads 2 --seeds 0    # the same runs under OMP_NUM_THREADS=2
 
 Results: benchmarks/results/learning_spread.{jsonl,md}; the .jsonl keeps every run, so seeds
-measured later add to the table instead of replacing it.  ``--jobs 2`` runs two seeds at a time
-(two processes of one thread each: both cores busy, neither oversubscribed).
+measured later add to the table.  ``--jobs 2`` runs two seeds at a time, one thread each.
 """
 
 from __future__ import annotations
