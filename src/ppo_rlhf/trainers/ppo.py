@@ -33,7 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import TrainerState
 
 from ppo_rlhf.config import ConfigError, checked_config
 from ppo_rlhf.core import AdaptiveKLController, FixedKLController
@@ -201,6 +200,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         self.iteration = 0
         # The run's progress as transformers' Trainer keeps it: what TRL gives reward functions as
         # trainer_state (global_step: iterations done; max_steps: the run's), moved on by step().
+        from transformers import TrainerState  # here, not at import: it brings transformers' Trainer (seconds)
+
         self.state = TrainerState(max_steps=config.iterations)
         self.steps_per_iteration = 1  # the state's steps an iteration counts (ppo_rlhf.trl: TRL's optimizer steps)
         if reward is not None:
