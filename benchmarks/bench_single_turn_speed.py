@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="single_turn_speed", help="the results files' name in benchmarks/results")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="ppo-rlhf-before-"))
     with checkouts([args.before], scratch) as trees:
@@ -76,20 +77,21 @@ def main() -> None:
                 print(way, "chain_sum", runs[way]["chain_sum"][-1], flush=True)
 
     def median(way: str, kind: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[way][kind])
+        return round(statistics.median(r[key] for r in runs[way][kind]), 2)
 
     summary = {"before": args.before, "after": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                                              capture_output=True, text=True).stdout.strip(),
                "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "runs": runs}
     lines = ["# The single-turn path, before and after", "",
-             f"`python benchmarks/bench_single_turn_speed.py --before {args.before}` ({args.rounds} rounds, alternating; "
+             f"`python benchmarks/bench_single_turn_speed.py --before {args.before} --name {args.name}` "
+             f"({args.rounds} rounds, alternating; "
              f"{args.threads} threads; {summary['date']}): commit {args.before} against {summary['after']}.", "",
              "| | demo, whole (s) | demo, PPO (s) | demo exact match | chain_sum GRPO iteration (s) |",
              "|---|---|---|---|---|"]
     for way in ("before", "after"):
         lines.append(f"| {way} | {median(way, 'demo', 'seconds')} | {median(way, 'demo', 'ppo_seconds')} | "
                      f"{median(way, 'demo', 'exact_match')} | {median(way, 'chain_sum', 'iteration_seconds')} |")
-    write_results("single_turn_speed", summary, lines)
+    write_results(args.name, summary, lines)
 
 
 if __name__ == "__main__":
