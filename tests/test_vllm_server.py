@@ -435,13 +435,14 @@ def test_max_staleness_trains_on_batches_no_older_than_it_says(sft_model, server
 
 
 @needs_vllm
-def test_a_resumed_asynchronous_run_regenerates_what_it_had_not_trained(sft_model, servers, tmp_path):
-    """--max-staleness 1, a checkpoint after iteration 2 while the worker had already drawn batch 3:
-    the resume draws batch 3 again (the checkpoint keeps where the first batch not trained came
-    from), generates it itself from the checkpoint's weights (staleness 0), and the run goes on
-    with the straight run's prompts in every iteration and its staleness from the next."""
+@pytest.mark.parametrize("order", ["random", "in-order"])
+def test_a_resumed_asynchronous_run_regenerates_what_it_had_not_trained(sft_model, servers, tmp_path, order):
+    """--max-staleness 1, a run of 2 iterations continued to 5: the resume draws batch 3 where the
+    checkpoint says (the prompt generator's state, or --prompt-order in-order's place), generates
+    it itself from the checkpoint's weights (staleness 0), and the run goes on with the straight
+    run's prompts in every iteration and its staleness from the next."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = ["--max-staleness", 1, "--save-rollouts", 1, "--save-every", 1]
+    common = ["--max-staleness", 1, "--save-rollouts", 1, "--save-every", 1, "--prompt-order", order]
     run(ppo(sft_model, straight, on(servers[0]), "--iterations", 5, *common))
     run(ppo(sft_model, resumed, on(servers[0]), "--iterations", 2, *common))
     run(ppo(sft_model, resumed, on(servers[0]), "--iterations", 5, *common, "--resume"))
@@ -451,6 +452,27 @@ def test_a_resumed_asynchronous_run_regenerates_what_it_had_not_trained(sft_mode
     assert [record["staleness/max"] for record in records(resumed)][2:4] == [0.0, 0.0]
     assert all(record["staleness/max"] <= 1 for record in records(straight) + records(resumed))
     assert [record["step"] for record in records(resumed)] == [1, 2, 3, 4, 5]
+
+
+@needs_vllm
+@pytest.mark.parametrize("order", ["random", "in-order"])
+def test_a_run_stopped_while_the_worker_had_drawn_ahead_resumes_to_the_straight_runs_prompts(sft_model, servers,
+                                                                                           tmp_path, order):
+    """--max-staleness 1 and 5 iterations, SIGTERM during iteration 2: the worker has drawn batch 3
+    while the trainer trained on batch 2, so the checkpoint must keep where batch 3 was drawn from
+    (the prompt generator's state, --prompt-order in-order's place), not where drawing stands now;
+    the resumed run trains on the straight run's prompts in every iteration."""
+    from test_interrupts import signalled
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = ["--iterations", 5, "--max-staleness", 1, "--save-rollouts", 1, "--save-every", 5,
+              "--prompt-order", order]
+    run(ppo(sft_model, straight, on(servers[0]), *common))
+    stopped = signalled(ppo(sft_model, resumed, on(servers[0]), *common), at=2)
+    assert "--resume" in stopped.stderr + stopped.stdout, stopped.stderr[-2000:]
+    assert [record["step"] for record in records(resumed)] == [1, 2]
+    run(ppo(sft_model, resumed, on(servers[0]), *common, "--resume"))
+    assert prompts_by_iteration(resumed) == prompts_by_iteration(straight)
 
 
 @needs_vllm
