@@ -10,11 +10,9 @@ clock."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,38 +20,7 @@ import torch
 
 from ppo_rlhf.interrupts import resume_command
 from ppo_rlhf.runlog import read_metrics
-from zoo import RULE, TINY, run, same_tensors
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-# The command, run as `ppo-rlhf` runs it, signalling itself during step AT (TIMES signals: a second
-# one aborts at once).  Patched before the trainers import it, so each loop calls the patched one.
-SIGNALLED = """
-import signal, sys
-import ppo_rlhf.interrupts as interrupts
-at, times, signum = int(sys.argv.pop(1)), int(sys.argv.pop(1)), signal.Signals[sys.argv.pop(1)]
-calls, asked = [0], interrupts.stop_requested
-
-def stop_requested():
-    calls[0] += 1
-    if calls[0] == at:
-        for _ in range(times):
-            signal.raise_signal(signum)
-            (lambda: None)()  # a Python call: the handler runs here, once per signal
-    return asked()
-
-interrupts.stop_requested = stop_requested
-sys.argv[0] = "ppo-rlhf"
-from ppo_rlhf.cli import run
-run()
-"""
-
-
-def signalled(args: list, at: int, signum=signal.SIGTERM, times: int = 1) -> subprocess.CompletedProcess:
-    """Run the command in its own process, signalled ``times`` times during step ``at``."""
-    command = [sys.executable, "-c", SIGNALLED, str(at), str(times), signum.name, *map(str, args)]
-    return subprocess.run(command, env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True,
-                          timeout=600)
+from zoo import RULE, TINY, run, same_tensors, signalled
 
 
 def sft_args(out, *extra, steps: int = 6, save_every: int = 1000):

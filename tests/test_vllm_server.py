@@ -26,7 +26,7 @@ import torch
 
 from ppo_rlhf.config import ConfigError, build_config
 from ppo_rlhf.rollout.server_api import identity_mismatch
-from zoo import THREADS, free_port, run, run_failing, same_actor_as_straight_run
+from zoo import THREADS, free_port, run, run_failing, same_actor_as_straight_run, signalled
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason='vLLM is not installed: make vllm-venv (pip install -e ".[vllm]") '
@@ -462,8 +462,6 @@ def test_a_run_stopped_while_the_worker_had_drawn_ahead_resumes_to_the_straight_
     while the trainer trained on batch 2, so the checkpoint must keep where batch 3 was drawn from
     (the prompt generator's state, --prompt-order in-order's place), not where drawing stands now;
     the resumed run trains on the straight run's prompts in every iteration."""
-    from test_interrupts import signalled
-
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     common = ["--iterations", 5, "--max-staleness", 1, "--save-rollouts", 1, "--save-every", 5,
               "--prompt-order", order]

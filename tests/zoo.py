@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -28,6 +31,8 @@ from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, Gemm
                           LlamaConfig, PreTrainedTokenizerFast, Qwen2Config)
 
 from ppo_rlhf.cli import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 TEXT = ["the cat sat on the mat", "a dog ran in the park", "good answer", "bad answer", "hello world",
         "what is two plus two", "four", "say something nice", "you are great", "i do not know"]
@@ -440,3 +445,33 @@ def pythia_like(folder: Path) -> Path:
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# The command, run as `ppo-rlhf` runs it, signalling itself during step AT (TIMES signals: a second
+# one aborts at once).  Patched before the trainers import it, so each loop calls the patched one.
+SIGNALLED = """
+import signal, sys
+import ppo_rlhf.interrupts as interrupts
+at, times, signum = int(sys.argv.pop(1)), int(sys.argv.pop(1)), signal.Signals[sys.argv.pop(1)]
+calls, asked = [0], interrupts.stop_requested
+
+def stop_requested():
+    calls[0] += 1
+    if calls[0] == at:
+        for _ in range(times):
+            signal.raise_signal(signum)
+            (lambda: None)()  # a Python call: the handler runs here, once per signal
+    return asked()
+
+interrupts.stop_requested = stop_requested
+sys.argv[0] = "ppo-rlhf"
+from ppo_rlhf.cli import run
+run()
+"""
+
+
+def signalled(args: list, at: int, signum=signal.SIGTERM, times: int = 1) -> subprocess.CompletedProcess:
+    """Run the command in its own process, signalled ``times`` times during step ``at``."""
+    command = [sys.executable, "-c", SIGNALLED, str(at), str(times), signum.name, *map(str, args)]
+    return subprocess.run(command, env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True,
+                          timeout=600)
