@@ -4,6 +4,7 @@ seed TRL 0.23's examples/scripts/ppo/ppo.py (tests/trl_scripts/ppo.py) and ``ppo
 the settings its command line maps to, judged by one evaluator.
 
     python benchmarks/bench_trl_ppo_script.py             # seeds 0 and 1, the full budget
+    python benchmarks/bench_trl_ppo_script.py --seeds 0 1 2 3 4 5 6 7   # the figure docs/benchmarks.md quotes
     python benchmarks/bench_trl_ppo_script.py --quick     # validation: 1 seed, a few steps of each stage
 
 What the two runs do differently: TRL's value model starts from the reward model's score head
@@ -140,6 +141,14 @@ def report(results: dict) -> str:
     for r in results["runs"]:
         lines.append(f"| {r['system']} | {r['seed']} | {r['iterations']} | {r['s_per_iteration_median']:.3f} | "
                      f"{r['score_first']:.3f} -> {r['score_last']:.3f} | {100 * r['eval']['eval/exact_match']:.1f}% |")
+    lines += ["", "| run | seeds | held-out exact match, median (range) | seeds that learned (held-out >= SFT + 10 points) |",
+              "|---|---|---|---|"]
+    sft = results["sft"]["eval/exact_match"]
+    for system in dict.fromkeys(r["system"] for r in results["runs"]):
+        held_out = [r["eval"]["eval/exact_match"] for r in results["runs"] if r["system"] == system]
+        learned = sum(value >= sft + 0.1 for value in held_out)
+        lines.append(f"| {system} | {len(held_out)} | {100 * statistics.median(held_out):.1f}% "
+                     f"({100 * min(held_out):.1f}-{100 * max(held_out):.1f}%) | {learned} of {len(held_out)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -149,8 +158,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="validation: 1 seed, a few steps of each stage; "
                                                              "results in OUT-quick")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--seeds", type=int, nargs="+", help="the seeds to run (default: 0 1; --quick: 0)")
     args = parser.parse_args()
-    budget = QUICK if args.quick else FULL
+    budget = dict(QUICK if args.quick else FULL)
+    budget["seeds"] = args.seeds or budget["seeds"]
     out = Path(args.out.rstrip("/") + ("-quick" if args.quick else "")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT / "src"))
