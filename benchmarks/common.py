@@ -441,11 +441,5 @@ def versions(side: dict) -> str:
     return ", ".join(f"{name} {version}" for name, version in side.items())
 
 
-def load_note(runs: list[dict]) -> str | None:
-    """The range of the 1-minute load averages before the runs, None where none was recorded."""
-    loads = [r["load_average_before"][0] for r in runs if r.get("load_average_before")]
-    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else None
-
-
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
     child(sys.argv[2])

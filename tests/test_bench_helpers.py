@@ -1,4 +1,4 @@
-"""The pure helpers of the benchmarks (benchmarks/common.py's figures of a run, bench_floor.py,
+"""The pure helpers of the benchmarks (benchmarks/common.py's figures of a run,
 agents_tools.py, agents_http.py), on hand-made rows (the benchmarks themselves run for half an hour
 and more, and are not tests)."""
 
@@ -37,20 +37,6 @@ def test_spread_gives_mean_and_range_and_counts_seeds_that_never_reached():
     assert spread([4.0]) == "4.0"
     assert spread([None, 3.0, 5.0]) == "2/3 seeds (3.0-5.0)"
     assert spread([None]) == "0/1 seeds"
-
-
-def test_the_model_alone_times_every_stage_and_reads_the_iteration_timed_beside_it():
-    """bench_floor's eager measurement on a 1-layer model: every stage timed, and the ``time/*``
-    metrics of the iteration run in the same rounds kept under "alongside/" (elapsed left out)."""
-    from bench_floor import eager_model_seconds
-
-    beside = {"time/generate": 0.25, "time/train": 0.5, "time/elapsed": 9.0, "score": 1.0}
-    seconds = eager_model_seconds({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 12}, prompt=5, response=3,
-                                  batch=8, mini=4, epochs=1, repeats=1, alongside=lambda: beside)
-    assert set(seconds) == {"generate", "score", "old + reference passes", "update", "alongside",
-                            "alongside/generate", "alongside/train"}
-    assert seconds["alongside/generate"] == 0.25 and seconds["alongside/train"] == 0.5
-    assert all(value > 0 for value in seconds.values())
 
 
 def test_the_calculator_environment_class_offers_the_plain_tools_schema():
