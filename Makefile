@@ -132,7 +132,6 @@ bench-distill: smollm2
 
 bench-lora: smollm2
 	$(PY) benchmarks/bench_lora_memory.py
-	$(PY) benchmarks/bench_smollm2_vader.py
 
 clean:
 	rm -rf $(VENV) $(TRL_VENV) $(TRL116_VENV) $(VLLM_VENV) runs
