@@ -325,30 +325,8 @@ def report(results: dict) -> str:
                      + f" | {fmt_range(s['final_greedy'], 100, 2, '%')} | {fmt_range(s['final_sampled'], 100, 2, '%')} |")
     lines += ["", "What each row does per iteration:", ""]
     lines += [f"- **{s['name']}**: {s['work']}." for s in rows.values()]
-    lines += ["", "## How each system is run", "",
-              "- Both: one fresh process per run (`benchmarks/peers/ppo_rlhf_run.py`, `benchmarks/peers/trl_ppo.py`), "
-              "the same torch threads, rollouts sampled at T=1 with no top-k/top-p, at most 7 new tokens, a response "
-              "ending at EOS; the score is the reward model's logit of the style the prompt asks for, read after "
-              "prompt + response (+ EOS). The timed iteration is: draw the batch, generate, score, the trainer's "
-              "step. The policy is saved every evaluation interval outside the timing, and every saved policy is "
-              "judged afterwards by `evaluate_policies` in `benchmarks/bench_peers.py`.",
-              "- ppo-rlhf: `PPOTrainer.step` built as `ppo-rlhf ppo` builds it (roles, generator, trainer), without "
-              "the run folder's logging and in-process evaluation. Split: the trainer's own `time/*` metrics.",
-              "- TRL: the loop of its example script: `PPOTrainer.generate` (the whole batch in one `generate` "
-              "call, `batch_size` = the rollout batch; the example's extra generation of reference responses, "
-              "for its logs only, is left out), then `PPOTrainer.step(queries, responses, scores)`. The tokenizer "
-              "pads on the right for `step` (TRL's GPT-2 forward passes no position ids, so left padding would "
-              "shift positions; `generate` pads prompts on the left itself). Split: generate and score timed "
-              "around the calls; forward = TRL's `forward_pass` + `compute_rewards` + `compute_advantages` timers; "
-              "train = its `optimize_step` timer; other = the rest of `step` (its statistics, `calc_stats`, "
-              "mostly).",
-              "- \"same settings\": TRL's value-head dropout and the model's dropout off (ppo-rlhf trains without "
-              "dropout), the value clip set out of reach (1e9) because ppo-rlhf's preset does not clip the value, "
-              "and the scores normalised before `step` by a running mean and std as ppo-rlhf's `score_norm` does "
-              "(TRL 0.11.4's `use_score_scaling` fails on its first step: `self.running.std` is a float there and "
-              "`step` calls `.to` on it). Neither system's early stop is on. TRL's value head keeps its own "
-              "initialisation (PyTorch's Linear default); ppo-rlhf's starts near 0 (std 1/(H+1)). TRL trains with "
-              "Adam, ppo-rlhf with AdamW at weight decay 0: the same update."]
+    lines += ["", "How each system is run, and what \"same settings\" sets in TRL: docs/benchmarks.md, \"Against "
+              "TRL's PPOTrainer (0.11.4)\"."]
     if results.get("logits_check"):
         lines += ["", "## Loading check", "", loading_check(results["logits_check"])]
     same = results.get("same_prompts")
