@@ -18,27 +18,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agents_tools  # noqa: E402
 from agents_http import URL_VARIABLE, LatencyServer  # noqa: E402
-from bench_agents import OUT, REWARD, TRL_PYTHON, WARM  # noqa: E402
-from common import HERE, RESULTS, ROOT, SMOLLM2, require_model, require_python, timed  # noqa: E402
+from bench_agents import OUT, PPO_TOOLS, REWARD, TRL_PYTHON, WARM  # noqa: E402
+from common import (HERE, RESULTS, ROOT, SMOLLM2, read_jsonl, record, require_model, require_python,  # noqa: E402
+                    timed, write_results)
 
 MODEL = SMOLLM2
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 CLIENTS = {"sync": f"{HERE / 'agents_http.py'}:calculator", "async": f"{HERE / 'agents_http_async.py'}:calculator"}
-# bench_agents.py's PPO_TOOLS: LoRA, GRPO with 8 samples of 4 prompts, one optimizer step a batch,
-# lr 1e-4, temperature 0.7, k3 KL in the loss; 48 new tokens a turn, 3 turns at most.
-RECIPE = ["--lora", "--estimator", "grpo", "--samples-per-prompt", 8, "--batch-size", 32, "--mini-batch-size", 32,
-          "--ppo-epochs", 1, "--kl-in", "loss", "--lr", 1e-4, "--temperature", 0.7, "--max-new-tokens", 48,
-          "--max-length", 512, "--max-turns", 3]
+RECIPE = PPO_TOOLS  # the tools benchmark's GRPO recipe: 32 episodes of up to 3 turns of 48 tokens
 SMOKE = ["--lora", "--estimator", "grpo", "--samples-per-prompt", 2, "--batch-size", 4, "--mini-batch-size", 4,
          "--ppo-epochs", 1, "--max-new-tokens", 8, "--max-length", 512, "--max-turns", 2]
 HALF_SECOND, RANDOM = 0.5, (0.1, 2.0)
@@ -54,7 +49,7 @@ def child_env(server: LatencyServer) -> dict:
 
 def iteration_figures(folder: Path) -> dict:
     """Seconds per iteration (mean and median of ``time/iteration``) and what the episodes did."""
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_jsonl(folder / "metrics.jsonl")
     trained = [m for m in metrics if "time/iteration" in m]
     seconds = [m["time/iteration"] for m in trained]
     figures = {"seconds_per_iteration": round(statistics.mean(seconds), 2),
@@ -274,17 +269,14 @@ def waiting_ratio(runs: dict, run: str) -> float | None:
 
 
 def report(name: str, result: dict, args) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    result = {"benchmark": f"agents_latency_{name}", "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores, {args.threads} torch threads", "date": time.strftime("%Y-%m-%d"),
+    result = {"benchmark": f"agents_latency_{name}", **record(f"{os.cpu_count()} cores", args.threads, "torch threads"),
               "seed": args.seed, "iterations": args.iterations, "smoke": args.smoke, **result}
     stem = f"agents_latency_{name}" + ("_smoke" if args.smoke else "")
     if args.append and (RESULTS / f"{stem}.json").is_file():  # the runs measured before, kept beside these
         result = {**json.loads((RESULTS / f"{stem}.json").read_text()), **result}
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Agents at the speed of their tools: {name}", "",
-             f"`python benchmarks/bench_agents_latency.py {name}{' --smoke' if args.smoke else ''}` (seed {args.seed}, "
-             f"{args.iterations} iterations a run, {result['machine']}, {result['date']})", "",
+             f"`{result['command']}` (seed {args.seed}, {args.iterations} iterations a run, {result['machine']}, "
+             f"{result['note']}, {result['date']})", "",
              "| run | latency a call | seconds per iteration (mean / median) | each iteration | tool calls an episode | turns "
              "| calls | seconds with a call waiting |",
              "|---|---|---|---|---|---|---|---|"]
@@ -301,8 +293,7 @@ def report(name: str, result: dict, args) -> None:
     for key, value in result.items():
         if key.endswith(("_ratio", "_same_episodes", "_added_seconds", "_after_first", "_first_iteration")):
             lines.append(f"- {key}: {value}")
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(stem, result, lines)
 
 
 def main() -> None:

@@ -173,7 +173,7 @@ def longest(way: str, threads: int) -> int:
 
 def report(summary: dict) -> str:
     """The results file's text, from the summary the JSON file holds."""
-    before, after = summary["before"], summary["after"]
+    before = summary["before"]
     lines = ["# Long, uneven responses", "", f"`python benchmarks/bench_long_responses.py` "
              f"({summary['machine']}, {summary['date']}): SmolLM2-135M-Instruct in float32, 64 responses of 32-1,024 "
              f"tokens (log-uniform, {before['real_tokens']:,} real tokens, {before['padded_positions']:,} padded "

@@ -38,25 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, SMOLLM2, checkouts, command, require_model, write_results
+from common import ROOT, SMOLLM2, checkouts, command, memory_kib, require_model, reset_peak, write_results
 
 PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
 CONFIGS = ROOT / "configs" / "accelerate"
 BATCH, MINIBATCH = 16, 8  # lengths
 LORA_MODES = {"four_models": "separate", "lora": "lora", "lora_shared": "shared"}  # mode: its critic
 FSDP_STEPS, FSDP_BATCH, FSDP_LENGTH, FSDP_NEW_TOKENS = 6, 8, 64, 32
-
-
-def memory_kib(field: str) -> int:
-    """VmRSS (now) or VmHWM (peak since the last reset) of this process, in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
-
-
-def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # "5": reset the peak RSS (VmHWM) to the current RSS
 
 
 def prompts(count: int | None = None) -> list[dict]:

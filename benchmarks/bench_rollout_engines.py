@@ -23,18 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, command, write_results
+from common import ROOT, command, memory_kib, write_results
 
 PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
 ENGINES = ("torch", "vllm")
 PRECISIONS = ("float32", "bf16")
-
-
-def memory_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
 
 
 def length_reward(prompts, responses):

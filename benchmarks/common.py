@@ -104,7 +104,7 @@ def machine(threads: int | None = None, unit: str = "thread(s)") -> str:
     return f"{processor()}, torch {torch.__version__}, {threads or torch.get_num_threads()} {unit}"
 
 
-def record(note: str, threads: int | None = None, unit: str = "thread(s)") -> dict:
+def record(note: str = "", threads: int | None = None, unit: str = "thread(s)") -> dict:
     """What a result is kept with: the command, the machine, the date and what else ran."""
     return {"command": command(), "machine": machine(threads, unit), "date": time.strftime("%Y-%m-%d"), "note": note}
 
@@ -129,6 +129,19 @@ def write_results(stem: str, results, text, folder: Path = RESULTS, indent: int 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def memory_kib(field: str) -> int:
+    """VmRSS (resident now) or VmHWM (its peak since the start or the last ``reset_peak``) of this
+    process, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # "5": reset the peak RSS (VmHWM) to the current RSS
 
 
 def pyplot():
