@@ -327,7 +327,7 @@ def frozenlake(args) -> dict:
     result["after"] = {"success": result["curve"][-1]["success"], "iteration": result["curve"][-1]["iteration"]}
     result["best_within_budget"] = max(within, key=lambda c: c["success"])
     result["iteration_seconds"] = round(sum(m["time/iteration"] for m in trained) / len(trained), 2)
-    # Success is the environment's reward (1 at the goal): a recipe's own reward function (lake_hole)
+    # Success is the environment's reward (1 at the goal): a recipe's own reward function
     # changes the score, not whether the goal was reached.
     result["training"] = [{"success" if key == "reward/environment" else key: round(m[key], 3)
                            for key in ("step", "reward/environment", "score", "episode/turns", "env/invalid_actions",

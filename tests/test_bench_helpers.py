@@ -114,46 +114,6 @@ def test_the_latency_servers_waiting_seconds_are_the_union_of_its_calls_waits(mo
     assert served.requests == 2 and served.waiting_seconds() >= 0.1  # one after another: both waits count
 
 
-def test_the_lake_hole_reward_costs_only_a_fall_into_a_hole():
-    """``frozenlake``'s shaping reward (--reward-fn agents_tools.py:lake_hole) reads each episode's
-    gymnasium environment where the episode left it: -1 on a hole, 0 at the start, on ice and at the
-    goal (which the environment's own reward pays)."""
-    import agents_tools
-    import gymnasium as gym
-
-    def played(moves: list[int]):
-        lake = gym.make("FrozenLake-v1", is_slippery=False, desc=["SFFF", "HFFF", "FFFH", "FFFG"])
-        lake.reset(seed=0)
-        for move in moves:  # 0 left, 1 down, 2 right, 3 up
-            lake.step(move)
-        return lake
-
-    lakes = [played([]), played([1]), played([2, 1]), played([2, 2, 1, 1, 2]), played([2, 1, 1, 1, 2, 2])]
-    assert agents_tools.lake_hole(lakes, completions=[None] * 5) == [0.0, -1.0, 0.0, -1.0, 0.0]
-
-
-def test_the_edge_reward_counts_the_moves_that_left_the_player_where_it_stood():
-    """``lake_hole_or_edge``: 0.25 for each move whose observation names the square before it (the
-    start is row 1, column 1), an invalid answer's reply no square at all, and the fall's 1 on top."""
-    import agents_tools
-    import gymnasium as gym
-
-    def seen(*squares):  # the model's move, then where the episode runner says the player is
-        return [message for row, column in squares for message in (
-            {"role": "assistant", "content": "a move"},
-            {"role": "user", "content": f"You are at row {row}, column {column}; the goal is 1 down and 1 right."})]
-
-    stalled = seen((1, 1), (2, 1), (2, 1), (2, 1))
-    invalid = [{"role": "assistant", "content": "jump"}, {"role": "user", "content": "That is not an action."}]
-    assert [agents_tools.lake_bumps(c) for c in (stalled, invalid + seen((1, 2)), seen((1, 2), (1, 3)))] == [3, 0, 0]
-    lake = gym.make("FrozenLake-v1", is_slippery=False, desc=["SFFF", "HFFF", "FFFF", "FFFG"])
-    lake.reset(seed=0)
-    lake.step(1)  # down, into the hole
-    start = gym.make("FrozenLake-v1", is_slippery=False)
-    start.reset(seed=0)
-    assert agents_tools.lake_hole_or_edge([lake, start], [seen((1, 1)), stalled]) == [-1.25, -0.75]
-
-
 def test_the_lake_walk_keeps_the_rules_and_stops_at_the_goal():
     """``lake_walk`` (the rules-only warm-up's traces): every move steps onto ice or the goal, the
     walk ends at the goal or after ``turns`` moves, and one seed draws one walk."""
