@@ -117,7 +117,9 @@ def in_child(settings: dict, stop: bool, code: Path = ROOT) -> dict:
     """iteration_memory in a fresh process that imports ppo_rlhf from ``code``'s sources."""
     env = {**os.environ, "PYTHONPATH": str(code / "src")}  # before the editable install on sys.path
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"settings": settings, "stop": stop})],
-                          check=True, capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"the iteration failed on {settings}:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if Path(result["code"]) != code.resolve():
         raise RuntimeError(f"the child imported ppo_rlhf from {result['code']}, not {code}")
