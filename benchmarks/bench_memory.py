@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, SMOLLM2, checkouts, command, memory_kib, require_model, reset_peak, write_results
+from common import (ROOT, SMOLLM2, checkouts, command, json_child, memory_kib, require_model, reset_peak,
+                    write_results)
 
 PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -116,11 +117,7 @@ def iteration_memory(settings: dict, stop: bool) -> dict:
 def in_child(settings: dict, stop: bool, code: Path = ROOT) -> dict:
     """iteration_memory in a fresh process that imports ppo_rlhf from ``code``'s sources."""
     env = {**os.environ, "PYTHONPATH": str(code / "src")}  # before the editable install on sys.path
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"settings": settings, "stop": stop})],
-                          capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"the iteration failed on {settings}:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json_child([__file__, "--child", json.dumps({"settings": settings, "stop": stop})], env)
     if Path(result["code"]) != code.resolve():
         raise RuntimeError(f"the child imported ppo_rlhf from {result['code']}, not {code}")
     return result

@@ -56,6 +56,16 @@ def timed(command_line: list, log: Path, env: dict | None = None) -> float:
     return time.perf_counter() - start
 
 
+def json_child(arguments: list, env: dict | None = None, **run) -> dict:
+    """This Python on ``arguments`` (a script and its own arguments) in a fresh process: the JSON
+    object its last line of output holds.  Stops with the process's error output where it fails;
+    ``run``: subprocess.run's other arguments (a timeout)."""
+    done = subprocess.run([sys.executable, *map(str, arguments)], capture_output=True, text=True, env=env, **run)
+    if done.returncode:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, arguments))}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @contextlib.contextmanager
 def checkouts(commits, folder: Path):
     """Each earlier commit checked out in a git worktree of its own (folder/code-COMMIT), as a dict
