@@ -131,8 +131,7 @@ bench-distill: smollm2
 	$(PY) benchmarks/bench_distill.py
 
 bench-lora: smollm2
-	$(PY) benchmarks/bench_lora_memory.py
-	$(PY) benchmarks/bench_smollm2_vader.py
+	$(PY) benchmarks/bench_memory.py lora
 
 clean:
 	rm -rf $(VENV) $(TRL_VENV) $(TRL116_VENV) $(VLLM_VENV) runs

@@ -9,7 +9,6 @@ import ast
 import json
 import operator
 import random
-import re
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -161,47 +160,6 @@ def lake_safe_view(observation, env) -> str:
     gives is what small models do well."""
     where, around = lake_square(observation, env)
     return where + " Safe moves: " + ", ".join(lake_safe_moves(around)) + "."
-
-
-def lake_hole(environments, **kwargs) -> list[float]:
-    """A reward function (``--reward-fn``) that costs a fall into a hole: -1 for an episode that
-    ends on a hole, 0 otherwise.  FrozenLake pays 1 at the goal and 0 both for a hole and for
-    running out of moves, so when the policy wins few of its games every state's value is near 0 and
-    the step into a hole is barely worse than any other; with this its score (placed on the episode's
-    last move, the fall, under --turn-rewards per-turn) says which move lost.  ``environments``: each
-    episode's gymnasium environment, as the run passes them to reward functions."""
-    fell = []
-    for environment in environments:
-        lake = environment.unwrapped
-        row, column = divmod(int(lake.s), lake.ncol)
-        fell.append(-1.0 if lake.desc[row][column] == b"H" else 0.0)
-    return fell
-
-
-LAKE_POSITION = re.compile(r"You are at row (\d+), column (\d+)")
-
-
-def lake_bumps(conversation: list[dict]) -> int:
-    """The moves of an episode that left the player where it stood (into an edge): each observation
-    after a move names the same square as the one before it; the first square is the start, row 1,
-    column 1 (every benchmark map starts there)."""
-    bumps, where = 0, ("1", "1")
-    for message in conversation:
-        found = LAKE_POSITION.search(message["content"]) if message["role"] != "assistant" else None
-        if found:
-            bumps += found.groups() == where
-            where = found.groups()
-    return bumps
-
-
-def lake_hole_or_edge(environments, conversations, **kwargs) -> list[float]:
-    """``lake_hole``, and 0.25 for each move into an edge (``lake_bumps``).  With a fall costing
-    more than running out of moves, a policy learns to stall against an edge where it would step
-    into a hole -- and then against the bottom edge where the way right is open (measured: 29% ->
-    39% -> 0% held-out in 6 iterations, the last with 29% of games run out).  Two bumps, the most a
-    won game of 6 moves has room for in 8, leave a win's score above 0."""
-    return [fell - 0.25 * lake_bumps(conversation)
-            for fell, conversation in zip(lake_hole(environments), conversations)]
 
 
 def lake_path(desc: list[str]) -> list[str]:

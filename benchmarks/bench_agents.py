@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import agents_tools
-from common import HERE, RESULTS, ROOT, SMOLLM2, require_model, require_python, timed
+from common import HERE, ROOT, SMOLLM2, read_jsonl, record, require_model, require_python, timed, write_results
 
 MODEL = SMOLLM2
 OUT = ROOT / "runs" / "bench_agents"
@@ -100,7 +98,7 @@ def tools(args) -> dict:
     traces = agents_tools.write_jsonl(OUT / "traces.jsonl", [agents_tools.trace(a, b, schema)
                                                              for a, b in train[: args.traces]])
     result = {"traces": args.traces, "sft_steps": args.sft_steps}
-    if args.warm_up_only:  # the SFT warm-up the side-by-side and latency benchmarks start from, alone
+    if args.warm_up_only:  # the SFT warm-up the side-by-side benchmarks start from, alone
         tools_warm_up(args, traces, template)
         raise SystemExit(f"warm-up only: {OUT / 'sft' / 'checkpoints' / 'sft'}")
     result["base"] = {"tool": evaluate(MODEL, eval_prompts, OUT / "eval_base_tool", True, args.threads, template),
@@ -118,7 +116,7 @@ def tools(args) -> dict:
         "--tool", TOOL, "--chat-template-file", template, "--reward-fn", REWARD, *PPO_TOOLS, "--iterations", args.iterations,
         "--eval-every", args.eval_every, "--no-eval-sampled", "--save-every", 0, "--save-rollouts", args.iterations,
         "--seed", args.seed, "--out", ppo, "--overwrite", "--num-threads", args.threads, log=OUT / "ppo_tools.log"), 1)
-    metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_jsonl(ppo / "metrics.jsonl")
     result["curve"] = [{"iteration": m["step"], "seconds": round(m.get("time/elapsed", 0.0), 1),
                         "accuracy": m["eval/score"]} for m in metrics if "eval/score" in m]
     trained = metrics[-1]
@@ -162,7 +160,7 @@ def trl_settings(folder: Path, args, template: str, work: dict, **more) -> Path:
     """folder/settings.json of a TRL run from the warm-up: the training prompts in the order ppo-rlhf
     draws them for the seed (folder/prompts.jsonl), the chat template, the work and ``more``."""
     folder.mkdir(exist_ok=True)
-    rows = [json.loads(line) for line in (OUT / "train.jsonl").read_text().splitlines()]
+    rows = read_jsonl(OUT / "train.jsonl")
     ordered = agents_tools.write_jsonl(folder / "prompts.jsonl", drawn_order(rows, args.iterations,
                                                                              work["batch_size"] // work["k"], args.seed))
     settings = {"model": str(WARM), "prompts": ordered, "chat_template": template, "out": str(folder),
@@ -198,15 +196,14 @@ def side_by_side(args, stem: str, environment: bool) -> dict:
              "--reward-fn", REWARD, *peers_recipe(work), "--iterations", args.iterations,
              "--eval-every", 0, "--save-every", 0, "--seed", args.seed, "--out", ours, "--overwrite",
              "--num-threads", args.threads, log=OUT / f"{stem}_ppo_rlhf.log")
-    seconds = [json.loads(line)["time/iteration"] for line in (ours / "metrics.jsonl").read_text().splitlines()
-               if "time/iteration" in line]
+    seconds = [m["time/iteration"] for m in read_jsonl(ours / "metrics.jsonl") if "time/iteration" in m]
     result["ppo_rlhf"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2)}
     trl = OUT / f"{stem}_trl"
     # with ``environment``, the class trl_env.py takes from agents_tools
     more = {"environment": ENVIRONMENT.rpartition(":")[2]} if environment else {}
     runner = HERE / "peers" / ("trl_env.py" if environment else "trl_tools.py")
     timed([TRL_PYTHON, runner, "--settings", trl_settings(trl, args, template, work, **more)], OUT / f"{stem}_trl.log")
-    seconds = [json.loads(line)["time/iteration"] for line in (trl / "metrics.jsonl").read_text().splitlines()]
+    seconds = [m["time/iteration"] for m in read_jsonl(trl / "metrics.jsonl")]
     result["trl"] = {"seconds_per_iteration": round(sum(seconds) / len(seconds), 2),
                      "train_log": json.loads((trl / "result.json").read_text())["train_log"]}
     for name, adapter in (("ppo_rlhf", ours / "checkpoints" / "actor"), ("trl", trl / "adapter")):
@@ -320,7 +317,7 @@ def frozenlake(args) -> dict:
         "--iterations", args.iterations, "--eval-every", args.eval_every or args.iterations, "--no-eval-sampled",
         "--save-every", 0, "--save-rollouts", args.iterations, "--seed", args.seed, "--out", ppo, "--overwrite",
         "--num-threads", args.threads, log=OUT / f"{ppo.name}.log"), 1)
-    metrics = [json.loads(line) for line in (ppo / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_jsonl(ppo / "metrics.jsonl")
     trained = [m for m in metrics if "time/iteration" in m]
     training_seconds = {m["step"]: sum(t["time/iteration"] for t in trained if t["step"] <= m["step"]) for m in trained}
     result["curve"] = [{"iteration": m["step"], "seconds": round(training_seconds.get(m["step"], 0.0), 1),
@@ -330,7 +327,7 @@ def frozenlake(args) -> dict:
     result["after"] = {"success": result["curve"][-1]["success"], "iteration": result["curve"][-1]["iteration"]}
     result["best_within_budget"] = max(within, key=lambda c: c["success"])
     result["iteration_seconds"] = round(sum(m["time/iteration"] for m in trained) / len(trained), 2)
-    # Success is the environment's reward (1 at the goal): a recipe's own reward function (lake_hole)
+    # Success is the environment's reward (1 at the goal): a recipe's own reward function
     # changes the score, not whether the goal was reached.
     result["training"] = [{"success" if key == "reward/environment" else key: round(m[key], 3)
                            for key in ("step", "reward/environment", "score", "episode/turns", "env/invalid_actions",
@@ -393,18 +390,12 @@ def frozenlake_probe(args) -> dict:
 
 
 def report(name: str, result: dict, args) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    result = {"benchmark": name, "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch "
-              f"threads, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
+    result = {"benchmark": name, **record(threads=args.threads, unit="torch threads"),
               **({"seed": args.seed, "iterations": args.iterations} if name != "frozenlake-probe" else {}), **result}
     lake_run = f"{lake_variant(args.warm_up, args.view)}_{args.recipe}".replace("-", "_")
     stem = f"agents_{name.replace('-', '_')}" + (lake_run if name == "frozenlake" else "")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    command = (f"{name}{lake_flags(args.warm_up, args.view)} --recipe {args.recipe} --eval-every {args.eval_every}" if name == "frozenlake" else name) \
-        + (f" --iterations {args.iterations}" if name != "frozenlake-probe" else "")  # the command as run, to rerun it
     trained = f"seed {args.seed}, {args.iterations} iterations, " if name != "frozenlake-probe" else ""
-    lines = [f"# Agents: {command}", "", f"`python benchmarks/bench_agents.py {command}` ({trained}"
-             f"{result['machine']}, {result['date']})", ""]
+    lines = [f"# Agents: {name}", "", f"`{result['command']}` ({trained}{result['machine']}, {result['date']})", ""]
     if name == "tools":
         lines += ["| model | held-out accuracy with the calculator | without it |", "|---|---|---|"]
         for stage, label in (("base", "SmolLM2-135M-Instruct as it comes"),
@@ -454,8 +445,7 @@ def report(name: str, result: dict, args) -> None:
                   "", "Training episodes, iteration by iteration: "
                   + "; ".join(f"{m['step']}: success {m.get('success', m.get('score', 0)):.2f}, {m.get('episode/turns', 0):.1f} turns, "
                               f"{m.get('env/invalid_actions', 0):.2f} invalid" for m in result["training"])]
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(stem, result, lines)
 
 
 def main() -> None:
@@ -475,8 +465,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recipe", choices=sorted(LAKE_RECIPES), default="grpo", help="frozenlake: the PPO recipe")
     parser.add_argument("--warm-up-only", action="store_true",
-                        help="tools, frozenlake: write the prompts and the SFT warm-up (what peers, peers-env and the "
-                             "latency benchmark start from; what frozenlake-probe reads), nothing else")
+                        help="tools, frozenlake: write the prompts and the SFT warm-up (what peers and peers-env "
+                             "start from; what frozenlake-probe reads), nothing else")
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
     args = parser.parse_args()
     require_model(MODEL)

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import HERE, ROOT, SMOLLM2, require_model, write_results
+from common import HERE, ROOT, SMOLLM2, memory_kib, require_model, write_results
 
 MODEL = SMOLLM2
 TEMPLATE = ROOT / "src" / "ppo_rlhf" / "envs" / "chatml_tools.jinja"
@@ -82,13 +82,6 @@ def recipe(model: str, budget: str, episodes: int, samples: int, new_tokens: int
             "temperature": 0.7, "max_new_tokens": new_tokens, "max_turns": 3, "chat_template": True,
             "chat_template_file": str(TEMPLATE), "reward_fn": [f"{Path(__file__).resolve()}:vowel_share"],
             "seed": 0, "max_tokens_per_micro_batch": budget}
-
-
-def memory_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def child(model: str, budget: str, episodes: int, samples: int, new_tokens: int, iterations: int, threads: int) -> dict:

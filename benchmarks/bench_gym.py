@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -31,17 +30,8 @@ from ppo_rlhf.config import build_config
 from ppo_rlhf.trainers.gym_config import GymPPOConfig, config_with_preset
 from ppo_rlhf.trainers.gym_ppo import train
 
-from common import write_results
+from common import command, write_results
 
-# Kept with the results so that the tuning behind the preset is on record (not recomputed here).
-PENDULUM_HISTORY = (
-    "The first full run used the zoo's Pendulum settings unchanged (lr 1e-3, constant), which the zoo tunes "
-    "for gSDE. With our state-independent log-std, ppo-rlhf scored -185.8 / -505.0 / -745.5 on seeds 1-3 (1 of 3 "
-    "above -400; seeds 2 and 3 learned, then the action std collapsed and the return fell) while SB3 without gSDE "
-    "scored -228.6 / -169.2 / -217.1 with the same settings. Tried on seeds 1-3: lr 1e-3 annealed to 0 "
-    "(-144 / -591 / -144) and lr 3e-4 constant (-171 / -140 / -178, 50 evaluation episodes); lr 3e-4 was then "
-    "checked on seeds 4-5 (-155 / -149) and adopted. Both sides of the table above use it."
-)
 EVAL_SEED_OFFSET = 10_000  # evaluation envs never replay a training seed (train() uses the same offset)
 
 
@@ -95,36 +85,31 @@ def run_sb3(preset: str, seed: int, total_steps: int, eval_episodes: int) -> dic
             "train_time_s": round(train_time, 3), "env_steps": int(model.num_timesteps)}
 
 
-def benchmark(preset: str, seeds: list[int], total_steps: int, eval_episodes: int, runs: Path, with_sb3: bool) -> dict:
+def benchmark(preset: str, seeds: list[int], total_steps: int, eval_episodes: int, runs: Path) -> dict:
     rows = []
     for i, seed in enumerate(seeds):
         # Alternate who goes first, so a slow spell on the shared machine hits both sides.
         order = ["ours", "sb3"] if i % 2 == 0 else ["sb3", "ours"]
         row = {"seed": seed}
         for who in order:
-            if who == "sb3" and not with_sb3:
-                continue
             row[who] = (run_ours(preset, seed, total_steps, eval_episodes, runs) if who == "ours"
                         else run_sb3(preset, seed, total_steps, eval_episodes))
             print(f"[{preset}] seed {seed} {who}: {json.dumps(row[who])}", flush=True)
         rows.append(row)
-    summary = {"ours_mean_return": statistics.mean(r["ours"]["eval_mean_return"] for r in rows),
-               "ours_train_time_s": sum(r["ours"]["train_time_s"] for r in rows)}
-    if with_sb3:
-        summary["sb3_mean_return"] = statistics.mean(r["sb3"]["eval_mean_return"] for r in rows)
-        summary["sb3_train_time_s"] = sum(r["sb3"]["train_time_s"] for r in rows)
-        summary["time_ratio_ours_over_sb3"] = summary["ours_train_time_s"] / summary["sb3_train_time_s"]
+    summary = {f"{who}_{key}": value for who in ("ours", "sb3") for key, value in (
+        ("mean_return", statistics.mean(r[who]["eval_mean_return"] for r in rows)),
+        ("train_time_s", sum(r[who]["train_time_s"] for r in rows)))}
+    summary["time_ratio_ours_over_sb3"] = summary["ours_train_time_s"] / summary["sb3_train_time_s"]
     return {"preset": preset, "total_steps": total_steps, "eval_episodes": eval_episodes, "runs": rows,
             "summary": summary}
 
 
 def seed_row(row: dict) -> str:
     """One table row: a seed's return and training time for both libraries, and their ratio."""
-    o, s = row["ours"], row.get("sb3")
+    o, s = row["ours"], row["sb3"]
     return (f"| {row['seed']} | {o['eval_mean_return']:.1f} ± {o['eval_std_return']:.1f} | "
-            + (f"{s['eval_mean_return']:.1f} ± {s['eval_std_return']:.1f} | " if s else "- | ")
-            + f"{o['train_time_s']:.1f} | " + (f"{s['train_time_s']:.1f} | " if s else "- | ")
-            + (f"{o['train_time_s'] / s['train_time_s']:.2f} |" if s else "- |"))
+            f"{s['eval_mean_return']:.1f} ± {s['eval_std_return']:.1f} | {o['train_time_s']:.1f} | "
+            f"{s['train_time_s']:.1f} | {o['train_time_s'] / s['train_time_s']:.2f} |")
 
 
 def section(name: str, benchmark: dict, rollouts: str, target: str, sb3: str, ratio: str) -> list[str]:
@@ -156,11 +141,9 @@ def markdown(results: dict) -> str:
     sc = cp["summary"]
     passed = sum(r["ours"]["eval_mean_return"] >= 475 for r in cp["runs"])
     lines += [
-        f"| **all** | **{sc['ours_mean_return']:.1f}** | "
-        + (f"**{sc['sb3_mean_return']:.1f}** | " if "sb3_mean_return" in sc else "- | ")
-        + f"**{sc['ours_train_time_s']:.1f}** | "
-        + (f"**{sc['sb3_train_time_s']:.1f}** | **{sc['time_ratio_ours_over_sb3']:.2f}** |"
-           if "sb3_train_time_s" in sc else "- | - |"),
+        f"| **all** | **{sc['ours_mean_return']:.1f}** | **{sc['sb3_mean_return']:.1f}** | "
+        f"**{sc['ours_train_time_s']:.1f}** | **{sc['sb3_train_time_s']:.1f}** | "
+        f"**{sc['time_ratio_ours_over_sb3']:.2f}** |",
         "",
         f"ppo-rlhf reaches >= 475 on **{passed} of {len(cp['runs'])}** seeds.",
         "",
@@ -171,15 +154,11 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         f"ppo-rlhf mean over seeds: **{ps['ours_mean_return']:.1f}**; above -400 on **{passed} of "
-        f"{len(pd['runs'])}** seeds."
-        + (f" SB3 mean: {ps['sb3_mean_return']:.1f}, above -400 on "
-           f"{sum(r['sb3']['eval_mean_return'] > -400 for r in pd['runs'])} of {len(pd['runs'])}. Total training "
-           f"time {ps['ours_train_time_s']:.1f} s vs {ps['sb3_train_time_s']:.1f} s, ratio "
-           f"**{ps['time_ratio_ours_over_sb3']:.2f}**." if "sb3_mean_return" in ps else ""),
-        "",
-        "## How the Pendulum preset was chosen",
-        "",
-        PENDULUM_HISTORY,
+        f"{len(pd['runs'])}** seeds. SB3 mean: {ps['sb3_mean_return']:.1f}, above -400 on "
+        f"{sum(r['sb3']['eval_mean_return'] > -400 for r in pd['runs'])} of {len(pd['runs'])}. Total training "
+        f"time {ps['ours_train_time_s']:.1f} s vs {ps['sb3_train_time_s']:.1f} s, ratio "
+        f"**{ps['time_ratio_ours_over_sb3']:.2f}**. How the Pendulum preset was chosen: docs/benchmarks.md, "
+        "\"Classic PPO against Stable-Baselines3\".",
         "",
         "Run folders (metrics.jsonl, TensorBoard, return.png, saved policy) are written under "
         f"`{results['runs_dir']}`; re-score a policy with `ppo-rlhf gym-eval {results['runs_dir']}/cartpole-seed1 --episodes 100`.",
@@ -195,7 +174,6 @@ def main() -> int:
     parser.add_argument("--cartpole-steps", type=int, default=100_000)
     parser.add_argument("--pendulum-steps", type=int, default=200_000)
     parser.add_argument("--eval-episodes", type=int, default=100)
-    parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 side")
     parser.add_argument("--out", default="benchmarks/results", help="folder for gym.md and gym.json")
     parser.add_argument("--runs", default="runs/bench_gym", help="folder for the run folders")
     parser.add_argument("--render-only", action="store_true",
@@ -210,12 +188,11 @@ def main() -> int:
     runs = Path(args.runs)
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     results = {
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "command": command(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "runs_dir": str(runs),
-        "cartpole": benchmark("cartpole", args.seeds, args.cartpole_steps, args.eval_episodes, runs, not args.no_sb3),
-        "pendulum": benchmark("pendulum", args.pendulum_seeds, args.pendulum_steps, args.eval_episodes, runs,
-                              not args.no_sb3),
+        "cartpole": benchmark("cartpole", args.seeds, args.cartpole_steps, args.eval_episodes, runs),
+        "pendulum": benchmark("pendulum", args.pendulum_seeds, args.pendulum_steps, args.eval_episodes, runs),
     }
     import gymnasium
     import stable_baselines3

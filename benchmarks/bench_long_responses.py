@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from common import HERE, RESULTS, SMOLLM2, write_results
+from common import HERE, RESULTS, SMOLLM2, json_child, write_results
 
 MODEL = SMOLLM2
 WAYS = {"before": {"padding_free": False, "fused_output_layer": False},
@@ -173,7 +173,7 @@ def longest(way: str, threads: int) -> int:
 
 def report(summary: dict) -> str:
     """The results file's text, from the summary the JSON file holds."""
-    before, after = summary["before"], summary["after"]
+    before = summary["before"]
     lines = ["# Long, uneven responses", "", f"`python benchmarks/bench_long_responses.py` "
              f"({summary['machine']}, {summary['date']}): SmolLM2-135M-Instruct in float32, 64 responses of 32-1,024 "
              f"tokens (log-uniform, {before['real_tokens']:,} real tokens, {before['padded_positions']:,} padded "
@@ -220,11 +220,7 @@ def main() -> None:
     else:
         results = {}
         for way in ("before", "after"):  # each in a process of its own: its peak memory its own
-            done = subprocess.run([sys.executable, __file__, "--child", way, "--threads", str(args.threads)],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise SystemExit(f"{way} failed: {done.stderr[-2000:]}")
-            results[way] = json.loads(done.stdout.strip().splitlines()[-1])
+            results[way] = json_child([__file__, "--child", way, "--threads", args.threads])
             print(results[way], flush=True)
         before, after = results["before"], results["after"]
         summary = {"machine": machine, "date": time.strftime("%Y-%m-%d"), **results,

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from common import (HERE, peer_arguments, peer_env, pyplot, read_jsonl, right_padded, run_peer, save_figure,
-                    seconds_at, versions, write_results)
+from common import (HERE, median_range, peer_arguments, peer_env, pyplot, read_jsonl, right_padded, run_peer,
+                    save_figure, seconds_at, versions, write_results)
 
 PIPELINE_SEED = 0  # the SFT / reward-model pipeline, and the task's prompt split, of every run
 EVAL_SAMPLING_SEED = 0  # one sampling stream for every sampled evaluation
@@ -247,41 +247,6 @@ def run_figures(run_dir: Path) -> dict:
     return figures
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Per row: the median over seeds and the range, of each figure."""
-    rows = {}
-    for row in ROW_ORDER:
-        mine = [r for r in runs if r["row"] == row]
-        if not mine:
-            continue
-
-        def spread(values):
-            values = [v for v in values if v is not None]
-            if not values:
-                return None
-            return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-        summary = {"name": ROWS[row]["name"], "work": ROWS[row]["work"], "seeds": [r["seed"] for r in mine],
-                   "s_per_iteration": spread([r["s_per_iteration_median"] for r in mine]),
-                   "update_steps": spread([r["update_steps_mean"] for r in mine]),
-                   "split": {k: spread([r["split_median"][k] for r in mine]) for k in SPLIT},
-                   "final_greedy": spread([r["final_greedy"] for r in mine]),
-                   "final_sampled": spread([r["final_sampled"] for r in mine])}
-        for name in THRESHOLDS:
-            summary[name] = spread([r[name] for r in mine])
-            summary[name.replace("s_to", "reached")] = sum(r[name] is not None for r in mine)
-        rows[row] = summary
-    return rows
-
-
-def fmt_range(s, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
-    if s is None:
-        return "—"
-    if s["min"] == s["max"]:
-        return f"{scale * s['median']:.{digits}f}{unit}"
-    return f"{scale * s['median']:.{digits}f}{unit} ({scale * s['min']:.{digits}f}–{scale * s['max']:.{digits}f})"
-
-
 def loading_check(check: dict) -> str:
     """The report's paragraph on the loading check."""
     same_ids = "the same" if check["tokenizer_ids_equal"] else "DIFFERENT"
@@ -296,7 +261,8 @@ def loading_check(check: dict) -> str:
 
 
 def report(results: dict) -> str:
-    rows, n_seeds = results["rows"], len(results["seeds"])
+    n_seeds = len(results["seeds"])
+    rows = {row: mine for row in ROW_ORDER if (mine := [r for r in results["runs"] if r["row"] == row])}
     lines = ["# Peer benchmark: ppo-rlhf and TRL 0.11.4 on the built-in task", "",
              f"Command: `{results['command']}`  ",
              f"Machine: {results['machine']}  ",
@@ -313,42 +279,21 @@ def report(results: dict) -> str:
              "| row | optimizer steps / iteration | s/iteration | generate / score / forward / train / other (s) "
              "| s to 99% greedy | s to 99.5% greedy | s to 99% sampled | final greedy | final sampled |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for row, s in rows.items():
-        split = " / ".join(f"{s['split'][k]['median']:.3f}" for k in SPLIT)
+    for row, mine in rows.items():  # median (range) over seeds; a time to a threshold over the seeds reaching it
+        split = " / ".join(f"{statistics.median(r['split_median'][k] for r in mine):.3f}" for k in SPLIT)
         cells = []
         for name in THRESHOLDS:
-            reached = s[name.replace("s_to", "reached")]
-            cells.append(f"{fmt_range(s[name], digits=1)} [{reached}/{len(s['seeds'])}]" if reached else
-                         f"not reached [0/{len(s['seeds'])}]")
-        lines.append(f"| {s['name']} | {fmt_range(s['update_steps'], digits=1)} | {fmt_range(s['s_per_iteration'], digits=3)} "
-                     f"| {split} | " + " | ".join(cells)
-                     + f" | {fmt_range(s['final_greedy'], 100, 2, '%')} | {fmt_range(s['final_sampled'], 100, 2, '%')} |")
+            reached = [r[name] for r in mine if r[name] is not None]
+            cells.append(f"{median_range(reached, digits=1)} [{len(reached)}/{len(mine)}]" if reached else
+                         f"not reached [0/{len(mine)}]")
+        lines.append(f"| {ROWS[row]['name']} | {median_range([r['update_steps_mean'] for r in mine], digits=1)} "
+                     f"| {median_range([r['s_per_iteration_median'] for r in mine], digits=3)} | {split} | "
+                     + " | ".join(cells) + f" | {median_range([r['final_greedy'] for r in mine], 100, 2, '%')} "
+                     f"| {median_range([r['final_sampled'] for r in mine], 100, 2, '%')} |")
     lines += ["", "What each row does per iteration:", ""]
-    lines += [f"- **{s['name']}**: {s['work']}." for s in rows.values()]
-    lines += ["", "## How each system is run", "",
-              "- Both: one fresh process per run (`benchmarks/peers/ppo_rlhf_run.py`, `benchmarks/peers/trl_ppo.py`), "
-              "the same torch threads, rollouts sampled at T=1 with no top-k/top-p, at most 7 new tokens, a response "
-              "ending at EOS; the score is the reward model's logit of the style the prompt asks for, read after "
-              "prompt + response (+ EOS). The timed iteration is: draw the batch, generate, score, the trainer's "
-              "step. The policy is saved every evaluation interval outside the timing, and every saved policy is "
-              "judged afterwards by `evaluate_policies` in `benchmarks/bench_peers.py`.",
-              "- ppo-rlhf: `PPOTrainer.step` built as `ppo-rlhf ppo` builds it (roles, generator, trainer), without "
-              "the run folder's logging and in-process evaluation. Split: the trainer's own `time/*` metrics.",
-              "- TRL: the loop of its example script: `PPOTrainer.generate` (the whole batch in one `generate` "
-              "call, `batch_size` = the rollout batch; the example's extra generation of reference responses, "
-              "for its logs only, is left out), then `PPOTrainer.step(queries, responses, scores)`. The tokenizer "
-              "pads on the right for `step` (TRL's GPT-2 forward passes no position ids, so left padding would "
-              "shift positions; `generate` pads prompts on the left itself). Split: generate and score timed "
-              "around the calls; forward = TRL's `forward_pass` + `compute_rewards` + `compute_advantages` timers; "
-              "train = its `optimize_step` timer; other = the rest of `step` (its statistics, `calc_stats`, "
-              "mostly).",
-              "- \"same settings\": TRL's value-head dropout and the model's dropout off (ppo-rlhf trains without "
-              "dropout), the value clip set out of reach (1e9) because ppo-rlhf's preset does not clip the value, "
-              "and the scores normalised before `step` by a running mean and std as ppo-rlhf's `score_norm` does "
-              "(TRL 0.11.4's `use_score_scaling` fails on its first step: `self.running.std` is a float there and "
-              "`step` calls `.to` on it). Neither system's early stop is on. TRL's value head keeps its own "
-              "initialisation (PyTorch's Linear default); ppo-rlhf's starts near 0 (std 1/(H+1)). TRL trains with "
-              "Adam, ppo-rlhf with AdamW at weight decay 0: the same update."]
+    lines += [f"- **{ROWS[row]['name']}**: {ROWS[row]['work']}." for row in rows]
+    lines += ["", "How each system is run, and what \"same settings\" sets in TRL: docs/benchmarks.md, \"Against "
+              "TRL's PPOTrainer (0.11.4)\"."]
     if results.get("logits_check"):
         lines += ["", "## Loading check", "", loading_check(results["logits_check"])]
     same = results.get("same_prompts")
@@ -463,7 +408,7 @@ def main() -> None:
         "seeds": args.seeds, "iterations": args.iterations, "eval_every": args.eval_every, "eval_size": args.eval_size,
         "wall_seconds": state.get("wall_seconds"),
         "logits_check": state.get("logits_check"), "same_prompts": same_prompts,
-        "rows": summarise(runs), "runs": runs, "notes": args.note,
+        "runs": runs, "notes": args.note,
     }
     write_results("peers", results, report(results), results_dir)
     plot(results, results_dir / "peers.png")

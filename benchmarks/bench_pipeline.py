@@ -14,34 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
-
-import torch
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.runlog import read_metrics
 from ppo_rlhf.stages.demo import DemoConfig, run_demo, stage_configs
 from ppo_rlhf.stages.ppo import run_ppo
 
-from common import write_results
-
-# A figure quoted in the issue, measured elsewhere (another machine, another implementation and its
-# own settings): context for the whole pipeline, not a comparison of the same work.  The comparison
-# with TRL on the same machine, checkpoints and settings is benchmarks/bench_peers.py (peers.md).
-REFERENCES = {
-    "published walk-through (quoted in the issue; other machine, other settings)": {
-        "total_s": 21 * 60, "sft_s": 14 * 60, "rm_s": 18, "ppo_s_per_iteration": 2.1, "ppo_s_to_99_greedy": 380,
-        "ppo_s_to_99_sampled": None},
-}
+from common import record, write_results
 
 
 def first_time_reaching(records: list[dict], key: str, threshold: float) -> tuple[float | None, int | None]:
-    for record in records:
-        if record.get(key, -1) >= threshold:
-            return record.get("time/elapsed", 0.0), record["step"]
+    for row in records:
+        if row.get(key, -1) >= threshold:
+            return row.get("time/elapsed", 0.0), row["step"]
     return None, None
 
 
@@ -90,17 +78,13 @@ def main() -> None:
 
     first = seeds[args.seeds[0]]
     results = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-                   f"torch {torch.__version__}",
-        "command": "python benchmarks/bench_pipeline.py" + ("" if args.seeds == [0, 1, 2, 3, 4] else
-                                                            " --seeds " + " ".join(map(str, args.seeds))),
+        **record(unit="torch threads"),
         "first_seed": args.seeds[0],
         "demo_seconds": first["demo_seconds"], "sft_seconds": first["sft_seconds"], "rm_seconds": first["rm_seconds"],
         "rm_eval_accuracy": first["rm_eval_accuracy"],
         "ppo_learned_reward": first["ppo"],
         "ppo_rule_reward": ppo_figures(out / "ppo_rule"),
         "seeds": seeds,
-        "references": REFERENCES,
     }
     write_results("pipeline", results, report(results))
 
@@ -147,16 +131,8 @@ def report(r: dict) -> str:
                   f"to 99% sampled: {seconds(p['s_to_99_sampled'])} (iteration {p['iteration_to_99_sampled']})",
                   f"- throughput {p['tokens_per_s']:.0f} tokens/s (prompt + response), generation {p['generated_tokens_per_s']:.0f} tokens/s",
                   f"- iterations with a negative KL estimate: {p['negative_kl_iterations']} of {p['iterations']}", ""]
-    lines += ["## Context (not the same work)", "",
-              "A figure quoted in the issue, measured on another machine with another implementation and its own "
-              "settings; the same-machine, same-work comparison with TRL 0.11.4 is "
-              "[`peers.md`](peers.md) (`make bench-peers`).", "",
-              "| | PPO s/iteration | PPO s to 99% greedy | PPO s to 99% sampled |", "|---|---|---|---|"]
-    for name, ref in r["references"].items():
-        lines.append(f"| {name} | {ref['ppo_s_per_iteration']} | {ref['ppo_s_to_99_greedy']} | {seconds(ref['ppo_s_to_99_sampled'])} |")
-    mine = r["ppo_learned_reward"]
-    lines.append(f"| ppo-rlhf demo preset (learned RM; separate critic, batch 64, up to 8 steps of 32), this machine | "
-                 f"{mine['s_per_iteration']:.3f} | {seconds(mine['s_to_99_greedy'])} | {seconds(mine['s_to_99_sampled'])} |")
+    lines += ["Against the published walk-through the task comes from, and TRL on the same machine: "
+              "docs/benchmarks.md, \"The built-in task: the whole demo\", and [`peers.md`](peers.md)."]
     return "\n".join(lines) + "\n"
 
 

@@ -2,12 +2,11 @@
 checkers, trained with PPO (gae) and with GRPO, LoRA (one base serves actor, reference and critic).
 
     make smollm2                                               # once: the model as a folder
-    python benchmarks/bench_reasoning.py pick                  # starting accuracy of candidate tasks
-    python benchmarks/bench_reasoning.py train --tasks chain_sum gcd               # ~30 minutes of training a run
-    python benchmarks/bench_reasoning.py train --tasks chain_sum --estimators gspo cispo --seeds 0   # issue 37
+    python benchmarks/bench_reasoning.py --tasks chain_sum gcd               # ~30 minutes of training a run
+    python benchmarks/bench_reasoning.py --tasks chain_sum --estimators gspo cispo --seeds 0   # issue 37
 
 Each run its own process (common.py's runner).  Results:
-benchmarks/results/reasoning_{pick,train}.{json,md} and reasoning.png; the method:
+benchmarks/results/reasoning_train.{json,md} and reasoning.png; the method:
 docs/benchmarks.md, "A real model on real tasks".
 """
 
@@ -16,20 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 from common import RESULTS, header, pyplot, record, run_in_child, save_figure, spread, write_results
 
-# Candidates whose answers are short numbers or words, so 64 new tokens hold an answer.
-CANDIDATES = {
-    "chain_sum": "min_terms=2,max_terms=3,min_digits=1,max_digits=2",
-    "basic_arithmetic": "min_terms=2,max_terms=2,min_digits=1,max_digits=2",
-    "leg_counting": "min_animals=1,max_animals=2",
-    "count_bits": "",
-    "gcd": "",
-    "fraction_simplification": "",
-}
 EVAL_SIZE = 200
 # From benchmarks/results/reasoning_trials.md: one optimizer step on the LoRA adapter per batch of
 # 32 sequences (groups of 8 more often hold a right answer than groups of 4); lr 1e-4 and
@@ -67,48 +56,18 @@ ESTIMATORS.update(VARIANTS)
 # results/shared_prompts.md) but 50 s in its seed-1 run, whose 40 iterations took 34 minutes.
 # chain_sum with two terms: grpo ~51 s (its greedy answers are short, ~10 tokens, but a batch of
 # 32 samples mostly runs to the 32-token cap); a task_size below
-# its ~10^4 distinct problems leaves room for the held-out ones.  basic_arithmetic, the pick's
-# first choice, starts at 3.5% with 32 new tokens, below the 5% asked for
+# its ~10^4 distinct problems leaves room for the held-out ones.  basic_arithmetic, the retired
+# pick's first choice, starts at 3.5% with 32 new tokens, below the 5% asked for
 # (results/reasoning_trials.md); kept to reproduce its runs.
 TRAIN_TASKS = {
     "gcd": {"task_config": "", "task_size": 10000, "iterations": {"gae": 20, "grpo": 40}},
     "chain_sum": {"task_config": "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "task_size": 2000,
                   "iterations": {"gae": 20, "grpo": 36, **{name: 36 for name in VARIANTS}}},
-    "basic_arithmetic": {"task_config": CANDIDATES["basic_arithmetic"], "task_size": 10000,
+    "basic_arithmetic": {"task_config": "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "task_size": 10000,
                          "iterations": {"gae": 20, "grpo": 40}},
 }
 BUDGET_SECONDS = 30 * 60  # the issue's budget of training time a run
 HAND_NOTES = "Per run, added by hand"  # the heading of reasoning_train.md's notes, kept on a rewrite
-
-
-def pick(args) -> None:
-    from ppo_rlhf.config import build_config
-    from ppo_rlhf.stages.evaluate import EvalConfig, run_eval
-
-    rows = []
-    for name in args.candidates:
-        settings = CANDIDATES[name]
-        start = time.perf_counter()
-        config = build_config(EvalConfig, {"model": args.model, "task": f"reasoning-gym:{name}", "task_config": settings,
-                                           "task_eval_size": EVAL_SIZE, "size": EVAL_SIZE, "max_new_tokens": 64,
-                                           "max_length": 256, "show": 3, "num_threads": args.num_threads})
-        summary = run_eval(config)
-        rows.append({"task": name, "task_config": settings, "accuracy": summary["accuracy"],
-                     "task_score": summary["task_score"], "answer_format": summary["answer_format"],
-                     "seconds": time.perf_counter() - start, "samples": summary["samples"]})
-        print(f"{name}: greedy accuracy {summary['accuracy']:.1%}", flush=True)
-        write_pick(args, rows)  # after each task: a long pick stopped half-way keeps what it measured
-
-
-def write_pick(args, rows: list[dict]) -> None:
-    results = {**record(args.note, args.num_threads), "model": args.model, "tasks": rows}
-    lines = [*header("SmolLM2-135M-Instruct on reasoning-gym tasks, before training", results),
-             f"Greedy decoding, 64 new tokens, {EVAL_SIZE} held-out problems per task; accuracy: the package's "
-             f"checker gives 1 to the answer in <answer> tags (else the last number).", "",
-             "| task | generator settings | accuracy | mean score | answers in tags | seconds |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['task']} | `{r['task_config'] or 'defaults'}` | {r['accuracy']:.1%} | {r['task_score']:.3f} | "
-              f"{r['answer_format']:.1%} | {r['seconds']:.0f} |" for r in rows]
-    write_results("reasoning_pick", results, lines, indent=1, ensure_ascii=False)
 
 
 def train_figures(out: Path) -> dict:
@@ -253,13 +212,10 @@ def parse_setting(text: str) -> tuple[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("pick", "train"))
     parser.add_argument("--model", default="runs/smollm2-135m-instruct")
     parser.add_argument("--out", default="runs/bench_reasoning")
-    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES),
-                        help="pick: the tasks to measure")
     parser.add_argument("--tasks", nargs="+", default=["chain_sum", "gcd"], choices=list(TRAIN_TASKS),
-                        help="train: the tasks (default: the two that start between 5%% and 50%% with 32 new tokens)")
+                        help="the tasks (default: the two that start between 5%% and 50%% with 32 new tokens)")
     parser.add_argument("--estimators", nargs="+", default=["gae", "grpo"], choices=list(ESTIMATORS),
                         help="gae and grpo (default), or the policy-loss variants " + ", ".join(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -270,16 +226,16 @@ def main() -> None:
                         help="iterations between held-out evaluations (default: a quarter of the run; 0: before and "
                              "after only; one costs minutes)")
     parser.add_argument("--report-only", action="store_true",
-                        help="train: the tables and plot from the run folders already finished")
+                        help="the tables and plot from the run folders already finished")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="OPTION=VALUE",
-                        help="train: a PPO option over the settings above (YAML value), e.g. --set max_new_tokens=32")
+                        help="a PPO option over the settings above (YAML value), e.g. --set max_new_tokens=32")
     parser.add_argument("--num-threads", type=int, default=0)
     parser.add_argument("--note", default="idle machine")
     args = parser.parse_args()
     args.settings = dict(parse_setting(text) for text in args.settings)
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"{args.model} is missing; make it with: make smollm2")
-    pick(args) if args.phase == "pick" else train(args)
+    train(args)
 
 
 if __name__ == "__main__":

@@ -23,18 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, command, write_results
+from common import ROOT, command, json_child, memory_kib, write_results
 
 PROMPTS = ROOT / "examples" / "smollm2_vader" / "prompts.jsonl"
 ENGINES = ("torch", "vllm")
 PRECISIONS = ("float32", "bf16")
-
-
-def memory_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
 
 
 def length_reward(prompts, responses):
@@ -165,19 +158,15 @@ def main() -> None:
     for precision in ([] if args.report_only else precisions):
         for lora in [model == "lora" for model in args.models]:
             for engine in ENGINES:
-                command = [sys.executable, __file__, "--child", "--engine", engine, "--precision", precision,
-                           "--model", args.model, "--batch-size", str(args.batch_size), "--max-new-tokens",
-                           str(args.max_new_tokens), "--threads", str(args.threads), "--device", args.device,
-                           "--memory-utilization", str(args.memory_utilization), "--iterations",
-                           str(args.iterations)] + (["--lora"] if lora else [])
+                case = [__file__, "--child", "--engine", engine, "--precision", precision, "--model", args.model,
+                        "--batch-size", args.batch_size, "--max-new-tokens", args.max_new_tokens, "--threads",
+                        args.threads, "--device", args.device, "--memory-utilization", args.memory_utilization,
+                        "--iterations", args.iterations] + (["--lora"] if lora else [])
                 try:
-                    done = subprocess.run(command, capture_output=True, text=True, timeout=args.case_timeout)
+                    results.append(json_child(case, timeout=args.case_timeout))
                 except subprocess.TimeoutExpired:
                     print(f"{engine} {precision} lora={lora}: over {args.case_timeout} s, left out", flush=True)
                     continue
-                if done.returncode:
-                    sys.exit(f"{engine} {precision} lora={lora} failed:\n{done.stderr[-3000:]}")
-                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(json.dumps(results[-1]), flush=True)
     ran = {(r["precision"], r["lora"], r["engine"]) for r in results}
     results = [r for r in kept if (r["precision"], r["lora"], r["engine"]) not in ran] + results

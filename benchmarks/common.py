@@ -1,7 +1,7 @@
 """What the benchmark scripts share: paths and SmolLM2's folder, the README's commands, a command run
 and timed, earlier commits checked out beside this one, the record of a result (JSON and
-Markdown), the spread over seeds, PPO runs each in a process of their own and their figures, the
-A/B loop that alternates two ways of one trainer's iteration, and the peer benchmarks' plumbing.
+Markdown), the spread over seeds, PPO runs each in a process of their own and their figures, and
+the peer benchmarks' plumbing.
 
 A script imports what it needs (``from common import ...``; a script's own folder is first on
 sys.path).  Run as a script, it is the child process of ``run_in_child``.
@@ -56,6 +56,16 @@ def timed(command_line: list, log: Path, env: dict | None = None) -> float:
     return time.perf_counter() - start
 
 
+def json_child(arguments: list, env: dict | None = None, **run) -> dict:
+    """This Python on ``arguments`` (a script and its own arguments) in a fresh process: the JSON
+    object its last line of output holds.  Stops with the process's error output where it fails;
+    ``run``: subprocess.run's other arguments (a timeout)."""
+    done = subprocess.run([sys.executable, *map(str, arguments)], capture_output=True, text=True, env=env, **run)
+    if done.returncode:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, arguments))}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @contextlib.contextmanager
 def checkouts(commits, folder: Path):
     """Each earlier commit checked out in a git worktree of its own (folder/code-COMMIT), as a dict
@@ -104,7 +114,7 @@ def machine(threads: int | None = None, unit: str = "thread(s)") -> str:
     return f"{processor()}, torch {torch.__version__}, {threads or torch.get_num_threads()} {unit}"
 
 
-def record(note: str, threads: int | None = None, unit: str = "thread(s)") -> dict:
+def record(note: str = "", threads: int | None = None, unit: str = "thread(s)") -> dict:
     """What a result is kept with: the command, the machine, the date and what else ran."""
     return {"command": command(), "machine": machine(threads, unit), "date": time.strftime("%Y-%m-%d"), "note": note}
 
@@ -129,6 +139,19 @@ def write_results(stem: str, results, text, folder: Path = RESULTS, indent: int 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def memory_kib(field: str) -> int:
+    """VmRSS (resident now) or VmHWM (its peak since the start or the last ``reset_peak``) of this
+    process, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # "5": reset the peak RSS (VmHWM) to the current RSS
 
 
 def pyplot():
@@ -263,78 +286,6 @@ def train_sft_and_rm(out: Path, seed: int) -> tuple[str, str, dict]:
                                                                   "rm_eval_accuracy": rm["eval_accuracy"]}
 
 
-# ---------------------------------------------------------------- one trainer, two ways, alternated
-TIMES = ("time/generate", "time/forward", "time/train", "time/iteration")
-
-
-def ab_arguments(doc: str, rounds: int):
-    """The A/B benchmarks' command line (SmolLM2's folder, a reasoning-gym task, the rounds), checked."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="runs/smollm2-135m-instruct")
-    parser.add_argument("--task", default="gcd")
-    parser.add_argument("--rounds", type=int, default=rounds,
-                        help="rounds of one iteration each way (plus one warm-up)")
-    parser.add_argument("--note", default="idle machine")
-    args = parser.parse_args()
-    require_model(args.model)
-    return args
-
-
-def ab_settings(args, **settings) -> dict:
-    """The measured settings: GRPO with LoRA on SmolLM2 and a reasoning-gym task, one optimizer epoch,
-    k3 KL in the loss; ``settings`` what the benchmark sets beside them."""
-    return {"model": args.model, "task": f"reasoning-gym:{args.task}", "task_size": 2000, "task_eval_size": 10,
-            "lora": True, "estimator": "grpo", "ppo_epochs": 1, "max_length": 224, "kl_in": "loss", "kl_coef": 0.05,
-            "format_reward": 0.1, "overwrite": True, **settings}
-
-
-def ab_trainer(settings: dict):
-    from ppo_rlhf.config import build_config
-    from ppo_rlhf.trainers.ppo import PPOTrainer
-    from ppo_rlhf.trainers.ppo_config import PPOConfig
-
-    return PPOTrainer(build_config(PPOConfig, settings))
-
-
-def alternate(trainer, set_way: Callable[[bool], None], prompts_per_batch: int, samples_per_prompt: int,
-              rounds: int, label: str) -> dict[bool, list[dict]]:
-    """``rounds`` iterations each way (True, False), plus a first round that warms up both;
-    the order flips every round.  Returns each way's timings."""
-    rows = trainer.run_parts.train_rows
-    timings: dict[bool, list[dict]] = {True: [], False: []}
-    for round_index in range(rounds + 1):
-        for way in ((True, False) if round_index % 2 == 0 else (False, True)):
-            set_way(way)
-            batch = rows[(trainer.iteration * prompts_per_batch) % len(rows):][:prompts_per_batch]
-            metrics = trainer.step([row for row in batch for _ in range(samples_per_prompt)])
-            if round_index:
-                timings[way].append({key: metrics[key] for key in TIMES})
-            print(f"round {round_index}, {label} {way}: forward {metrics['time/forward']:.1f} s, "
-                  f"train {metrics['time/train']:.1f} s, iteration {metrics['time/iteration']:.1f} s", flush=True)
-    return timings
-
-
-def ab_report(stem: str, title: str, args, settings: dict, description: str, timings: dict[bool, list[dict]],
-              names: dict[bool, str], first_column: str) -> None:
-    """results/stem.json (settings and every timing) and results/stem.md: each way's median seconds
-    (False's row first) and the iteration's ratio."""
-    def median(way: bool, key: str) -> float:
-        return statistics.median(t[key] for t in timings[way])
-
-    results = {"command": command(), "date": time.strftime("%Y-%m-%d"), "note": args.note, "settings": settings,
-               "machine": machine()}
-    lines = [*header(title, results), description, "",
-             f"| {first_column} | forward passes before the update | update | whole iteration |", "|---|---|---|---|"]
-    for way in (False, True):
-        lines.append(f"| {names[way]} | {median(way, 'time/forward'):.1f} | "
-                     f"{median(way, 'time/train'):.1f} | {median(way, 'time/iteration'):.1f} |")
-    ratio = median(True, "time/iteration") / median(False, "time/iteration")
-    lines += ["", f"Whole iteration: {ratio:.2f} of the time {names[False]}.", ""]
-    write_results(stem, {**results, "timings": {str(k): v for k, v in timings.items()}}, "\n".join(lines), indent=1)
-
-
 # ---------------------------------------------------------------- peer benchmarks: ppo-rlhf and TRL side by side
 def peer_arguments(doc: str, out: str, seeds: list[int], iterations: int, eval_every: int, eval_size: int,
                    threads: int, threads_help: str, trl_venv: str, build: str, quick: tuple[int, int, int],
@@ -439,12 +390,6 @@ def right_padded(out, pad_token_id: int):
 def versions(side: dict) -> str:
     """One side's package versions, as a report lists them: "torch 2.13.0, transformers 5.24.0"."""
     return ", ".join(f"{name} {version}" for name, version in side.items())
-
-
-def load_note(runs: list[dict]) -> str | None:
-    """The range of the 1-minute load averages before the runs, None where none was recorded."""
-    loads = [r["load_average_before"][0] for r in runs if r.get("load_average_before")]
-    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else None
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:

@@ -1,5 +1,5 @@
-"""The pure helpers of the benchmarks (benchmarks/common.py's figures of a run, bench_floor.py,
-agents_tools.py, agents_http.py), on hand-made rows (the benchmarks themselves run for half an hour
+"""The pure helpers of the benchmarks (benchmarks/common.py's figures of a run,
+agents_tools.py), on hand-made rows (the benchmarks themselves run for half an hour
 and more, and are not tests)."""
 
 from __future__ import annotations
@@ -39,20 +39,6 @@ def test_spread_gives_mean_and_range_and_counts_seeds_that_never_reached():
     assert spread([None]) == "0/1 seeds"
 
 
-def test_the_model_alone_times_every_stage_and_reads_the_iteration_timed_beside_it():
-    """bench_floor's eager measurement on a 1-layer model: every stage timed, and the ``time/*``
-    metrics of the iteration run in the same rounds kept under "alongside/" (elapsed left out)."""
-    from bench_floor import eager_model_seconds
-
-    beside = {"time/generate": 0.25, "time/train": 0.5, "time/elapsed": 9.0, "score": 1.0}
-    seconds = eager_model_seconds({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 12}, prompt=5, response=3,
-                                  batch=8, mini=4, epochs=1, repeats=1, alongside=lambda: beside)
-    assert set(seconds) == {"generate", "score", "old + reference passes", "update", "alongside",
-                            "alongside/generate", "alongside/train"}
-    assert seconds["alongside/generate"] == 0.25 and seconds["alongside/train"] == 0.5
-    assert all(value > 0 for value in seconds.values())
-
-
 def test_the_calculator_environment_class_offers_the_plain_tools_schema():
     """``peers-env``'s class lists the same tool as ``tools``' function (so the prompts render as the
     SFT warm-up's did) and nothing else: TRL's rule (every public method but reset / get_reward)."""
@@ -87,85 +73,6 @@ def test_the_calculator_environment_class_plays_as_trl_shape_and_records_each_ep
     assert environment.step("The answer is 10063.")[2]  # no call: the episode's answer
     source.calls.run(environment.reset(seed=0, options=row))
     assert environment.instance.computed == []
-
-
-def test_the_http_calculator_answers_as_the_local_one_through_both_clients(monkeypatch):
-    """benchmarks/agents_http.py: the latency benchmark's tool gives the calculator's answers and
-    errors, through the sync client and the async one, with the calculator's own schema."""
-    import asyncio
-
-    import pytest
-    from transformers.utils import get_json_schema
-
-    import agents_http
-    import agents_http_async
-    import agents_tools
-
-    with agents_http.LatencyServer(0.01) as server:
-        monkeypatch.setenv(agents_http.URL_VARIABLE, server.url)
-        assert agents_http.calculator("347 * 29") == agents_tools.calculator("347 * 29") == "10063"
-        assert asyncio.run(agents_http_async.calculator("(2 + 3) / 4")) == "1.25"
-        for client in (agents_http.calculator, lambda e: asyncio.run(agents_http_async.calculator(e))):
-            with pytest.raises(ValueError, match="SyntaxError"):  # as the local calculator raises
-                client("import os")
-        assert server.requests == 4
-    schema = get_json_schema(agents_tools.calculator)
-    assert get_json_schema(agents_http.calculator) == get_json_schema(agents_http_async.calculator) == schema
-
-
-def test_the_latency_servers_waiting_seconds_are_the_union_of_its_calls_waits(monkeypatch):
-    """Calls one after another add their waits; calls at once count once (hand-worked intervals)."""
-    import agents_http
-
-    server = agents_http.LatencyServer(0.0)
-    server.intervals = [(3.0, 4.0), (0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (4.0, 4.5)]
-    assert server.waiting_seconds() == 3.5  # [0, 2] + [3, 4.5]
-    server.http.server_close()
-    with agents_http.LatencyServer(0.05) as served:
-        monkeypatch.setenv(agents_http.URL_VARIABLE, served.url)
-        agents_http.calculator("1 + 1")
-        agents_http.calculator("2 + 2")
-    assert served.requests == 2 and served.waiting_seconds() >= 0.1  # one after another: both waits count
-
-
-def test_the_lake_hole_reward_costs_only_a_fall_into_a_hole():
-    """``frozenlake``'s shaping reward (--reward-fn agents_tools.py:lake_hole) reads each episode's
-    gymnasium environment where the episode left it: -1 on a hole, 0 at the start, on ice and at the
-    goal (which the environment's own reward pays)."""
-    import agents_tools
-    import gymnasium as gym
-
-    def played(moves: list[int]):
-        lake = gym.make("FrozenLake-v1", is_slippery=False, desc=["SFFF", "HFFF", "FFFH", "FFFG"])
-        lake.reset(seed=0)
-        for move in moves:  # 0 left, 1 down, 2 right, 3 up
-            lake.step(move)
-        return lake
-
-    lakes = [played([]), played([1]), played([2, 1]), played([2, 2, 1, 1, 2]), played([2, 1, 1, 1, 2, 2])]
-    assert agents_tools.lake_hole(lakes, completions=[None] * 5) == [0.0, -1.0, 0.0, -1.0, 0.0]
-
-
-def test_the_edge_reward_counts_the_moves_that_left_the_player_where_it_stood():
-    """``lake_hole_or_edge``: 0.25 for each move whose observation names the square before it (the
-    start is row 1, column 1), an invalid answer's reply no square at all, and the fall's 1 on top."""
-    import agents_tools
-    import gymnasium as gym
-
-    def seen(*squares):  # the model's move, then where the episode runner says the player is
-        return [message for row, column in squares for message in (
-            {"role": "assistant", "content": "a move"},
-            {"role": "user", "content": f"You are at row {row}, column {column}; the goal is 1 down and 1 right."})]
-
-    stalled = seen((1, 1), (2, 1), (2, 1), (2, 1))
-    invalid = [{"role": "assistant", "content": "jump"}, {"role": "user", "content": "That is not an action."}]
-    assert [agents_tools.lake_bumps(c) for c in (stalled, invalid + seen((1, 2)), seen((1, 2), (1, 3)))] == [3, 0, 0]
-    lake = gym.make("FrozenLake-v1", is_slippery=False, desc=["SFFF", "HFFF", "FFFF", "FFFG"])
-    lake.reset(seed=0)
-    lake.step(1)  # down, into the hole
-    start = gym.make("FrozenLake-v1", is_slippery=False)
-    start.reset(seed=0)
-    assert agents_tools.lake_hole_or_edge([lake, start], [seen((1, 1)), stalled]) == [-1.25, -0.75]
 
 
 def test_the_lake_walk_keeps_the_rules_and_stops_at_the_goal():

@@ -902,8 +902,8 @@ def test_the_built_in_task_learns_as_well_with_the_vllm_engine(tmp_path):
     log-probs within 1.7e-5 of the trainer's and every TIS weight 1, so the samples come from the
     trainer's distribution and the gap is one draw of the sampling noise -- or not: it needs
     several seeds of each engine (DEVELOPERS.md: one run's curve moves by tens of iterations on
-    round-off alone), which is why this test runs on demand.  Six seeds of each
-    (benchmarks/bench_engine_learning.py): torch 0.850 (0.700-0.970), vllm 0.736 (0.558-0.882),
+    round-off alone), which is why this test runs on demand.  Six seeds of each (the retired
+    bench_engine_learning.py, docs/benchmarks.md): torch 0.850 (0.700-0.970), vllm 0.736 (0.558-0.882),
     not shown to differ (Welch p = 0.14); this test's 0.15 bar fails on some seeds of either."""
     from ppo_rlhf.config import build_config
     from ppo_rlhf.stages.demo import SFT_PRESET

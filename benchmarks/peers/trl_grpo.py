@@ -185,7 +185,7 @@ def train(settings: dict) -> None:
     import transformers
 
     trainer_name = settings.get("trainer", "trl")
-    version = (__import__("trl").__version__ if trainer_name == "trl" else f"ppo_rlhf.trl (no trl installed)")
+    version = (__import__("trl").__version__ if trainer_name == "trl" else "ppo_rlhf.trl (no trl installed)")
     history = [h for h in trainer.state.log_history if "reward" in h]
     (out / "result.json").write_text(json.dumps({
         "system": "trl" if trainer_name == "trl" else "ppo-rlhf.trl", "threads": torch.get_num_threads(),

@@ -195,9 +195,7 @@ def train(args) -> None:
             if score_norm is not None:
                 scores_used = score_norm(scores)
             score = time.perf_counter() - t
-            t = time.perf_counter()
             stats = trainer.step(queries, responses, scores_used if score_norm is not None else scores)
-            step = time.perf_counter() - t
             wall = time.perf_counter() - start
             forward = (stats["time/ppo/forward_pass"] + stats["time/ppo/compute_rewards"]
                        + stats["time/ppo/compute_advantages"])
