@@ -98,7 +98,7 @@ def tools(args) -> dict:
     traces = agents_tools.write_jsonl(OUT / "traces.jsonl", [agents_tools.trace(a, b, schema)
                                                              for a, b in train[: args.traces]])
     result = {"traces": args.traces, "sft_steps": args.sft_steps}
-    if args.warm_up_only:  # the SFT warm-up the side-by-side benchmarks start from, alone
+    if args.warm_up_only:  # the SFT warm-up the side-by-side and latency benchmarks start from, alone
         tools_warm_up(args, traces, template)
         raise SystemExit(f"warm-up only: {OUT / 'sft' / 'checkpoints' / 'sft'}")
     result["base"] = {"tool": evaluate(MODEL, eval_prompts, OUT / "eval_base_tool", True, args.threads, template),
@@ -465,8 +465,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recipe", choices=sorted(LAKE_RECIPES), default="grpo", help="frozenlake: the PPO recipe")
     parser.add_argument("--warm-up-only", action="store_true",
-                        help="tools, frozenlake: write the prompts and the SFT warm-up (what peers and peers-env "
-                             "start from; what frozenlake-probe reads), nothing else")
+                        help="tools, frozenlake: write the prompts and the SFT warm-up (what peers, peers-env and the "
+                             "latency benchmark start from; what frozenlake-probe reads), nothing else")
     parser.add_argument("--quick", action="store_true", help="a few iterations, to see it run")
     args = parser.parse_args()
     require_model(MODEL)

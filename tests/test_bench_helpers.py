@@ -1,5 +1,5 @@
 """The pure helpers of the benchmarks (benchmarks/common.py's figures of a run,
-agents_tools.py), on hand-made rows (the benchmarks themselves run for half an hour
+agents_tools.py, agents_http.py), on hand-made rows (the benchmarks themselves run for half an hour
 and more, and are not tests)."""
 
 from __future__ import annotations
@@ -73,6 +73,45 @@ def test_the_calculator_environment_class_plays_as_trl_shape_and_records_each_ep
     assert environment.step("The answer is 10063.")[2]  # no call: the episode's answer
     source.calls.run(environment.reset(seed=0, options=row))
     assert environment.instance.computed == []
+
+
+def test_the_http_calculator_answers_as_the_local_one_through_both_clients(monkeypatch):
+    """benchmarks/agents_http.py: the latency benchmark's tool gives the calculator's answers and
+    errors, through the sync client and the async one, with the calculator's own schema."""
+    import asyncio
+
+    import pytest
+    from transformers.utils import get_json_schema
+
+    import agents_http
+    import agents_http_async
+    import agents_tools
+
+    with agents_http.LatencyServer(0.01) as server:
+        monkeypatch.setenv(agents_http.URL_VARIABLE, server.url)
+        assert agents_http.calculator("347 * 29") == agents_tools.calculator("347 * 29") == "10063"
+        assert asyncio.run(agents_http_async.calculator("(2 + 3) / 4")) == "1.25"
+        for client in (agents_http.calculator, lambda e: asyncio.run(agents_http_async.calculator(e))):
+            with pytest.raises(ValueError, match="SyntaxError"):  # as the local calculator raises
+                client("import os")
+        assert server.requests == 4
+    schema = get_json_schema(agents_tools.calculator)
+    assert get_json_schema(agents_http.calculator) == get_json_schema(agents_http_async.calculator) == schema
+
+
+def test_the_latency_servers_waiting_seconds_are_the_union_of_its_calls_waits(monkeypatch):
+    """Calls one after another add their waits; calls at once count once (hand-worked intervals)."""
+    import agents_http
+
+    server = agents_http.LatencyServer(0.0)
+    server.intervals = [(3.0, 4.0), (0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (4.0, 4.5)]
+    assert server.waiting_seconds() == 3.5  # [0, 2] + [3, 4.5]
+    server.http.server_close()
+    with agents_http.LatencyServer(0.05) as served:
+        monkeypatch.setenv(agents_http.URL_VARIABLE, served.url)
+        agents_http.calculator("1 + 1")
+        agents_http.calculator("2 + 2")
+    assert served.requests == 2 and served.waiting_seconds() >= 0.1  # one after another: both waits count
 
 
 def test_the_lake_walk_keeps_the_rules_and_stops_at_the_goal():

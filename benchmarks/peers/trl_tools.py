@@ -7,6 +7,10 @@ calculator and score with the same check.
 
     .venv-trl116/bin/python benchmarks/peers/trl_tools.py --settings RUN.json
 
+``bench_agents_latency.py trl`` runs it with the calculator served over HTTP after a wait (settings
+``"tool": "http"`` or ``"http-async"``: the sync or the async client; ``"every_turn_calls": true``
+reads a calculator call in every turn, as ppo-rlhf's side does with that benchmark's parser).
+
 The model is the benchmark's SFT warm-up, its tokenizer given TRL's Qwen 2.5 chat template (the one
 TRL parses tool calls from; ppo-rlhf's side renders with the same file) and TRL's response parser.
 Each iteration is one generation batch (K samples of B/K prompts, tool calls run between turns)
@@ -29,6 +33,41 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # agents_tools
 sys.path.insert(0, str(HERE.parents[1] / "src"))  # ppo_rlhf.rewards, for the shared check
+
+
+def tool(settings: dict):
+    """The calculator the settings name: the local function (``calculator``, the default), or the one
+    served over HTTP by benchmarks/bench_agents_latency.py through its sync client (``http``) or its
+    async one (``http-async``), each with the calculator's name, signature and docstring."""
+    chosen = settings.get("tool", "calculator")
+    if chosen == "http":
+        import agents_http
+
+        return agents_http.calculator
+    if chosen == "http-async":
+        import agents_http_async
+
+        return agents_http_async.calculator
+    import agents_tools
+
+    return agents_tools.calculator
+
+
+def every_turn_calls() -> None:
+    """One calculator call read in every turn, as ppo-rlhf's side reads it with
+    ``--tool-parser agents_http.py:calls_calculator`` (``bench_agents_latency.py trl --calls
+    every-turn``): TRL's response parser, wrapped where the trainer calls it, keeps the model's text
+    and adds the call, so every episode plays its turns and makes its calls whatever it wrote."""
+    from trl.trainer import grpo_trainer
+
+    parse = grpo_trainer.parse_response
+
+    def parse_with_a_call(*args, **kwargs):
+        message = parse(*args, **kwargs)
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "347 * 29"}}}
+        return {**message, "tool_calls": [call]}
+
+    grpo_trainer.parse_response = parse_with_a_call
 
 
 def train_and_record(trainer, tokenizer, out: Path, **fields) -> None:
@@ -119,9 +158,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", required=True)
     settings = json.loads(Path(parser.parse_args().settings).read_text())
-    import agents_tools
-
-    trainer, tokenizer = grpo_trainer(settings, tools=[agents_tools.calculator])
+    quiet_trl()
+    if settings.get("every_turn_calls"):
+        every_turn_calls()
+    trainer, tokenizer = grpo_trainer(settings, tools=[tool(settings)])
     train_and_record(trainer, tokenizer, Path(settings["out"]))
 
 
