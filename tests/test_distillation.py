@@ -62,9 +62,16 @@ def test_every_estimator_takes_the_teachers_reward_where_it_belongs(zoo, tmp_pat
                                                   else [r for r in trainer.run_parts.train_rows[:2] for _ in (0, 1)])
     mask, sequences = experience.mask, experience.sequences
     granite = load_causal_lm(zoo["granite"])
+    plan = PassPlan(pad_token_id=trainer.tokenizer.pad_token_id)
     with torch.no_grad():
-        teacher = response_stats(granite, sequences, PassPlan(pad_token_id=trainer.tokenizer.pad_token_id)).logprobs
-    reverse_kl = torch.where(mask.bool(), experience.logprobs - teacher, torch.zeros(()))
+        teacher = response_stats(granite, sequences, plan).logprobs
+        student = response_stats(trainer.actor.eval(), sequences, plan).logprobs  # no update yet: the old ones
+    if trainer.old_logprobs_from_update:  # the reward read the sampler's log-probs: the same to round-off
+        assert experience.logprobs.abs().max() == 0  # still to be filled in by the update
+        torch.testing.assert_close(experience.engine_logprobs * mask, student * mask, atol=1e-5, rtol=0)
+    else:
+        torch.testing.assert_close(experience.logprobs * mask, student * mask, atol=1e-5, rtol=0)
+    reverse_kl = torch.where(mask.bool(), student - teacher, torch.zeros(()))
     assert metrics["teacher/reverse_kl"] == pytest.approx(reverse_kl.sum(dim=1).mean().item(), abs=1e-4)
     teacher_rewards = -0.5 * reverse_kl
     scores = experience.raw_scores  # the length reward, no normalisation
@@ -78,10 +85,24 @@ def test_every_estimator_takes_the_teachers_reward_where_it_belongs(zoo, tmp_pat
     torch.testing.assert_close(experience.rewards, expected, atol=1e-4, rtol=0)
 
 
-def test_a_teacher_turns_off_the_old_logprobs_from_the_update(zoo, tmp_path):
+def test_a_teacher_reads_the_samplers_logprobs_where_the_old_ones_come_from_the_update(zoo, tmp_path):
+    """A teacher's reward needs the policy's log-probs before the update: from the built-in loop's
+    own sampling, not a pass of their own; a sampler that keeps none (a generator given in Python)
+    brings the old pass back."""
     plain = small_config(zoo, tmp_path, teacher=None, teacher_coef=None, estimator="grpo", kl_in="loss")
     assert old_logprobs_from_update(plain, None)
-    assert not old_logprobs_from_update(small_config(zoo, tmp_path, estimator="grpo", kl_in="loss"), None)
+    distilling = small_config(zoo, tmp_path, estimator="grpo", kl_in="loss")
+    assert old_logprobs_from_update(distilling, None, sampler_logprobs=True)
+    assert not old_logprobs_from_update(distilling, None)
+    trainer = PPOTrainer(distilling)
+    assert trainer.generator.keeps_logprobs and trainer.old_logprobs_from_update
+    old_passes = []
+    trainer.policy_and_values = lambda part, run=trainer.policy_and_values: old_passes.append(part) or run(part)
+    trainer.train()
+    assert not old_passes  # the reference's and the teacher's passes only
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the sampler's log-probs and the update's agree to round-off (float32)
+    assert all(m["rollout/logprob_diff_max"] < 1e-4 for m in metrics if "rollout/logprob_diff_max" in m)
 
 
 def test_teacher_settings_that_do_nothing_or_cannot_work_are_refused(zoo, tmp_path):

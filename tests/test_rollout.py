@@ -1,9 +1,12 @@
 """Generation, masks and log-probs: the places where RLHF implementations go quietly wrong."""
 
+import math
+
+import pytest
 import torch
 
 from ppo_rlhf.models import build_causal_lm
-from ppo_rlhf.rollout.generation import TorchGenerator
+from ppo_rlhf.rollout.generation import TorchGenerator, token_logprob
 from ppo_rlhf.rollout.logprobs import forward_response, logprobs_from_logits
 from ppo_rlhf.rollout.responses import encode_prompts
 from ppo_rlhf.rollout.sequences import Sequences, finished_flags, response_mask_from_eos
@@ -61,6 +64,30 @@ def test_response_logprobs_match_a_plain_forward_and_respect_temperature():
     expected = logprobs_from_logits(full[:, prompt_length - 1:-1] / 0.7, response_ids)
     got = logprobs_from_logits(out.logits, response_ids)
     assert torch.allclose(got[response_mask.bool()], expected[response_mask.bool()], atol=1e-5)
+
+
+def test_the_loop_keeps_the_logprobs_it_sampled_with_when_asked():
+    """keep_logprobs: each sampled token's log-prob under softmax(logits / T), as the trainer's pass
+    gives it (to round-off), 0 past a response's end; the sampled tokens are those of a loop that
+    keeps none."""
+    tokenizer, model = _tiny_model()
+    ids, mask = encode_prompts(tokenizer, ["S数字:3320x2=", "S__:12x2=", "S:7x2="], 32)
+    keeping = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 6, do_sample=True, temperature=0.7,
+                             seed=0, keep_logprobs=True)
+    response_ids, response_mask = keeping.generate(model, ids, mask)
+    plain = TorchGenerator(tokenizer.eos_token_id, tokenizer.pad_token_id, 6, do_sample=True, temperature=0.7, seed=0)
+    assert torch.equal(plain.generate(model, ids, mask)[0], response_ids) and plain.last_logprobs is None
+    expected = logprobs_from_logits(forward_response(model, Sequences(ids, mask, response_ids, response_mask),
+                                                     temperature=0.7).logits, response_ids)
+    assert keeping.last_logprobs.shape == response_ids.shape and keeping.last_logprobs.dtype == torch.float32
+    torch.testing.assert_close(keeping.last_logprobs, expected * response_mask, atol=1e-5, rtol=0)
+    assert (keeping.last_logprobs[~response_mask.bool()] == 0).all() and (expected[response_mask.bool()] < 0).all()
+
+
+def test_token_logprob_by_hand():
+    # logits [0, 2, 4] at T 2: [0, 1, 2]; log-sum-exp = log(1 + e + e^2) = 2.4076; token 1: 1 - 2.4076
+    logprob = token_logprob(torch.tensor([[0.0, 2.0, 4.0]]), torch.tensor([1]), 2.0)
+    assert logprob.item() == pytest.approx(1 - math.log(1 + math.e + math.e ** 2), abs=1e-6)
 
 
 def test_sampling_follows_softmax_of_logits_over_temperature():

@@ -101,10 +101,11 @@ def refuse_weights_without_engine(config) -> None:
 
 def make_engine(options: RolloutEngineOptions, model, stop_ids: StopIds, pad_token_id: int, max_new_tokens: int,
                 do_sample: bool, temperature: float, seed: int, process: int, device: torch.device | str,
-                max_length: int, max_rows: int, tokenizer=None, agent: bool = False):
+                max_length: int, max_rows: int, tokenizer=None, agent: bool = False, keep_logprobs: bool = False):
     """The generator the options ask for: a TorchGenerator, a VLLMGenerator on ``model``, or a
     ServerGenerator on the servers, checked at start against ``model`` and ``tokenizer`` (the
-    same model and tokenizer, room for ``max_length`` tokens; ``agent``: the same chat template)."""
+    same model and tokenizer, room for ``max_length`` tokens; ``agent``: the same chat template).
+    ``keep_logprobs``: the built-in loop keeps its sampled tokens' log-probs (the engines always do)."""
     if options.rollout_engine == "vllm":
         from ppo_rlhf.rollout.vllm_engine import VLLMGenerator
 
@@ -124,4 +125,4 @@ def make_engine(options: RolloutEngineOptions, model, stop_ids: StopIds, pad_tok
             generator.check_served(model, tokenizer, max_length, agent)
         return generator
     return TorchGenerator(stop_ids, pad_token_id, max_new_tokens, do_sample=do_sample, temperature=temperature,
-                          seed=seed + process, device=device)
+                          seed=seed + process, device=device, keep_logprobs=keep_logprobs)

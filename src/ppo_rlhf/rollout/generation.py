@@ -80,11 +80,16 @@ class TorchGenerator:
 
     ``stop_token_ids``: one id or several (``stop_token_ids(tokenizer, model)`` gives them all).
     ``seed`` seeds a sampling generator of its own on ``device`` (re-made there, same seed, if the
-    model is elsewhere).
+    model is elsewhere).  ``keep_logprobs``: keep each sampled token's log-prob under
+    ``softmax(logits / temperature)`` in ``last_logprobs`` ((B, T), 0 after a response's end), read
+    off the logits the loop computes anyway -- the sampler's own log-probs, which on-policy
+    distillation's reward takes instead of a pass of its own (docs/design.md, "On-policy
+    distillation").
     """
 
     def __init__(self, stop_token_ids: StopIds, pad_token_id: int, max_new_tokens: int, do_sample: bool,
-                 temperature: float = 1.0, seed: int | None = None, device: torch.device | str = "cpu"):
+                 temperature: float = 1.0, seed: int | None = None, device: torch.device | str = "cpu",
+                 keep_logprobs: bool = False):
         self.stop_token_ids = torch.as_tensor(stop_token_ids).reshape(-1).tolist()
         self.pad_token_id = pad_token_id
         self.max_new_tokens = max_new_tokens
@@ -92,6 +97,8 @@ class TorchGenerator:
         self.temperature = temperature
         self.seed = seed
         self.rng = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        self.keeps_logprobs = keep_logprobs
+        self.last_logprobs: torch.Tensor | None = None  # (B, T) with keep_logprobs, of the last responses
 
     def with_decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> "TorchGenerator":
         """Another loop with these decoding settings and this one's stop ids and length."""
@@ -120,7 +127,7 @@ class TorchGenerator:
         position_ids = position_ids_from_mask(attention_mask)
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) first position after the prompt
         finished = torch.zeros(batch_size, dtype=torch.bool, device=prompt_ids.device)
-        tokens = []
+        tokens, logprobs = [], []
         inputs, cache = prompt_ids, {}  # no cache before the prompt's pass
         for step in range(int(limits.max())):
             out = model(
@@ -130,6 +137,8 @@ class TorchGenerator:
             cache_name, past = cache_of(out)
             cache = {cache_name: past}
             token = self.next_tokens(out.logits[:, -1])
+            if self.keeps_logprobs:
+                logprobs.append(token_logprob(out.logits[:, -1], token, self.temperature))
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
             finished |= is_stop(token, self.stop_token_ids) | (limits <= step + 1)
@@ -145,4 +154,13 @@ class TorchGenerator:
         positions = torch.arange(response_ids.shape[1], device=response_ids.device)
         response_mask = response_mask * (positions[None, :] < limits[:, None])  # a row's own limit
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
+        if self.keeps_logprobs:
+            self.last_logprobs = torch.stack(logprobs, dim=1) * response_mask
         return response_ids, response_mask
+
+
+def token_logprob(logits: torch.Tensor, token: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, V) logits of one position, (B,) tokens -> (B,) float32 log-probs of the tokens under
+    ``softmax(logits / temperature)``, the distribution the trainer's passes score."""
+    logits = logits.float() / temperature
+    return logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)

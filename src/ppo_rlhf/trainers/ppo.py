@@ -211,7 +211,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
         self.rollouts = None  # an asynchronous run's rollout worker (trainers/ppo_async.py), while it runs
         self.episode_limits = EpisodeLimits(config.max_prompt_length, config.max_length, config.max_turns,
                                             config.max_episode_tokens, config.chat_template)
-        self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic)
+        self.old_logprobs_from_update = old_logprobs_from_update(config, self.critic,
+                                                                 getattr(self.generator, "keeps_logprobs", False))
         # How the forward passes run (rollout/passes.py): what the config asks for, decided on the
         # first batch against the model's own padded pass (None until then).
         # Under FSDP the output layer's weights are whole only inside the model's own forward: no fused layer.

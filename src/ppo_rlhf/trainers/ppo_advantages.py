@@ -12,6 +12,7 @@ import torch
 
 from ppo_rlhf.core import keep_masked, shaped_rewards, teacher_reverse_kl
 from ppo_rlhf.distributed import gather_rows
+from ppo_rlhf.rollout.sequences import pad_columns
 from ppo_rlhf.trainers.estimators import advantages_and_returns, teacher_in_score
 from ppo_rlhf.trainers.ppo_batch import Experience, Rollout
 
@@ -50,7 +51,10 @@ class AdvantageStage:
         # An episode's per-turn rewards (--turn-rewards per-turn) land on each turn's last token.
         kl_coef_in_reward = self.kl_controller.value if config.kl_in == "reward" else 0.0
         if teacher_logprobs is not None:  # distilling: the teacher's reward per token, or summed into the score
-            scores, turn_rewards = self.add_teacher_rewards(logprobs, teacher_logprobs, mask, scores, turn_rewards,
+            # against the old log-probs; read off the update, they are not known yet: the sampler's instead
+            student = logprobs if not self.old_logprobs_from_update else pad_columns(
+                engine_logprobs.to(logprobs.device), logprobs.shape[1], 0.0)[:, :logprobs.shape[1]]
+            scores, turn_rewards = self.add_teacher_rewards(student, teacher_logprobs, mask, scores, turn_rewards,
                                                             metrics)
         rewards = shaped_rewards(scores, kl, mask, kl_coef_in_reward, turn_rewards)
 

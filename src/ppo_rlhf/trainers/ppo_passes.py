@@ -32,17 +32,19 @@ def prompt_sharing_possible(config: PPOConfig, sharding) -> bool:
     return config.share_prompts and config.samples_per_prompt > 1 and sharding is None and not config.gradient_checkpointing
 
 
-def old_logprobs_from_update(config: PPOConfig, critic: Critic | None) -> bool:
+def old_logprobs_from_update(config: PPOConfig, critic: Critic | None, sampler_logprobs: bool = False) -> bool:
     """Whether the old log-probs can be read off the update's own forward pass instead of a pass
     of their own (docs/design.md, "Old log-probs from the update"): exact when the batch gets one
     optimizer step (the update's forward then runs the weights that sampled it), no dropout
     differs between that forward and the rollout's, and nothing computed before the update needs
-    them -- no critic (GAE's values come from the same pass), no KL in the reward, no teacher (its
-    reward is the old log-probs' difference from the teacher's)."""
+    them -- no critic (GAE's values come from the same pass), no KL in the reward, and no teacher
+    unless ``sampler_logprobs``: a teacher's reward is the policy's log-probs less the teacher's,
+    and the built-in loop keeps the ones it sampled with (rollout/generation.py), the same
+    numbers to round-off, so that reward needs no pass of its own either."""
     one_step = config.ppo_epochs == 1 and config.mini_batch_size == config.batch_size
     no_dropout = config.disable_dropout and not (config.lora and config.lora_dropout > 0)
     kl_free_reward = config.kl_in == "loss" or (config.kl_coef == 0 and config.target_kl is None)
-    return one_step and no_dropout and kl_free_reward and critic is None and config.teacher is None
+    return one_step and no_dropout and kl_free_reward and critic is None and (config.teacher is None or sampler_logprobs)
 
 
 def token_micro_batches(lengths: torch.Tensor, max_tokens: int | None, max_rows: int | None = None,

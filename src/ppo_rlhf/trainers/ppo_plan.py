@@ -67,7 +67,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         f"actor:     {actor}; {_count(actor_trained)} parameters trained, on {where}",
         f"reference: {reference}",
         *([f"teacher:   {teacher.description}, frozen; its log-probs of the model's own tokens, at the rollout's "
-           f"temperature"] if teacher is not None else []),
+           f"temperature" + ("; the model's own, for its reward: those it sampled with (no pass of their own)"
+                             if trainer.old_logprobs_from_update else "")] if teacher is not None else []),
         f"critic:    {critic}",
         f"reward:    {reward}",
         *([f"merged:    {float32_merge_note(merges)}"] if merges else []),

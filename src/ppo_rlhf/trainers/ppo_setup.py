@@ -258,11 +258,12 @@ def build_run(config: PPOConfig, reward=None, environments=None) -> RunParts:
 
 
 def make_generator(config: PPOConfig, tokenizer, actor, accelerator) -> Generator:
-    """The rollout engine --rollout-engine asks for; each process samples its own rollouts."""
+    """The rollout engine --rollout-engine asks for; each process samples its own rollouts.  A
+    distilling run's built-in loop keeps the log-probs it samples with (the teacher's reward reads them)."""
     return make_engine(config, actor, stop_token_ids(tokenizer, actor), tokenizer.pad_token_id, config.max_new_tokens,
                        config.do_sample, config.temperature, config.seed, rank(), accelerator.device,
                        config.max_length, max_rows=config.batch_size, tokenizer=tokenizer,
-                       agent=config.agent is not None)
+                       agent=config.agent is not None, keep_logprobs=config.teacher is not None)
 
 
 def complete_parts(config: PPOConfig, model, ref, reward, tokenizer, generator, accelerator,
