@@ -1,7 +1,7 @@
 """What the benchmark scripts share: paths and SmolLM2's folder, the README's commands, a command run
 and timed, earlier commits checked out beside this one, the record of a result (JSON and
-Markdown), the spread over seeds, PPO runs each in a process of their own and their figures, and
-the peer benchmarks' plumbing.
+Markdown), the spread over seeds, PPO runs each in a process of their own and their figures, the
+loop that alternates two ways of one trainer's iteration, and the peer benchmarks' plumbing.
 
 A script imports what it needs (``from common import ...``; a script's own folder is first on
 sys.path).  Run as a script, it is the child process of ``run_in_child``.
@@ -284,6 +284,59 @@ def train_sft_and_rm(out: Path, seed: int) -> tuple[str, str, dict]:
     return sft["checkpoints"]["sft"], rm["checkpoints"]["reward"], {"sft_seconds": sft["seconds"],
                                                                   "rm_seconds": rm["seconds"],
                                                                   "rm_eval_accuracy": rm["eval_accuracy"]}
+
+
+# ---------------------------------------------------------------- one trainer, two ways, alternated
+TIMES = ("time/generate", "time/forward", "time/train", "time/iteration")
+
+
+def ab_arguments(doc: str, rounds: int):
+    """The A/B benchmarks' command line (SmolLM2's folder, a reasoning-gym task, the rounds), checked."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="runs/smollm2-135m-instruct")
+    parser.add_argument("--task", default="gcd")
+    parser.add_argument("--rounds", type=int, default=rounds,
+                        help="rounds of one iteration each way (plus one warm-up)")
+    parser.add_argument("--note", default="idle machine")
+    args = parser.parse_args()
+    require_model(args.model)
+    return args
+
+
+def ab_settings(args, **settings) -> dict:
+    """The measured settings: GRPO with LoRA on SmolLM2 and a reasoning-gym task, one optimizer epoch,
+    k3 KL in the loss; ``settings`` what the benchmark sets beside them."""
+    return {"model": args.model, "task": f"reasoning-gym:{args.task}", "task_size": 2000, "task_eval_size": 10,
+            "lora": True, "estimator": "grpo", "ppo_epochs": 1, "max_length": 224, "kl_in": "loss", "kl_coef": 0.05,
+            "format_reward": 0.1, "overwrite": True, **settings}
+
+
+def ab_trainer(settings: dict):
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.trainers.ppo import PPOTrainer
+    from ppo_rlhf.trainers.ppo_config import PPOConfig
+
+    return PPOTrainer(build_config(PPOConfig, settings))
+
+
+def alternate(trainer, set_way: Callable[[bool], None], prompts_per_batch: int, samples_per_prompt: int,
+              rounds: int, label: str) -> dict[bool, list[dict]]:
+    """``rounds`` iterations each way (True, False), plus a first round that warms up both;
+    the order flips every round.  Returns each way's timings."""
+    rows = trainer.run_parts.train_rows
+    timings: dict[bool, list[dict]] = {True: [], False: []}
+    for round_index in range(rounds + 1):
+        for way in ((True, False) if round_index % 2 == 0 else (False, True)):
+            set_way(way)
+            batch = rows[(trainer.iteration * prompts_per_batch) % len(rows):][:prompts_per_batch]
+            metrics = trainer.step([row for row in batch for _ in range(samples_per_prompt)])
+            if round_index:
+                timings[way].append({key: metrics[key] for key in TIMES})
+            print(f"round {round_index}, {label} {way}: forward {metrics['time/forward']:.1f} s, "
+                  f"train {metrics['time/train']:.1f} s, iteration {metrics['time/iteration']:.1f} s", flush=True)
+    return timings
 
 
 # ---------------------------------------------------------------- peer benchmarks: ppo-rlhf and TRL side by side
