@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -162,6 +163,28 @@ def test_ppo_trains_where_the_scripts_pad_token_lies_past_the_embeddings(zoo, tm
                train_dataset=data, value_model=critic).train()
     assert "lies past the model's 300 embeddings" in capsys.readouterr().out
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_value_model_that_is_the_reward_models_copy_starts_with_a_fresh_head(zoo):
+    """TRL's scripts load the value model from reward_model_path: its score head is the reward
+    model's, which learned less often here, so the critic's head starts fresh and the plan says so;
+    a value model with a head of its own keeps it, as TRL's did."""
+    import copy
+
+    from transformers import AutoModelForSequenceClassification
+
+    from ppo_rlhf.trl.ppo_trainer import value_critic
+
+    reward = AutoModelForSequenceClassification.from_pretrained(zoo["gpt2"], num_labels=1)
+    critic, note = value_critic(copy.deepcopy(reward), reward)
+    assert not torch.equal(critic.value_head.summary.weight, reward.score.weight.float())
+    assert critic.value_head.summary.weight.abs().max() < 0.1 and "a fresh value head" in note[0]
+    own = copy.deepcopy(reward)
+    with torch.no_grad():
+        own.score.weight.add_(1.0)
+    critic, note = value_critic(own, reward)
+    torch.testing.assert_close(critic.value_head.summary.weight, own.score.weight.float())
+    assert note == []
 
 
 # ---------------------------------------------------------------- training through them

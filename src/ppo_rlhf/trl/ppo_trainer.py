@@ -13,25 +13,44 @@ import torch
 import ppo_rlhf.trl.configs as configs
 from ppo_rlhf.config import ConfigError
 from ppo_rlhf.distributed import is_main_process, world_size
-from ppo_rlhf.models.value import ModelCritic, ValueHead
+from ppo_rlhf.models.value import ModelCritic, ValueHead, value_head_on
 from ppo_rlhf.trl.datasets import one_split, ppo_rows
 from ppo_rlhf.trl.trainer_base import TRLTrainer, check_args, lora_settings, refuse_given, wrapped_in_lora
 from ppo_rlhf.trl.translate import ppo_settings
 
 
-def value_critic(value_model) -> ModelCritic:
+def value_critic(value_model, reward_model) -> tuple[ModelCritic, list[str]]:
     """TRL's value model (a sequence classifier, often the reward model's copy) as this project's
-    critic: its trunk, and a value head starting from its score head, as TRL's starts."""
+    critic, and the plan's note: its trunk, and a value head that starts from its score head as
+    TRL's did -- unless that head is the reward model's own (TRL's scripts load both from
+    ``reward_model_path``).  Then the head starts fresh, as this project's critics do: its values
+    start near 0 and learn the returns, where the reward model's head predicts every prefix's score
+    and the first updates chase that error.  On the built-in task TRL's own ppo.py learned in 3 of 8
+    seeds with the reward model's head and in 7 of 8 with a fresh one (docs/benchmarks.md, "TRL's PPO
+    script against ppo-rlhf's PPO")."""
     trunk = getattr(value_model, value_model.base_model_prefix, None)
     score = getattr(value_model, "score", None)
     if trunk is None or not isinstance(score, torch.nn.Linear) or score.out_features != 1:
         raise ConfigError(f"value_model is a {type(value_model).__name__}; TRL's PPOTrainer takes a sequence "
                           f"classifier with one label (AutoModelForSequenceClassification(..., num_labels=1))")
+    if reward_heads_alike(score, getattr(reward_model, "score", None)):
+        return ModelCritic(trunk, value_head_on(trunk)), [
+            "value model: its trunk, and a fresh value head (values start near 0): its score head is the reward "
+            "model's, from which TRL's started, and which learned less often here (docs/migrating_from_trl.md)"]
     head = ValueHead(score.in_features)
     with torch.no_grad():
         head.summary.weight.copy_(score.weight.float())
         head.summary.bias.zero_() if score.bias is None else head.summary.bias.copy_(score.bias.float())
-    return ModelCritic(trunk, head)
+    return ModelCritic(trunk, head), []
+
+
+def reward_heads_alike(score: torch.nn.Linear, reward_score) -> bool:
+    """Whether a value model's score head holds the reward model's own weights (one read from its folder)."""
+    if not isinstance(reward_score, torch.nn.Linear) or reward_score.weight.shape != score.weight.shape:
+        return False
+    same_bias = (score.bias is None) == (reward_score.bias is None) and (
+        score.bias is None or torch.equal(score.bias.detach().cpu(), reward_score.bias.detach().cpu()))
+    return same_bias and torch.equal(score.weight.detach().cpu(), reward_score.weight.detach().cpu())
 
 
 def tokenizer_within_embeddings(tokenizer, model) -> tuple[object, list[str]]:
@@ -110,8 +129,9 @@ class PPOTrainer(TRLTrainer):
         args.local_mini_batch_size = settings["mini_batch_size"] // args.world_size
         args.micro_batch_size = args.per_device_train_batch_size * args.world_size
         self.eval_rows = eval_rows
-        self.start(args, callbacks, settings, notes, reward=reward_model, model=policy,
-                   ref=None if lora else ref_model, tokenizer=processing_class, critic=value_critic(value_model))
+        critic, critic_note = value_critic(value_model, reward_model)
+        self.start(args, callbacks, settings, notes + critic_note, reward=reward_model, model=policy,
+                   ref=None if lora else ref_model, tokenizer=processing_class, critic=critic)
 
     def extra_metrics(self, metrics: dict) -> dict:
         extra = {"episode": self.state.global_step * self.config.batch_size, "lr": self.config.lr}
