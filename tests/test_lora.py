@@ -338,6 +338,43 @@ def test_a_reward_adapter_is_not_taken_for_a_policy(zoo, reward_adapters, tmp_pa
     assert str(reward_adapters["llama"]) in err and "reward adapter" in err
 
 
+def test_sft_lora_trains_an_adapter_that_peft_loads_and_resumes_to_the_same_weights(zoo, tmp_path):
+    """sft --lora: only the adapter moves; the checkpoint is a peft folder naming its base, which
+    every stage reads as the merged model (ppo --lora starts from it); a killed run resumes to the
+    straight run's adapter."""
+    common = ["sft", "--model", zoo["llama"], "--data", zoo["data"]["jsonl"], "--prompt-field", "question",
+              "--completion-field", "answer", "--batch-size", 4, "--lr", 1e-2, "--eval-fraction", 0, "--seed", 3,
+              "--save-every", 1, "--max-length", 64, *LORA, *THREADS]
+    run([*common, "--steps", 4, "--out", tmp_path / "straight"])
+    adapter = tmp_path / "straight" / "checkpoints" / "sft"
+    assert not (adapter / "config.json").exists() and (adapter / "tokenizer_config.json").is_file()
+    tensors = lora_tensors(adapter)
+    assert tensors and all("lora_" in k for k in tensors) and any(
+        "lora_B" in k and v.abs().sum() > 0 for k, v in tensors.items())
+    base = AutoModelForCausalLM.from_pretrained(zoo["llama"]).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(zoo["llama"]), adapter).eval()
+    assert adapted.peft_config["default"].base_model_name_or_path == str(Path(zoo["llama"]).resolve())
+    ids = torch.tensor([[5, 17, 42, 9, 3]])
+    with torch.no_grad():
+        merged = load_causal_lm(adapter).eval()  # how ppo, eval and --teacher read it
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(base(ids).logits, adapted(ids).logits, atol=1e-4)
+    run([*common, "--steps", 2, "--out", tmp_path / "resumed"])
+    run([*common, "--steps", 4, "--out", tmp_path / "resumed", "--resume"])
+    resumed = lora_tensors(tmp_path / "resumed" / "checkpoints" / "sft")
+    assert resumed.keys() == tensors.keys()
+    for key in tensors:
+        torch.testing.assert_close(resumed[key], tensors[key], atol=1e-6, rtol=1e-5, msg=key)
+    run(["ppo", "--model", adapter, "--prompts", zoo["prompts"], "--reward-fn", f"{REWARDS_MODULE}:length_score",
+         *LORA, *BUDGET, "--out", tmp_path / "ppo"])
+    assert (tmp_path / "ppo" / "checkpoints" / "actor" / "adapter_config.json").is_file()
+
+
+def test_sft_lora_needs_a_base(tmp_path, capsys):
+    err = run_failing(["sft", "--lora", "--out", tmp_path], capsys)
+    assert "lora" in err and "--model" in err
+
+
 def test_rm_lora_needs_a_base(tmp_path, capsys):
     err = run_failing(["rm", "--lora", "--out", tmp_path], capsys)
     assert "lora" in err and "--model" in err

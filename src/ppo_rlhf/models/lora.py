@@ -91,7 +91,7 @@ def output_layer_tied(model: nn.Module) -> bool:
 
 @dataclass
 class LoraOptions:
-    """The LoRA fields shared by every stage that can train adapters (``rm`` and ``ppo``)."""
+    """The LoRA fields shared by every stage that can train adapters (``sft``, ``rm`` and ``ppo``)."""
 
     option_group = MODEL_DATA  # --help's group of all these options (config.py, GROUPS)
 

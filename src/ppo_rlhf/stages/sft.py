@@ -2,7 +2,8 @@
 
 Run folder:
     OUT/config.yaml, metrics.jsonl, tb/, curves.png, summary.json
-    OUT/checkpoints/sft/    the trained model, a standard causal-LM folder (with tokenizer)
+    OUT/checkpoints/sft/    the trained model, a standard causal-LM folder (with tokenizer); with
+                            --lora, the adapter (a peft folder that names its base)
     OUT/checkpoints/last/   resumable state, rewritten atomically every --save-every steps
 """
 
@@ -18,6 +19,7 @@ from ppo_rlhf.evaluation import Evaluator
 from ppo_rlhf.formats import CONVERSATION, completion_rows
 from ppo_rlhf.models import build_causal_lm, load_causal_lm, load_tokenizer, save_pretrained_atomic
 from ppo_rlhf.models.loading import check_fits, check_tokenizer, refuse_adapter
+from ppo_rlhf.models.lora import save_adapter, with_adapter
 from ppo_rlhf.rollout.sequences import stop_token_ids
 from ppo_rlhf.distributed import is_main_process, on_main_process
 from ppo_rlhf.sharding import whole_weights
@@ -46,6 +48,8 @@ def run_sft(config: SFTConfig) -> dict:
     if config.model:
         # The model before its tokenizer: a folder of the wrong kind is then named as such.
         model, tokenizer = load_causal_lm(config.model, config.load_dtype), load_tokenizer(config.model)
+        if config.lora:
+            model = with_adapter(config, model, "CAUSAL_LM")
     else:
         tokenizer = task.tokenizer
         model = build_causal_lm(tokenizer, config.n_layer, config.n_head, config.n_embd, dropout=config.dropout, seed=config.seed)
@@ -72,8 +76,11 @@ def run_sft(config: SFTConfig) -> dict:
     # The processes hold the same weights (or, sharded, their parts of them): written once.
     weights = whole_weights(model)  # sharded: gathered, whole on the main process
     on_main_process(require_finite, weights, "the SFT model")
-    checkpoint = on_main_process(save_pretrained_atomic, model, tokenizer, out / "checkpoints" / "sft",
-                                 weights, stored_dtype)
+    if config.lora:  # an adapter folder: PeftModel.from_pretrained(base, folder); float32 as trained
+        checkpoint = on_main_process(save_adapter, model, model.active_adapter, out / "checkpoints" / "sft", tokenizer)
+    else:
+        checkpoint = on_main_process(save_pretrained_atomic, model, tokenizer, out / "checkpoints" / "sft",
+                                     weights, stored_dtype)
     run_log.plot(["loss", "eval/loss", "eval/token_accuracy", "eval/exact_match", "eval/value_correct",
                   "eval/style_correct", "lr"])
     summary = {

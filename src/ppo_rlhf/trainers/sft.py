@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, above, at_least, between,
+from ppo_rlhf.config import (HARDWARE, MODEL_DATA, RUN, SEEDS, THREADS, UPDATE, above, at_least, between, check,
                              option)
 from ppo_rlhf.data import DataError
 from ppo_rlhf.distributed import batch_for_rank, is_main_process, split_for_rank, sum_across_processes, sum_gradients, world_size
@@ -28,6 +28,7 @@ from ppo_rlhf.formats import CONVERSATION
 from ppo_rlhf.hardware import HardwareOptions
 from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models.loading import check_scratch_model
+from ppo_rlhf.models.lora import LoraOptions
 from ppo_rlhf.recipes import recipe_names
 from ppo_rlhf.run_folder import RunFolderOptions
 from ppo_rlhf.trackers import ReportOptions
@@ -42,7 +43,11 @@ from ppo_rlhf.trainers.sft_conversations import conversation_tokens, training_te
 
 
 @dataclass
-class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
+class SFTConfig(RunFolderOptions, ReportOptions, LoraOptions, HardwareOptions):
+    """``--lora``: train a LoRA adapter on the frozen ``--model``, saved as an adapter folder that
+    every stage reads as the base with the adapter merged (a ``ppo --lora`` run on it adapts the
+    merged model, whose reference it is)."""
+
     # --- model and data
     model: str | None = option(None, "causal LM folder to start from; empty: build a tiny GPT-2 for the task",
                                group=MODEL_DATA, first=True)
@@ -110,8 +115,13 @@ class SFTConfig(RunFolderOptions, ReportOptions, HardwareOptions):
         "report_to"})
 
     def validate(self) -> None:
+        self.validate_lora()
         self.validate_hardware()
-        sharding_from_launch()  # an FSDP launch: a setting ppo-rlhf does not follow is named at start
+        check(self.model is not None or not self.lora, "lora", "--lora needs --model (the base to adapt; a model "
+                                                               "built from scratch trains in full)", self.lora)
+        if sharding_from_launch() is not None:  # an FSDP launch whose settings ppo-rlhf follows
+            check(not self.lora, "lora", "off under an FSDP launch (ppo-rlhf shards full fine-tuning; LoRA trains "
+                                         "data parallel: configs/accelerate/gpus_ddp.yaml)", self.lora)
         check_scratch_model(self)
         check_template_file_used(self)
 
@@ -299,8 +309,8 @@ def train_sft(model, tokenizer, rows: list[dict], config: SFTConfig, run_log=Non
     accelerator = prepare_to_train(model, config, accelerator, "SFT model")
     # (N, L) ids, mask and labels, kept on the CPU; a batch moves to the device when it is used
     examples = sft_examples(tokenizer, rows, config, stop_token_ids(tokenizer, model))
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]  # with --lora: the adapter's
+    optimizer = adamw(trained, lr=config.lr, weight_decay=config.weight_decay)
     optimizer = accelerator.prepare(optimizer)  # with fp16 autocast: loss scaling
     generator = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=generator)
