@@ -1,6 +1,6 @@
 """The pure helpers of the benchmarks (benchmarks/common.py's figures of a run,
-agents_tools.py, agents_http.py), on hand-made rows (the benchmarks themselves run for half an hour
-and more, and are not tests)."""
+agents_tools.py, agents_http.py, distill_teacher.py's worked solutions), on hand-made rows (the
+benchmarks themselves run for half an hour and more, and are not tests)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,19 @@ def test_a_walk_trace_ends_on_the_models_move_and_reads_as_its_view():
     assert "Safe moves: down, right." in messages[0]["content"]
     shortest = agents_tools.lake_trace(open_lake)["messages"]  # the first board, then 6 moves with 5 boards between
     assert shortest[-1]["role"] == "assistant" and len(shortest) == 1 + 6 + 5
+
+
+def test_a_worked_solution_walks_the_terms_by_place_value_and_checks_the_answer():
+    import pytest
+
+    from distill_teacher import place_values, worked_solution
+
+    assert place_values(305) == [300, 5] and place_values(40) == [40] and place_values(0) == [0]
+    assert worked_solution("15 - 43", "-28") == ("Start at 15. Subtract 43: 15 - 40 = -25, -25 - 3 = -28. "
+                                                 "<answer>-28</answer>")
+    assert worked_solution("90 + 7 - 305", "-208") == ("Start at 90. Add 7: 90 + 7 = 97. Subtract 305: "
+                                                       "97 - 300 = -203, -203 - 5 = -208. <answer>-208</answer>")
+    with pytest.raises(ValueError, match="works out to 3"):
+        worked_solution("4 - 1", "5")  # a solution that would teach a wrong answer is never written
+    with pytest.raises(ValueError, match="not a chain of sums"):
+        worked_solution("4 * 1", "4")
