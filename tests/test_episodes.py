@@ -281,6 +281,9 @@ def test_ppo_on_episodes_logs_them_and_saves_what_happened(zoo, tmp_path, capsys
     last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert last["episode/turns"] == 2.0 and last["episode/tokens"] > last["response_length"]
     assert {"episode/truncated", "tools/calls", "reward/environment"} <= set(last)
+    # where the update's credit falls, turn by turn: every episode plays both turns
+    assert last["turns/reached_1"] == last["turns/reached_2"] == 1.0 and "turns/advantage_3" not in last
+    assert last["turns/abs_advantage_1"] > 0 and last["turns/abs_advantage_2"] > 0
     # the reward less the score is the KL's share only: the per-turn rewards (up to 8 a turn) are not in it
     assert last["reward/environment"] > 0 and last["kl_coef"] > 0
     assert last["non_score_reward"] == pytest.approx(-last["kl_coef"] * last["kl"])
@@ -291,6 +294,20 @@ def test_ppo_on_episodes_logs_them_and_saves_what_happened(zoo, tmp_path, capsys
     assert [m["role"] for m in record["messages"]] == ["assistant", "user", "assistant"]
     assert len(record["loss_mask"]) == len(record["response_ids"]) and 0 in record["loss_mask"]
     assert record["turn_rewards"] == [float(min(m["content"].count("e"), 8)) for m in record["messages"][::2]]
+
+
+def test_turn_advantages_by_hand():
+    from ppo_rlhf.trainers.ppo_metrics import turn_advantages
+
+    # Episode 0: turn 1 is tokens 0-1, the environment's 2-3 (no mask), turn 2 is token 4, 5 is padding.
+    # Episode 1: one turn, tokens 0-2.
+    advantages = torch.tensor([[1.0, 3.0, 9.0, 9.0, -2.0, 7.0], [0.5, -0.5, 3.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0]])
+    metrics = turn_advantages(advantages, mask, [[1, 4], [2]])
+    # turn 1: means 2 and 1 -> 1.5; |.| means 2 and 4/3 -> 5/3; both episodes reach it
+    # turn 2: episode 0 alone: -2, |.| 2, half the episodes
+    assert metrics == pytest.approx({"turns/advantage_1": 1.5, "turns/abs_advantage_1": 5 / 3, "turns/reached_1": 1.0,
+                                     "turns/advantage_2": -2.0, "turns/abs_advantage_2": 2.0, "turns/reached_2": 0.5})
 
 
 def test_per_turn_rewards_land_on_each_turns_last_token(zoo):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from ppo_rlhf.core import keep_masked, shaped_rewards, teacher_reverse_kl
-from ppo_rlhf.distributed import gather_rows
+from ppo_rlhf.distributed import gather_objects, gather_rows
 from ppo_rlhf.rollout.sequences import pad_columns
 from ppo_rlhf.trainers.estimators import advantages_and_returns, teacher_in_score
 from ppo_rlhf.trainers.ppo_batch import Experience, Rollout
+from ppo_rlhf.trainers.ppo_metrics import turn_advantages
 
 
 class AdvantageStage:
@@ -66,6 +67,9 @@ class AdvantageStage:
                                                      greedy_scores, turn_rewards, unscored)
         if rollout.filler is not None:  # dynamic sampling's filler groups keep the batch's size and teach nothing
             advantages = advantages.masked_fill(gather_rows(rollout.filler)[:, None], 0.0)
+        if self.environments is not None:  # episodes: where the credit falls, turn by turn
+            # each process's episodes in rank order, as gather_rows joins their rows
+            metrics.update(turn_advantages(advantages, mask, gather_objects(rollout.episodes.turn_ends)))
         return Experience(sequences, logprobs, ref_logprobs, values, kl, rewards, advantages, returns, scores,
                           raw_scores, greedy_scores, engine_logprobs)
 

@@ -27,6 +27,41 @@ def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torc
             "rollout/logprob_diff_max": gap.max().item() if gap.numel() else 0.0}
 
 
+TURNS_LOGGED = 6  # an episode's first turns each get their advantage statistics (turns/*)
+
+
+def turn_advantages(advantages: torch.Tensor, mask: torch.Tensor, turn_ends: list[list[int | None]],
+                    turns: int = TURNS_LOGGED) -> dict[str, float]:
+    """How the update's credit falls on an episode's turns: for turn k (1..``turns``) of each
+    episode that reached it, the mean advantage of its model tokens (positions after the previous
+    turn's last model token, up to its own: ``turn_ends``, response indices), then averaged over those
+    episodes -- ``turns/advantage_k`` -- with the mean |advantage| of those tokens (``turns/abs_advantage_k``)
+    and the share of episodes that reached the turn (``turns/reached_k``).  A critic-free estimator
+    gives each turn its episode's one advantage; a critic's GAE moves credit between turns."""
+    sums = torch.zeros(turns, 3, dtype=torch.float64)  # per turn: sum of means, sum of |means|, episodes
+    masked = keep_masked(advantages, mask).double().cpu()
+    owned = mask.bool().cpu()
+    for row, ends in enumerate(turn_ends):
+        start = 0
+        for k, end in enumerate(ends[:turns]):
+            if end is None:
+                continue
+            tokens = owned[row, start:end + 1]
+            if tokens.any():
+                values = masked[row, start:end + 1][tokens]
+                sums[k] += torch.stack([values.mean(), values.abs().mean(), torch.ones((), dtype=torch.float64)])
+            start = end + 1
+    rows = max(len(turn_ends), 1)
+    metrics = {}
+    for k in range(turns):
+        reached = sums[k, 2].item()
+        if reached:
+            metrics.update({f"turns/advantage_{k + 1}": sums[k, 0].item() / reached,
+                            f"turns/abs_advantage_{k + 1}": sums[k, 1].item() / reached,
+                            f"turns/reached_{k + 1}": reached / rows})
+    return metrics
+
+
 class IterationMetrics:
     """Stage 8 of PPOTrainer (module docstring)."""
 
