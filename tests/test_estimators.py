@@ -358,3 +358,13 @@ def test_a_group_estimator_without_groups_exits_2_with_the_reason(zoo, tmp_path,
     err = run_failing(["ppo", "--model", zoo["gpt2"], "--prompts", zoo["prompts"], "--reward-fn",
                        f"{REWARDS_MODULE}:length_score", "--estimator", "grpo", "--out", tmp_path / "run"], capsys)
     assert "samples_per_prompt" in err and ">= 2 with estimator grpo" in err and "Traceback" not in err
+
+
+def test_group_outcomes_by_hand():
+    from ppo_rlhf.trainers.ppo_metrics import group_outcomes
+
+    # Four groups of K 4: one success alone, all right, all wrong, two of four.
+    scores = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0])
+    assert group_outcomes(scores, 4) == {"groups/zero_std": 0.5, "groups/one_best": 0.25}
+    # Graded scores: the best alone counts whatever the others score.
+    assert group_outcomes(torch.tensor([0.2, 0.9, 0.5, 0.5]), 2) == {"groups/zero_std": 0.5, "groups/one_best": 0.5}

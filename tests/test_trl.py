@@ -215,6 +215,7 @@ def test_grpo_trains_a_model_object_with_lora_and_tells_its_callbacks(zoo, tmp_p
     assert [step for step, _ in recorder.logs] == [1, 2]
     logs = recorder.logs[-1][1]
     assert logs["reward"] == logs["score"] and "rewards/length/mean" in logs and "completions/mean_length" in logs
+    assert logs["frac_reward_zero_std"] == logs["groups/zero_std"]
     out = tmp_path / "run"
     assert (out / "checkpoints" / "actor" / "adapter_config.json").is_file()
     trainer.save_model(str(tmp_path / "saved"))

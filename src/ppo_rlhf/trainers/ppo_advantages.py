@@ -15,7 +15,7 @@ from ppo_rlhf.distributed import gather_objects, gather_rows
 from ppo_rlhf.rollout.sequences import pad_columns
 from ppo_rlhf.trainers.estimators import advantages_and_returns, teacher_in_score
 from ppo_rlhf.trainers.ppo_batch import Experience, Rollout
-from ppo_rlhf.trainers.ppo_metrics import turn_advantages
+from ppo_rlhf.trainers.ppo_metrics import group_outcomes, turn_advantages
 
 
 class AdvantageStage:
@@ -67,6 +67,8 @@ class AdvantageStage:
                                                      greedy_scores, turn_rewards, unscored)
         if rollout.filler is not None:  # dynamic sampling's filler groups keep the batch's size and teach nothing
             advantages = advantages.masked_fill(gather_rows(rollout.filler)[:, None], 0.0)
+        if config.samples_per_prompt > 1 and len(raw_scores) % config.samples_per_prompt == 0:
+            metrics.update(group_outcomes(raw_scores, config.samples_per_prompt))
         if self.environments is not None:  # episodes: where the credit falls, turn by turn
             # each process's episodes in rank order, as gather_rows joins their rows
             metrics.update(turn_advantages(advantages, mask, gather_objects(rollout.episodes.turn_ends)))

@@ -27,6 +27,19 @@ def engine_gap(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torc
             "rollout/logprob_diff_max": gap.max().item() if gap.numel() else 0.0}
 
 
+def group_outcomes(scores: torch.Tensor, group_size: int) -> dict[str, float]:
+    """How a batch's groups of ``group_size`` samples of one prompt (adjacent rows) can teach a
+    group estimator, from their scores (B,): ``groups/zero_std``, the share whose samples all scored
+    alike (a group baseline gives each advantage 0: TRL's ``frac_reward_zero_std``), and
+    ``groups/one_best``, the share where one sample alone scored the group's best (with 0/1 rewards:
+    one success among K, whose advantage carries the group's whole signal)."""
+    groups = scores.detach().float().reshape(-1, group_size)
+    best = groups.max(dim=1, keepdim=True).values
+    alike = (groups == groups[:, :1]).all(dim=1)
+    one_best = ((groups == best).sum(dim=1) == 1) & ~alike
+    return {"groups/zero_std": alike.float().mean().item(), "groups/one_best": one_best.float().mean().item()}
+
+
 TURNS_LOGGED = 6  # an episode's first turns each get their advantage statistics (turns/*)
 
 

@@ -20,7 +20,7 @@ from ppo_rlhf.trl.translate import online_settings
 
 ONLINE_METRICS = {"reward": "score", "reward_std": "score_std", "completions/mean_length": "response_length",
                   "entropy": "entropy", "clip_ratio/region_mean": "clipfrac", "clip_ratio/low_mean": "clipfrac_low",
-                  "clip_ratio/high_mean": "clipfrac_high"}
+                  "clip_ratio/high_mean": "clipfrac_high", "frac_reward_zero_std": "groups/zero_std"}
 ROLLOUT_FUNC = ("rollout_func: ppo-rlhf's rollouts are its own; give an environment_factory (or tools) for "
                 "multi-turn episodes, or a reward function for what you scored in the rollout")
 
