@@ -14,6 +14,7 @@ solutions of chain_sum problems the students never see (distill_teacher.py), or 
 
     make smollm2                                      # once: the base SmolLM2-135M-Instruct as a folder
     python benchmarks/bench_distill.py --seeds 0 1    # the worked-solution teacher, then every arm, both seeds
+    python benchmarks/bench_distill.py --teacher-only # the worked-solution teacher alone, and its held-out accuracy
     python benchmarks/bench_distill.py --teacher-from grpo --arms grpo distill   # issue 49's comparison
     python benchmarks/bench_distill.py --teacher runs/chain_sum/checkpoints/actor   # a teacher already trained
     python benchmarks/bench_distill.py --report-only  # the tables and plot from finished runs
@@ -106,6 +107,8 @@ def main() -> None:
     parser.add_argument("--teacher-size", type=int, default=3000, help="the worked-solution teacher's problems")
     parser.add_argument("--teacher-lr", type=float, default=1e-4, help="the worked-solution teacher's peak lr")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--teacher-only", action="store_true", help="make the teacher, print its held-out accuracy "
+                                                                    "and stop (results/distill_teacher.json)")
     parser.add_argument("--out", default="runs/bench_distill")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--iterations", type=int, default=None, help="student iterations (default: the recipe's)")
@@ -135,6 +138,15 @@ def main() -> None:
     given = args.teacher is not None or args.teacher_from == "worked"
     teacher_accuracy = teacher_accuracy_of(teacher if given else None, teacher_run, recipe, key, args.num_threads)
     print(f"teacher {teacher}: held-out greedy accuracy {teacher_accuracy:.1%}", flush=True)
+    if args.teacher_only:
+        results = {**record(args.note, args.num_threads), "teacher": teacher, "teacher_from": args.teacher_from,
+                   "teacher_steps": args.teacher_steps, "teacher_size": args.teacher_size, "teacher_lr": args.teacher_lr,
+                   "held_out_accuracy": teacher_accuracy}
+        lines = [*header("The distillation teacher", results),
+                 f"Teacher {teacher} ({args.teacher_from}): held-out greedy accuracy **{teacher_accuracy:.1%}** on the "
+                 f"students' held-out problems.", ""]
+        write_results("distill_teacher", results, "\n".join(lines), out if args.smoke else RESULTS, indent=1)
+        return
     distilled, distill_folder, _ = distill_settings(args.distill_gamma, args.teacher_from)
     settings = {"grpo": {}, "distill": {**distilled, "teacher": teacher},
                 "distill+reward": {**DISTILL_AND_REWARD, "teacher": teacher}}
