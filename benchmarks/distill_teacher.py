@@ -83,15 +83,19 @@ def cli(arguments: list, log: Path) -> None:
 def build_teacher(out: Path, model: str, recipe: dict, size: int, steps: int, lr: float, log: Path,
                   num_threads: int) -> str:
     """The worked-solution teacher: ``steps`` full fine-tuning steps of 32 rows on ``size``
-    problems (a finished one is kept)."""
-    folder = out / "teacher-sft" / "checkpoints" / "sft"
+    problems (a finished one is kept, a stopped one resumed from its last checkpoint)."""
+    run = out / "teacher-sft"
+    folder = run / "checkpoints" / "sft"
     if (folder / "config.json").is_file():
         return str(folder)
     data = out / "teacher_rows.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in teacher_rows(recipe, size)))
+    started = (run / "checkpoints" / "last").is_dir() and data.is_file()
+    if not started:
+        data.write_text("".join(json.dumps(row) + "\n" for row in teacher_rows(recipe, size)))
     cli(["sft", "--model", model, "--data", data, "--chat-template", "--steps", steps, "--batch-size", 32, "--lr", lr,
-         "--warmup-steps", 10, "--max-length", 256, "--eval-fraction", 0, "--save-every", 50,
-         "--num-threads", num_threads, "--out", out / "teacher-sft", "--overwrite", "--report-to", "none"], log)
+         "--warmup-steps", 10, "--max-length", 256, "--eval-fraction", 0, "--save-every", 25,
+         "--num-threads", num_threads, "--out", run, "--resume" if started else "--overwrite", "--report-to", "none"],
+        log)
     return str(folder)
 
 
