@@ -51,7 +51,7 @@ def turn_advantages(advantages: torch.Tensor, mask: torch.Tensor, turn_ends: lis
     episodes -- ``turns/advantage_k`` -- with the mean |advantage| of those tokens (``turns/abs_advantage_k``)
     and the share of episodes that reached the turn (``turns/reached_k``).  A critic-free estimator
     gives each turn its episode's one advantage; a critic's GAE moves credit between turns."""
-    sums = torch.zeros(turns, 3, dtype=torch.float64)  # per turn: its episodes' mean advantages, mean |advantages|, count
+    sums = torch.zeros(turns, 3, dtype=torch.float64)  # per turn: sums of mean advantage, mean |advantage|; count
     masked = keep_masked(advantages, mask).double().cpu()
     owned = mask.bool().cpu()
     for row, ends in enumerate(turn_ends):
