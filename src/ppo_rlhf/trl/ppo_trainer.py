@@ -45,12 +45,14 @@ def value_critic(value_model, reward_model) -> tuple[ModelCritic, list[str]]:
 
 
 def reward_heads_alike(score: torch.nn.Linear, reward_score) -> bool:
-    """Whether a value model's score head holds the reward model's own weights (one read from its folder)."""
-    if not isinstance(reward_score, torch.nn.Linear) or reward_score.weight.shape != score.weight.shape:
-        return False
-    same_bias = (score.bias is None) == (reward_score.bias is None) and (
-        score.bias is None or torch.equal(score.bias.detach().cpu(), reward_score.bias.detach().cpu()))
-    return same_bias and torch.equal(score.weight.detach().cpu(), reward_score.weight.detach().cpu())
+    """Whether a value model's score head holds the reward model's own weights (both read from one
+    folder; compared in float32, so one loaded in bf16 beside one in float32 from a bf16 file counts)."""
+    def same(a, b) -> bool:
+        return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and
+                                             torch.equal(a.detach().float().cpu(), b.detach().float().cpu()))
+
+    return isinstance(reward_score, torch.nn.Linear) and same(score.weight, reward_score.weight) and \
+        same(score.bias, reward_score.bias)
 
 
 def tokenizer_within_embeddings(tokenizer, model) -> tuple[object, list[str]]:
