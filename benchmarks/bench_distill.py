@@ -38,6 +38,7 @@ TARGET_SHARE, TARGET_RATIO = 0.9, 0.25
 # The README's chain_sum command ("Real reasoning tasks"), as PPOConfig fields.
 CHAIN_SUM = {"lora": True, "task": "reasoning-gym:chain_sum",
              "task_config": "min_terms=2,max_terms=2,min_digits=1,max_digits=2", "task_size": 2000,
+             "task_seed": 0,  # one problem set for every student seed: the teacher's problems avoid its questions
              "task_reward": "exact", "estimator": "grpo", "samples_per_prompt": 8, "batch_size": 32,
              "mini_batch_size": 32, "ppo_epochs": 1, "kl_in": "loss", "lr": 1e-4, "temperature": 0.7,
              "max_new_tokens": 32, "iterations": 36, "eval_sampled": False, "save_every": 0, "sample_every": 0}
@@ -204,7 +205,7 @@ def off_policy_student(teacher: str, recipe: dict, model: str, out: Path, seed: 
     prompts = iterations * recipe["batch_size"] // recipe["samples_per_prompt"]
     data = out.parent / f"{out.name}-samples.jsonl"
     sampling_seconds = teacher_samples(teacher, recipe, prompts, seed, data)
-    settings = {k: recipe[k] for k in ("task", "task_config", "task_size") if k in recipe}
+    settings = {k: recipe[k] for k in ("task", "task_config", "task_size", "task_seed") if k in recipe}
 
     def evaluate(folder: str) -> float:
         return teacher_accuracy_of(folder, out, {**recipe, **settings}, accuracy_key(recipe["task"]), args.num_threads)
@@ -222,7 +223,7 @@ def teacher_accuracy_of(teacher: str | None, teacher_run: Path, recipe: dict, ke
     from ppo_rlhf.config import build_config
     from ppo_rlhf.stages.evaluate import EvalConfig, run_eval
 
-    settings = {k: recipe[k] for k in ("task", "task_config", "task_size") if k in recipe}
+    settings = {k: recipe[k] for k in ("task", "task_config", "task_size", "task_seed") if k in recipe}
     summary = run_eval(build_config(EvalConfig, {"model": teacher, **settings, "max_new_tokens": recipe["max_new_tokens"],
                                                  "size": recipe.get("eval_size", 200), "show": 0,
                                                  "num_threads": num_threads}))

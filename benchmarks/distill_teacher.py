@@ -54,12 +54,14 @@ def worked_solution(expression: str, answer: str) -> str:
 
 def teacher_rows(recipe: dict, size: int) -> list[dict]:
     """``size`` chain_sum problems of the students' generator settings from another seed, none of
-    them a question the students train or are evaluated on, each with its worked solution, as
-    chat rows for ``sft --chat-template`` (the students' system prompt and question)."""
+    them a question the students train or are evaluated on (their ``task_seed``, fixed for every
+    student), each with its worked solution, as chat rows for ``sft --chat-template`` (the
+    students' system prompt and question)."""
     from ppo_rlhf.tasks.reasoning_gym import ReasoningGymTask, parse_task_config
 
     name, settings = recipe["task"].split(":", 1)[1], parse_task_config(recipe["task_config"])
-    students = ReasoningGymTask(name, recipe["task_size"], recipe.get("eval_size", 200), 0, settings)
+    students = ReasoningGymTask(name, recipe["task_size"], recipe.get("task_eval_size", 200), recipe["task_seed"],
+                                settings)
     seen = {entry["question"] for entry in students.entries}
     teacher = ReasoningGymTask(name, size * 3, 0, TEACHER_SEED_OFFSET, settings)
     rows = []
