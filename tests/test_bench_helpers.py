@@ -1,6 +1,7 @@
 """The pure helpers of the benchmarks (benchmarks/common.py's figures of a run,
-agents_tools.py, agents_http.py, distill_teacher.py's worked solutions), on hand-made rows (the
-benchmarks themselves run for half an hour and more, and are not tests)."""
+agents_tools.py, agents_http.py, distill_teacher.py's worked solutions, agents_strategy.py's
+games), on hand-made rows (the benchmarks themselves run for half an hour and more, and are not
+tests)."""
 
 from __future__ import annotations
 
