@@ -1,6 +1,7 @@
 """The pure helpers of the benchmarks (benchmarks/common.py's figures of a run,
-agents_tools.py, agents_http.py, distill_teacher.py's worked solutions), on hand-made rows (the
-benchmarks themselves run for half an hour and more, and are not tests)."""
+agents_tools.py, agents_http.py, distill_teacher.py's worked solutions, agents_strategy.py's
+games), on hand-made rows (the benchmarks themselves run for half an hour and more, and are not
+tests)."""
 
 from __future__ import annotations
 
@@ -190,3 +191,71 @@ def test_a_worked_solution_walks_the_terms_by_place_value_and_checks_the_answer(
         worked_solution("4 - 1", "5")  # a solution that would teach a wrong answer is never written
     with pytest.raises(ValueError, match="not a chain of sums"):
         worked_solution("4 * 1", "4")
+
+
+def test_the_number_game_answers_higher_or_lower_and_ends_after_five_guesses_or_the_find():
+    from agents_strategy import GuessNumber
+
+    game = GuessNumber()
+    game.reset(secret=20)
+    assert [game.guess(n) for n in (16, 24, 20)] == ["Higher.", "Lower.", "Correct!"]
+    assert game.guess(7) == "The game is over." and game.get_reward() == 1.0
+    game.reset(secret=1)
+    answers = [game.guess(n) for n in (2, 3, 4, 5, "six", 6, 1)]
+    # "six" is not a guess: it costs nothing; the fifth counted guess ends the game, unfound
+    assert answers == ["Lower.", "Lower.", "Lower.", "Lower.", "'six' is not a whole number.",
+                       "Lower. No guesses left.", "The game is over."]
+    assert game.get_reward() == 0.0
+
+
+def test_the_door_takes_keys_on_the_ring_only_and_opens_for_its_own():
+    from agents_strategy import DoorKeys
+
+    game = DoorKeys()
+    game.reset(keys=["iron", "gold", "tin"], key="gold")
+    assert game.try_key("brass") == "There is no brass key on your ring."  # not a try
+    assert game.try_key("iron") == "It does not turn."
+    assert game.try_key("Gold key") == "It turns: the door is open!"
+    assert game.try_key("tin") == "The game is over." and game.get_reward() == 1.0 and game.tries == 2
+
+
+def test_random_legal_play_keeps_the_rules_and_wins_about_as_often_as_worked_out():
+    import random
+
+    from agents_strategy import keys_random_tries, keys_rows, number_random_guesses, simulate
+
+    rng = random.Random(0)
+    for secret in (1, 16, 31):
+        guesses, low, high = number_random_guesses(secret, rng), 1, 31
+        for guess in guesses:  # every guess within what the answers so far allow
+            assert low <= guess <= high
+            low, high = (guess + 1, high) if secret > guess else (low, guess - 1) if secret < guess else (low, high)
+        assert len(guesses) <= 5 and (guesses[-1] == secret or len(guesses) == 5)
+    row = keys_rows(1, seed=3)[0]
+    tries = keys_random_tries(row["keys"], row["key"], rng)
+    assert set(tries) <= set(row["keys"]) and (tries[-1] == row["key"] or len(tries) == 5)
+    # Keys at random: 1 - (5/6)^5 = 0.598 wins; each key once: 5/6.  The number game's 54% is simulated.
+    rates = simulate(games=4000, seed=0)
+    assert abs(rates["keys: random legal tries"] - (1 - (5 / 6) ** 5)) < 0.03
+    assert rates["keys: each key once"] == 5 / 6
+    assert 0.50 < rates["number: random legal guesses"] < 0.58
+
+
+def test_a_warm_up_trace_is_a_trl_conversation_whose_tool_answers_are_the_games():
+    import json
+    import random
+
+    from agents_strategy import DoorKeys, keys_rows, keys_trace
+
+    row = keys_rows(1, seed=5)[0]
+    schema = {"type": "function", "function": {"name": "try_key"}}
+    trace = keys_trace(row, random.Random(1), schema)
+    messages = trace["messages"]
+    assert trace["tools"] == [schema] and messages[0] == {"role": "user", "content": row["prompt"]}
+    game = DoorKeys()
+    game.reset(**row)
+    for call, answer in zip(messages[1:-1:2], messages[2:-1:2]):
+        key = json.loads(call["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]["key"]
+        assert answer == {"role": "tool", "name": "try_key", "content": game.try_key(key)}
+    assert messages[-1]["role"] == "assistant" and "<tool_call>" not in messages[-1]["content"]
+    assert messages[-1]["content"].startswith("The door is open" if game.open else "I did not open the door")
