@@ -28,7 +28,6 @@ import argparse
 import json
 import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 import agents_strategy
+from common import timed
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -70,13 +70,7 @@ RECIPES = {
 
 def ppo_rlhf(*args, log: Path, threads: int) -> float:
     """One ``ppo-rlhf`` command, its output in ``log``; the seconds it took."""
-    command = [sys.executable, "-m", "ppo_rlhf.cli", *map(str, args), "--num-threads", str(threads)]
-    start = time.perf_counter()
-    with open(log, "w") as file:
-        done = subprocess.run(command, stdout=file, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, command))}; see {log}")
-    return time.perf_counter() - start
+    return timed([sys.executable, "-m", "ppo_rlhf.cli", *args, "--num-threads", threads], log)
 
 
 def environment(task: str) -> str:
