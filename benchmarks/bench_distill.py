@@ -51,6 +51,10 @@ DISTILL = {"estimator": "reinforce++", "reward_weights": [0.0], "kl_coef": 0.0, 
 # Distillation and the task's reward together: the task's reward counts, and each token's return is the
 # teacher's rewards to come and the task's at the end.
 DISTILL_AND_REWARD = {**DISTILL, "reward_weights": [1.0], "gamma": 1.0}
+# The worked-solution teacher writes ~42 tokens (27-46) before its answer's end: the README recipe's 32
+# cut 97% of them short, and the teacher measured 18.5% held-out so.  With that teacher every arm,
+# the teacher's own evaluation and its samples get this budget, so a student can write what it writes.
+WORKED_MAX_NEW_TOKENS = 64
 ARMS = ("grpo", "distill", "distill+reward", "sft-samples")
 COLOURS = {"grpo": "tab:orange", "distill": "tab:blue", "distill+reward": "tab:green", "sft-samples": "tab:purple"}
 
@@ -129,6 +133,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.log"
     recipe = dict(SMOKE if args.smoke else CHAIN_SUM)
+    if args.teacher_from == "worked" and not args.smoke:
+        recipe["max_new_tokens"] = WORKED_MAX_NEW_TOKENS
     model = smoke_model(out) if args.smoke else args.model
     require_model(model)
     key = accuracy_key(recipe["task"])
