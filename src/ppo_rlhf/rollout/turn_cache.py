@@ -26,8 +26,10 @@ import torch
 
 def cache_rows_selectable(cache) -> bool:
     """Whether ``cache`` (a forward's output cache) is made of plain dynamic layers only."""
-    from transformers.cache_utils import DynamicLayer
-
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # a transformers whose caches are not made of layers
+        return False
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
