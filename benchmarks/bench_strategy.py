@@ -28,6 +28,7 @@ import argparse
 import json
 import platform
 import random
+import resource
 import sys
 import time
 from pathlib import Path
@@ -203,7 +204,10 @@ def train_command(args) -> dict:
     curve = [{"iteration": m["step"], "seconds": round(elapsed.get(m["step"], 0.0), 1),
               "success": m.get("eval/episode/success", m.get("eval/score"))} for m in metrics if "eval/score" in m]
     within = [c for c in curve if c["seconds"] <= BUDGET_SECONDS]
+    # The run's peak resident memory: the largest child this process waited for is the ppo run.
+    peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20 if seconds else None
     result = {"recipe": args.recipe, "flags": flags, "run_seconds": seconds and round(seconds, 1), "curve": curve,
+              "peak_rss_gib": peak_gib and round(peak_gib, 2),
               "warm_up": curve[0]["success"], "last_within_budget": within[-1], "last": curve[-1],
               "iteration_seconds": round(sum(m["time/iteration"] for m in trained) / max(len(trained), 1), 1),
               "training": [{key: round(m[key], 4) for key in ("step", "score", "kl", "entropy", "approx_kl",
@@ -248,7 +252,7 @@ def report(args, result: dict) -> None:
                   f"| last evaluation | {result['last']['success']:.3f} | {result['last']['iteration']} | "
                   f"{result['last']['seconds']:.0f} |", "",
                   f"Gain within the budget: {result['gain_points']:+.1f} points; {result['iteration_seconds']} s an "
-                  f"iteration." + (f" Reported from the run's folder as far as it went: {len(result['training'])} "
+                  f"iteration" + (f"; peak RSS {result['peak_rss_gib']} GiB." if result.get("peak_rss_gib") else ".") + (f" Reported from the run's folder as far as it went: {len(result['training'])} "
                                    f"of --iterations {args.iterations} trained." if args.report_only else ""), "", "Training, iteration by iteration: " + "; ".join(
                       f"{m['step']}: success {m.get('score', 0):.2f}, KL {m.get('kl', 0):.3f}, entropy "
                       f"{m.get('entropy', 0):.3f}, {m.get('tools/calls', 0):.1f} calls" for m in result["training"])]
