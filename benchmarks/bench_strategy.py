@@ -219,8 +219,7 @@ def train_command(args) -> dict:
     return result
 
 
-def report(args, result: dict) -> None:
-    RESULTS.mkdir(exist_ok=True)
+def result_name(args) -> str:
     name = f"strategy_{args.task}_{args.command.replace('-', '_')}"
     if args.command == "warm-up" and args.warm_up:
         name += f"_{args.warm_up.replace('-', '_')}"
@@ -228,6 +227,12 @@ def report(args, result: dict) -> None:
         name += "_" + run_name(args).removeprefix("ppo_").replace("-", "_")
     if args.quick:
         name += "_quick"
+    return name
+
+
+def report(args, result: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    name = result_name(args)
     command = " ".join(sys.argv[1:])
     result = {"command": f"python benchmarks/bench_strategy.py {command}", "date": time.strftime("%Y-%m-%d"),
               "machine": f"{platform.machine()}, {args.threads} torch threads, torch {torch.__version__}", **result}
@@ -237,9 +242,9 @@ def report(args, result: dict) -> None:
     if args.command == "warm-up":
         recipe = " ".join(["sft --recipe agents-warm-up", *args.sft_flags])
         lines += [f"Warm-up: {args.traces} traces of random legal play, `{recipe}`.", "",
-                  "| held-out play | success | turns | calls |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['success']:.3f} | {v.get('episode/turns', 0):.2f} | {v.get('tools/calls', 0):.2f} |"
-                  for k, v in (("greedy", result["greedy"]), ("sampled at 0.7", result["sampled_0.7"]))]
+                  "| held-out play | success | turns | calls | seconds (the eval command) |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['success']:.3f} | {v.get('episode/turns', 0):.2f} | {v.get('tools/calls', 0):.2f} | "
+                  f"{v['seconds']:.1f} |" for k, v in (("greedy", result["greedy"]), ("sampled at 0.7", result["sampled_0.7"]))]
         lines += ["", *fault_table("held-out play", [("greedy", result["greedy"]["faults"]),
                                                      ("sampled at 0.7", result["sampled_0.7"]["faults"])])]
     else:
@@ -288,7 +293,8 @@ def main() -> None:
     parser.add_argument("--label", default="", help="a word added to the result's file name")
     parser.add_argument("--quick", action="store_true", help="2 iterations, 8 held-out games: to see it run")
     parser.add_argument("--report-only", action="store_true",
-                        help="train: report the run already in its folder, as far as it went, without training")
+                        help="train: report the run already in its folder, as far as it went, without training; "
+                             "warm-up: its table again from its results")
     args, extra = parser.parse_known_args()
     args.extra = extra  # train: ppo-rlhf flags after the recipe's (a later flag wins)
     args.sft_flags = args.sft_flags.split()
@@ -300,7 +306,12 @@ def main() -> None:
         args.eval_every = 1 if args.quick else 4
     if args.quick:
         args.eval_size = args.eval_size or 8
-    result = {"warm-up": warm_up_command, "train": train_command}[args.command](args)
+    if args.command == "warm-up" and args.report_only:  # the table again from the results' JSON
+        recorded = json.loads((RESULTS / f"{result_name(args)}.json").read_text())
+        sys.argv = recorded["command"].split()[1:]  # the command that measured it, in the report
+        result = {key: recorded[key] for key in ("warm_up", "greedy", "sampled_0.7")}
+    else:
+        result = {"warm-up": warm_up_command, "train": train_command}[args.command](args)
     report(args, result)
 
 
