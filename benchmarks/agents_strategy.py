@@ -171,6 +171,53 @@ def keys_trace(row: dict, rng: random.Random, schema: dict) -> dict:
     return played(row["prompt"], "try_key", "key", tries, DoorKeys.try_key, game, closing, schema)
 
 
+# ---------------------------------------------------------------- where a game was lost
+LOSSES = ("cut", "stopped", "played out")
+
+
+def faults(row: dict, calls: list[dict], won: bool, truncated: bool) -> dict:
+    """What one played game did, replayed from its tool calls (each ``{"arguments", "result"}``, as
+    a rollout records them) on its row: ``refused`` calls the game did not take (a key not on the
+    ring, a guess that is not a number), ``wasted`` moves it took that could not win (a key tried
+    before; a number the answers had already ruled out), ``after_over`` calls once the game was
+    decided, and for a lost game where it was lost: ``cut`` by the turn limit, ``stopped`` (answered
+    with moves left), or ``played out`` (every move used).  Refused, cut and stopped are the rules
+    the warm-up's traces keep; wasted moves in a game played out are the strategy they do not."""
+    count = {"refused": 0, "wasted": 0, "after_over": 0}
+    moves, low, high, tried = 0, 1, NUMBER_TOP, set()
+    limit = KEY_TRIES if "keys" in row else NUMBER_GUESSES
+    for call in calls:
+        result = str(call.get("result", ""))
+        if result.startswith("The game is over"):
+            count["after_over"] += 1
+        elif result.startswith("There is no") or result.endswith("is not a whole number."):
+            count["refused"] += 1
+        else:
+            moves += 1
+            move = next(iter(call.get("arguments", {}).values()), None)
+            if "keys" in row:
+                name = str(move).strip().lower().removesuffix(" key")
+                count["wasted"] += name in tried
+                tried.add(name)
+            else:
+                number = int(move)
+                count["wasted"] += not low <= number <= high
+                low, high = ((max(low, number + 1), high) if result.startswith("Higher") else
+                             (low, min(high, number - 1)) if result.startswith("Lower") else (low, high))
+    lost = None if won else "cut" if truncated else "stopped" if moves < limit else "played out"
+    return {**count, "lost": lost}
+
+
+def fault_shares(games: list[dict]) -> dict[str, float]:
+    """``faults`` over many games: each count per game, and each way of losing as a share of all
+    games (so won + cut + stopped + played out = 1)."""
+    count = max(len(games), 1)
+    shares = {key: sum(game[key] for game in games) / count for key in ("refused", "wasted", "after_over")}
+    shares["won"] = sum(game["lost"] is None for game in games) / count
+    shares.update({f"lost: {way}": sum(game["lost"] == way for game in games) / count for way in LOSSES})
+    return shares
+
+
 def simulate(games: int = 20000, seed: int = 0) -> dict[str, float]:
     """Each game's success rate played by the warm-up's random rules and by the strategy."""
     rng, wins = random.Random(seed), 0

@@ -28,6 +28,7 @@ import argparse
 import json
 import platform
 import random
+import resource
 import sys
 import time
 from pathlib import Path
@@ -109,41 +110,77 @@ def data(task: str, traces: int) -> dict[str, Path]:
             "traces": write_jsonl(folder / "traces.jsonl", [trace(row, rng, schema) for row in train[:traces]])}
 
 
+def warm_up_folder(task: str, args, name: str = "sft") -> Path:
+    """OUT/task/NAME, or NAME_WARMUP for a warm-up named by --warm-up (other --sft-flags)."""
+    return OUT / task / (name + (f"_{args.warm_up}" if args.warm_up else ""))
+
+
 def warm_up(task: str, args) -> Path:
-    """The SFT warm-up's model (OUT/task/sft), trained unless an earlier one with the same traces
-    and settings is there."""
+    """The SFT warm-up's model (OUT/task/sft, or sft_NAME with --warm-up NAME), trained unless an
+    earlier one with the same traces and settings is there."""
     files = data(task, args.traces)
-    sft = OUT / task / "sft"
+    sft = warm_up_folder(task, args)
     settings = {"traces": files["traces"].read_text(), "extra": args.sft_flags}
     stamp = sft / "warm_up.json"
     if not (stamp.is_file() and json.loads(stamp.read_text()) == settings):
         ppo_rlhf("sft", "--recipe", "agents-warm-up", "--model", MODEL, "--data", files["traces"],
                  "--chat-template-file", TEMPLATE, *args.sft_flags, "--eval-fraction", 0, "--save-every", 0,
-                 "--out", sft, "--overwrite", log=OUT / task / "sft.log", threads=args.threads)
+                 "--out", sft, "--overwrite", log=sft.with_suffix(".log"), threads=args.threads)
         stamp.write_text(json.dumps(settings))
     return sft / "checkpoints" / "sft"
 
 
 def evaluate(task: str, model: Path, out: Path, args, sampled: bool = False) -> dict:
-    """``ppo-rlhf eval`` of ``model`` on the held-out games: greedy, or sampled at temperature 0.7."""
+    """``ppo-rlhf eval`` of ``model`` on the held-out games: greedy, or sampled at temperature 0.7;
+    with each game's faults (agents_strategy.faults) over all of them."""
     files = data(task, args.traces)
     extra = ["--do-sample", "--temperature", 0.7, "--seed", args.seed] if sampled else []
-    seconds = ppo_rlhf("eval", "--model", model, "--prompts", files["held_out"], "--size", args.eval_size or 10_000,
-                       *episode_flags(task), *extra, "--out", out, "--overwrite", log=out.with_suffix(".log"),
-                       threads=args.threads)
+    rows = [json.loads(line) for line in files["held_out"].read_text().splitlines()][:args.eval_size or None]
+    seconds = ppo_rlhf("eval", "--model", model, "--prompts", files["held_out"], "--size", len(rows),
+                       *episode_flags(task), *extra, "--show", len(rows), "--out", out, "--overwrite",
+                       log=out.with_suffix(".log"), threads=args.threads)
     summary = json.loads((out / "summary.json").read_text())
     metrics = summary.get("metrics", summary)
+    games = [agents_strategy.faults(row, game["tool_calls"], game["score"] > 0, game["truncated"])
+             for row, game in zip(rows, summary["samples"])]
     return {"success": metrics.get("episode/success", summary.get("score")), "seconds": round(seconds, 1),
-            **{key: metrics[key] for key in ("episode/turns", "tools/calls", "tools/errors") if key in metrics}}
+            **{key: metrics[key] for key in ("episode/turns", "tools/calls", "tools/errors") if key in metrics},
+            "faults": rounded(agents_strategy.fault_shares(games))}
+
+
+def rounded(shares: dict) -> dict:
+    return {key: round(value, 3) for key, value in shares.items()}
+
+
+def rollout_faults(task: str, run: Path) -> list[dict]:
+    """Each iteration's training games (the run's rollouts/iteration_N.jsonl): their faults, by
+    the training row each game was played on."""
+    rows = [json.loads(line) for line in (OUT / task / "train.jsonl").read_text().splitlines()]
+    shares = []
+    for path in sorted((run / "rollouts").glob("iteration_*.jsonl")):
+        games = []
+        for line in path.read_text().splitlines():
+            game = json.loads(line)
+            row = rows[int(game["source"].rsplit(":", 1)[1]) - 1]  # the rollout's source: FILE:LINE
+            games.append(agents_strategy.faults(row, game["tool_calls"], game["episode_reward"] > 0,
+                                                game["truncated"]))
+        shares.append({"iteration": int(path.stem.rsplit("_", 1)[1]), **rounded(agents_strategy.fault_shares(games))})
+    return shares
 
 
 def warm_up_command(args) -> dict:
     model = warm_up(args.task, args)
     result = {"warm_up": {"traces": args.traces, "recipe": "agents-warm-up", "flags": args.sft_flags},
-              "greedy": evaluate(args.task, model, OUT / args.task / "eval_sft", args),
-              "sampled_0.7": evaluate(args.task, model, OUT / args.task / "eval_sft_sampled", args, sampled=True)}
+              "greedy": evaluate(args.task, model, warm_up_folder(args.task, args, "eval_sft"), args),
+              "sampled_0.7": evaluate(args.task, model, warm_up_folder(args.task, args, "eval_sft_sampled"), args,
+                                      sampled=True)}
     print(result, flush=True)
     return result
+
+
+def run_name(args) -> str:
+    """ppo_RECIPE[_WARMUP][_LABEL]_seedN: a run's folder under OUT/task/."""
+    return "_".join(part for part in ("ppo", args.recipe, args.warm_up, args.label, f"seed{args.seed}") if part)
 
 
 def train_command(args) -> dict:
@@ -151,7 +188,7 @@ def train_command(args) -> dict:
     and every --eval-every iterations, with the training seconds so far."""
     model = warm_up(args.task, args)
     files = data(args.task, args.traces)
-    run = OUT / args.task / f"ppo_{args.recipe}_seed{args.seed}"
+    run = OUT / args.task / run_name(args)
     flags = [str(x) for x in RECIPES[args.recipe]] + [str(x) for x in args.extra]
     if args.report_only:  # the run in its folder, as far as it went (a stopped one included)
         seconds = None
@@ -167,24 +204,35 @@ def train_command(args) -> dict:
     curve = [{"iteration": m["step"], "seconds": round(elapsed.get(m["step"], 0.0), 1),
               "success": m.get("eval/episode/success", m.get("eval/score"))} for m in metrics if "eval/score" in m]
     within = [c for c in curve if c["seconds"] <= BUDGET_SECONDS]
+    # The run's peak resident memory: the largest child this process waited for is the ppo run.
+    peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20 if seconds else None
     result = {"recipe": args.recipe, "flags": flags, "run_seconds": seconds and round(seconds, 1), "curve": curve,
+              "peak_rss_gib": peak_gib and round(peak_gib, 2),
               "warm_up": curve[0]["success"], "last_within_budget": within[-1], "last": curve[-1],
               "iteration_seconds": round(sum(m["time/iteration"] for m in trained) / max(len(trained), 1), 1),
               "training": [{key: round(m[key], 4) for key in ("step", "score", "kl", "entropy", "approx_kl",
                                                                 "episode/turns", "tools/calls", "tools/errors")
-                            if key in m} for m in trained]}
+                            if key in m} for m in trained],
+              "faults": rollout_faults(args.task, run)}
     result["gain_points"] = round(100 * (result["last_within_budget"]["success"] - result["warm_up"]), 1)
     print({k: result[k] for k in ("warm_up", "last_within_budget", "gain_points", "iteration_seconds")}, flush=True)
     return result
 
 
-def report(args, result: dict) -> None:
-    RESULTS.mkdir(exist_ok=True)
+def result_name(args) -> str:
     name = f"strategy_{args.task}_{args.command.replace('-', '_')}"
+    if args.command == "warm-up" and args.warm_up:
+        name += f"_{args.warm_up.replace('-', '_')}"
     if args.command != "warm-up":
-        name += f"_{args.recipe.replace('-', '_')}" + (f"_{args.label}" if args.label else "") + f"_seed{args.seed}"
+        name += "_" + run_name(args).removeprefix("ppo_").replace("-", "_")
     if args.quick:
         name += "_quick"
+    return name
+
+
+def report(args, result: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    name = result_name(args)
     command = " ".join(sys.argv[1:])
     result = {"command": f"python benchmarks/bench_strategy.py {command}", "date": time.strftime("%Y-%m-%d"),
               "machine": f"{platform.machine()}, {args.threads} torch threads, torch {torch.__version__}", **result}
@@ -194,9 +242,11 @@ def report(args, result: dict) -> None:
     if args.command == "warm-up":
         recipe = " ".join(["sft --recipe agents-warm-up", *args.sft_flags])
         lines += [f"Warm-up: {args.traces} traces of random legal play, `{recipe}`.", "",
-                  "| held-out play | success | turns | calls |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['success']:.3f} | {v.get('episode/turns', 0):.2f} | {v.get('tools/calls', 0):.2f} |"
-                  for k, v in (("greedy", result["greedy"]), ("sampled at 0.7", result["sampled_0.7"]))]
+                  "| held-out play | success | turns | calls | seconds (the eval command) |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['success']:.3f} | {v.get('episode/turns', 0):.2f} | {v.get('tools/calls', 0):.2f} | "
+                  f"{v['seconds']:.1f} |" for k, v in (("greedy", result["greedy"]), ("sampled at 0.7", result["sampled_0.7"]))]
+        lines += ["", *fault_table("held-out play", [("greedy", result["greedy"]["faults"]),
+                                                     ("sampled at 0.7", result["sampled_0.7"]["faults"])])]
     else:
         within = result["last_within_budget"]
         lines += [f"Recipe `{args.recipe}`: `{' '.join(result['flags'])}`, LoRA.", "",
@@ -207,12 +257,23 @@ def report(args, result: dict) -> None:
                   f"| last evaluation | {result['last']['success']:.3f} | {result['last']['iteration']} | "
                   f"{result['last']['seconds']:.0f} |", "",
                   f"Gain within the budget: {result['gain_points']:+.1f} points; {result['iteration_seconds']} s an "
-                  f"iteration." + (f" Reported from the run's folder as far as it went: {len(result['training'])} "
+                  f"iteration" + (f"; peak RSS {result['peak_rss_gib']} GiB." if result.get("peak_rss_gib") else ".") + (f" Reported from the run's folder as far as it went: {len(result['training'])} "
                                    f"of --iterations {args.iterations} trained." if args.report_only else ""), "", "Training, iteration by iteration: " + "; ".join(
                       f"{m['step']}: success {m.get('score', 0):.2f}, KL {m.get('kl', 0):.3f}, entropy "
                       f"{m.get('entropy', 0):.3f}, {m.get('tools/calls', 0):.1f} calls" for m in result["training"])]
+        if result.get("faults"):
+            lines += ["", *fault_table("training iteration", [(str(f["iteration"]), f) for f in result["faults"]])]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def fault_table(what: str, rows: list[tuple[str, dict]]) -> list[str]:
+    """Where games were lost (agents_strategy.faults): the rules the warm-up's traces keep (refused
+    calls, cut by the turn limit, stopped with moves left) against the strategy (wasted moves)."""
+    columns = ("won", "lost: cut", "lost: stopped", "lost: played out", "refused", "wasted", "after_over")
+    return ["Where the games were lost (shares of all games; refused, wasted and after-over calls per game):", "",
+            f"| {what} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|",
+            *[f"| {name} | " + " | ".join(f"{shares[c]:.2f}" for c in columns) + " |" for name, shares in rows]]
 
 
 def main() -> None:
@@ -226,11 +287,14 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=None, help="held-out games (default: all)")
     parser.add_argument("--traces", type=int, default=WARM_UP["traces"])
     parser.add_argument("--sft-flags", default="", help="sft flags over the warm-up recipe's, as one string")
+    parser.add_argument("--warm-up", default="", help="a name for the warm-up these --sft-flags make: its model, "
+                                                      "evaluations and runs in folders of its own")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--label", default="", help="a word added to the result's file name")
     parser.add_argument("--quick", action="store_true", help="2 iterations, 8 held-out games: to see it run")
     parser.add_argument("--report-only", action="store_true",
-                        help="train: report the run already in its folder, as far as it went, without training")
+                        help="train: report the run already in its folder, as far as it went, without training; "
+                             "warm-up: its table again from its results")
     args, extra = parser.parse_known_args()
     args.extra = extra  # train: ppo-rlhf flags after the recipe's (a later flag wins)
     args.sft_flags = args.sft_flags.split()
@@ -242,7 +306,12 @@ def main() -> None:
         args.eval_every = 1 if args.quick else 4
     if args.quick:
         args.eval_size = args.eval_size or 8
-    result = {"warm-up": warm_up_command, "train": train_command}[args.command](args)
+    if args.command == "warm-up" and args.report_only:  # the table again from the results' JSON
+        recorded = json.loads((RESULTS / f"{result_name(args)}.json").read_text())
+        sys.argv = recorded["command"].split()[1:]  # the command that measured it, in the report
+        result = {key: recorded[key] for key in ("warm_up", "greedy", "sampled_0.7")}
+    else:
+        result = {"warm-up": warm_up_command, "train": train_command}[args.command](args)
     report(args, result)
 
 

@@ -258,3 +258,28 @@ def test_a_warm_up_trace_is_a_trl_conversation_whose_tool_answers_are_the_games(
         assert answer == {"role": "tool", "name": "try_key", "content": game.try_key(key)}
     assert messages[-1]["role"] == "assistant" and "<tool_call>" not in messages[-1]["content"]
     assert messages[-1]["content"].startswith("The door is open" if game.open else "I did not open the door")
+
+
+def test_a_played_game_is_replayed_into_where_it_was_lost():
+    from agents_strategy import fault_shares, faults
+
+    keys = {"keys": ["iron", "gold", "tin"], "key": "gold"}
+    call = lambda move, result: {"arguments": {"key": move}, "result": result}
+    # A key off the ring (refused), iron twice (the second wasted), then it stops with tries left.
+    stopped = faults(keys, [call("brass", "There is no brass key on your ring."), call("iron", "It does not turn."),
+                            call("Iron key", "It does not turn.")], won=False, truncated=False)
+    assert stopped == {"refused": 1, "wasted": 1, "after_over": 0, "lost": "stopped"}
+    won = faults(keys, [call("gold", "It turns: the door is open!"), call("tin", "The game is over.")],
+                 won=True, truncated=False)
+    assert won == {"refused": 0, "wasted": 0, "after_over": 1, "lost": None}
+    number = {"secret": 20}
+    guess = lambda n, result: {"arguments": {"number": n}, "result": result}
+    # 16: higher, so 1-16 are ruled out; 10 wastes a guess; 5 guesses used, lost.
+    played_out = faults(number, [guess(16, "Higher."), guess(10, "Higher."), guess(24, "Lower."), guess(22, "Lower."),
+                                 guess(21, "Lower. No guesses left.")], won=False, truncated=False)
+    assert played_out == {"refused": 0, "wasted": 1, "after_over": 0, "lost": "played out"}
+    cut = faults(number, [guess("x", "'x' is not a whole number.")], won=False, truncated=True)
+    assert cut["lost"] == "cut" and cut["refused"] == 1
+    shares = fault_shares([stopped, won, played_out, cut])
+    assert shares["won"] + sum(shares[f"lost: {way}"] for way in ("cut", "stopped", "played out")) == 1.0
+    assert shares["refused"] == 0.5 and shares["wasted"] == 0.5 and shares["lost: stopped"] == 0.25

@@ -12,11 +12,13 @@ they would make the sampling distribution differ from the one whose log-probs ar
 
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol
 
 import torch
 
 from ppo_rlhf.rollout.sequences import StopIds, is_stop, position_ids_from_mask, response_mask_from_eos
+from ppo_rlhf.rollout.turn_cache import TurnCache
 
 
 def cache_of(output) -> tuple[str, object]:
@@ -84,7 +86,8 @@ class TorchGenerator:
     ``softmax(logits / temperature)`` in ``last_logprobs`` ((B, T), 0 after a response's end), read
     off the logits the loop computes anyway -- the sampler's own log-probs, which on-policy
     distillation's reward takes instead of a pass of its own (docs/design.md, "On-policy
-    distillation").
+    distillation").  Inside ``holding_weights`` (an episode rollout's turns) each call starts from
+    the KV cache the one before left (rollout/turn_cache.py).
     """
 
     def __init__(self, stop_token_ids: StopIds, pad_token_id: int, max_new_tokens: int, do_sample: bool,
@@ -99,6 +102,17 @@ class TorchGenerator:
         self.rng = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
         self.keeps_logprobs = keep_logprobs
         self.last_logprobs: torch.Tensor | None = None  # (B, T) with keep_logprobs, of the last responses
+        self.turn_cache: TurnCache | None = None  # inside holding_weights: the last call's cache
+
+    @contextlib.contextmanager
+    def holding_weights(self, model):
+        """Calls within hold the weights fixed (one rollout's turns), so each call may start from
+        the cache the call before left; the cache is let go on leaving."""
+        self.turn_cache = TurnCache()
+        try:
+            yield
+        finally:
+            self.turn_cache = None
 
     def with_decoding(self, do_sample: bool, temperature: float = 1.0, seed: int | None = None) -> "TorchGenerator":
         """Another loop with these decoding settings and this one's stop ids and length."""
@@ -123,12 +137,18 @@ class TorchGenerator:
         batch_size = prompt_ids.shape[0]
         limits = torch.tensor(max_new_tokens if max_new_tokens is not None else [self.max_new_tokens] * batch_size,
                               device=prompt_ids.device)  # (B,)
-        attention_mask = prompt_mask.clone()
-        position_ids = position_ids_from_mask(attention_mask)
-        next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) first position after the prompt
+        start = self.turn_cache.start(prompt_ids, prompt_mask, self.pad_token_id) if self.turn_cache else None
+        if start is None:
+            attention_mask = prompt_mask.clone()
+            position_ids = position_ids_from_mask(attention_mask)
+            next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) first position after the prompt
+            inputs, cache = prompt_ids, {}  # no cache before the prompt's pass
+            holds, contexts = prompt_mask.bool(), None  # the columns holding a row's tokens
+        else:
+            inputs, attention_mask, position_ids, past, next_position, holds, contexts = start
+            cache = {self.turn_cache.keyword: past}
         finished = torch.zeros(batch_size, dtype=torch.bool, device=prompt_ids.device)
-        tokens, logprobs = [], []
-        inputs, cache = prompt_ids, {}  # no cache before the prompt's pass
+        tokens, logprobs, fed_going = [], [], []
         for step in range(int(limits.max())):
             out = model(
                 input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids,
@@ -139,16 +159,20 @@ class TorchGenerator:
             token = self.next_tokens(out.logits[:, -1])
             if self.keeps_logprobs:
                 logprobs.append(token_logprob(out.logits[:, -1], token, self.temperature))
+            going = ~finished  # the rows this token is a response's own
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
             finished |= is_stop(token, self.stop_token_ids) | (limits <= step + 1)
             if bool(finished.all()):
                 break
+            fed_going.append(going)  # the token goes in next, its keys and values into the cache
             inputs = token[:, None]
             position_ids = next_position
             next_position = next_position + 1
             attention_mask = torch.cat([attention_mask, torch.ones_like(inputs)], dim=1)
         model.train(was_training)
+        if self.turn_cache is not None:
+            self.keep_cache(cache, holds, contexts, prompt_ids, prompt_mask, tokens, fed_going)
         response_ids = torch.stack(tokens, dim=1)  # (B, T)
         response_mask = response_mask_from_eos(response_ids, self.stop_token_ids)
         positions = torch.arange(response_ids.shape[1], device=response_ids.device)
@@ -157,6 +181,23 @@ class TorchGenerator:
         if self.keeps_logprobs:
             self.last_logprobs = torch.stack(logprobs, dim=1) * response_mask
         return response_ids, response_mask
+
+
+    def keep_cache(self, cache: dict, holds: torch.Tensor, contexts: list | None, prompt_ids: torch.Tensor,
+                   prompt_mask: torch.Tensor, tokens: list, fed_going: list) -> None:
+        """What this call leaves for the next (rollout/turn_cache.py): its cache, the columns that hold
+        each row's tokens -- the context's, then each token fed back while the row's response went
+        on -- and those tokens."""
+        if not cache:
+            return
+        fed = len(fed_going)
+        going = torch.stack(fed_going, dim=1) if fed else holds.new_zeros((holds.shape[0], 0))
+        fed_ids = torch.stack(tokens[:fed], dim=1) if fed else prompt_ids.new_zeros((holds.shape[0], 0))
+        if contexts is None:
+            contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+        rows = [context + ids[keep].tolist() for context, ids, keep in zip(contexts, fed_ids, going)]
+        self.turn_cache.keyword, = cache
+        self.turn_cache.keep(next(iter(cache.values())), torch.cat([holds, going], dim=1), rows)
 
 
 def token_logprob(logits: torch.Tensor, token: torch.Tensor, temperature: float) -> torch.Tensor:
