@@ -110,6 +110,23 @@ def pass_at_k_refusal(config) -> str | None:
     return None
 
 
+# The held-out rates a run is judged by, the first one present: each a share of prompts in [0, 1].
+HEADLINE_RATES = ("eval/exact_match", "eval/accuracy", "eval/episode/success")
+
+
+def fell_below_start(before: dict, now: dict, prompts: int) -> tuple[str, float, float] | None:
+    """(metric, at the start, now) where the held-out rate a run is judged by (``HEADLINE_RATES``)
+    is now below the run's start by more than two standard errors of the difference of two rates
+    on ``prompts`` prompts each, sqrt((p0 (1 - p0) + p1 (1 - p1)) / n): a drop the held-out set can
+    tell from its noise.  None otherwise, and where there is no such rate."""
+    key = next((key for key in HEADLINE_RATES if key in before and key in now), None)
+    if key is None or prompts < 1:
+        return None
+    start, current = before[key], now[key]
+    noise = math.sqrt((start * (1 - start) + current * (1 - current)) / prompts)
+    return (key, start, current) if start - current > 2 * noise else None
+
+
 class Evaluator:
     """Greedy (or sampled) responses to a fixed set of held-out prompts, scored by a metric."""
 

@@ -27,7 +27,7 @@ from ppo_rlhf.config import ConfigError, to_dict
 from ppo_rlhf.rollout.episodes import rollout_records
 from ppo_rlhf.envs.protocol import EnvironmentFailed
 from ppo_rlhf.distributed import batch_for_rank, gather_objects, is_main_process, on_main_process, rank, world_size
-from ppo_rlhf.evaluation import Evaluator, OutcomeError
+from ppo_rlhf.evaluation import Evaluator, OutcomeError, fell_below_start
 from ppo_rlhf.interrupts import RunInterrupted, stop_after
 from ppo_rlhf.models import save_pretrained_atomic
 from ppo_rlhf.models.lora import save_adapter
@@ -92,10 +92,11 @@ class Progress:
     train_seconds: float = 0.0
     scores: dict = field(default_factory=dict)
     final_eval: tuple | None = None  # the last iteration's evaluation, the run's result (not saved)
+    below_start: list = field(default_factory=list)  # [iteration, metric, at the start, then] of each fall
 
     def saved(self) -> dict:
         return {"before": self.before, "samples_before": self.samples_before, "train_seconds": self.train_seconds,
-                "scores": self.scores}
+                "scores": self.scores, "below_start": self.below_start}
 
 
 def refuse_a_second_train(trainer) -> None:
@@ -287,6 +288,15 @@ class PPOLoop:
                 progress.final_eval = eval_metrics, samples
             if is_main_process():
                 tqdm.write(f"iteration {done}: held-out " + eval_line(eval_metrics))
+            fell = fell_below_start(progress.before, eval_metrics, len(self.evaluator.prompts))
+            if fell:
+                progress.below_start.append([done, *fell])
+                if is_main_process():
+                    key, start, now = fell
+                    tqdm.write(f"warning: held-out {key} {start:.4g} at the start, {now:.4g} after iteration {done}: "
+                               f"below the start by more than its noise on {len(self.evaluator.prompts)} prompts. "
+                               f"This run is unlearning what the model could do (docs/agents.md, \"When a recipe "
+                               f"does not learn\")")
 
     def show_samples_if_due(self, done: int, first: bool, run_log) -> None:
         every = self.config.sample_every
@@ -388,6 +398,7 @@ class PPOLoop:
             "before": progress.before,
             "after": {k: v for k, v in final_metrics.items() if k.startswith("eval/")},
             "after_sampled": {k: v for k, v in final_metrics.items() if k.startswith("eval_sampled/")},
+            "below_start": progress.below_start,
             "samples": [{"prompt": p, "before": b, "after": a} for (p, b), (_, a)
                         in zip(progress.samples_before[:show_samples], samples_after[:show_samples])],
             "checkpoints": checkpoints,
