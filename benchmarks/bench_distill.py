@@ -151,7 +151,8 @@ def main() -> None:
                    "held_out_accuracy": teacher_accuracy}
         lines = [*header("The distillation teacher", results),
                  f"Teacher {teacher} ({args.teacher_from}): held-out greedy accuracy **{teacher_accuracy:.1%}** on the "
-                 f"students' held-out problems.", ""]
+                 f"students' {recipe.get('eval_size', 200)} held-out problems, at most {recipe['max_new_tokens']} new "
+                 f"tokens.", ""]
         write_results("distill_teacher", results, "\n".join(lines), out if args.smoke else RESULTS, indent=1)
         return
     distilled, distill_folder, _ = distill_settings(args.distill_gamma, args.teacher_from)
