@@ -137,7 +137,8 @@ class TorchGenerator:
         batch_size = prompt_ids.shape[0]
         limits = torch.tensor(max_new_tokens if max_new_tokens is not None else [self.max_new_tokens] * batch_size,
                               device=prompt_ids.device)  # (B,)
-        start = self.turn_cache.start(prompt_ids, prompt_mask, self.pad_token_id) if self.turn_cache else None
+        start = (self.turn_cache.start(prompt_ids, prompt_mask, self.pad_token_id) if self.turn_cache is not None
+                 else None)
         if start is None:
             attention_mask = prompt_mask.clone()
             position_ids = position_ids_from_mask(attention_mask)
@@ -145,8 +146,9 @@ class TorchGenerator:
             inputs, cache = prompt_ids, {}  # no cache before the prompt's pass
             holds, contexts = prompt_mask.bool(), None  # the columns holding a row's tokens
         else:
-            inputs, attention_mask, position_ids, past, next_position, holds, contexts = start
-            cache = {self.turn_cache.keyword: past}
+            inputs, attention_mask, position_ids = start.inputs, start.attention_mask, start.position_ids
+            next_position, holds, contexts = start.next_position, start.holds, start.contexts
+            cache = {self.turn_cache.keyword: start.cache}
         finished = torch.zeros(batch_size, dtype=torch.bool, device=prompt_ids.device)
         tokens, logprobs, fed_going = [], [], []
         for step in range(int(limits.max())):
@@ -182,7 +184,6 @@ class TorchGenerator:
             self.last_logprobs = torch.stack(logprobs, dim=1) * response_mask
         return response_ids, response_mask
 
-
     def keep_cache(self, cache: dict, holds: torch.Tensor, contexts: list | None, prompt_ids: torch.Tensor,
                    prompt_mask: torch.Tensor, tokens: list, fed_going: list) -> None:
         """What this call leaves for the next (rollout/turn_cache.py): its cache, the columns that hold
@@ -196,8 +197,8 @@ class TorchGenerator:
         if contexts is None:
             contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
         rows = [context + ids[keep].tolist() for context, ids, keep in zip(contexts, fed_ids, going)]
-        self.turn_cache.keyword, = cache
-        self.turn_cache.keep(next(iter(cache.values())), torch.cat([holds, going], dim=1), rows)
+        (keyword, past), = cache.items()  # the one cache, by the name the model takes it by
+        self.turn_cache.keep(keyword, past, torch.cat([holds, going], dim=1), rows)
 
 
 def token_logprob(logits: torch.Tensor, token: torch.Tensor, temperature: float) -> torch.Tensor:

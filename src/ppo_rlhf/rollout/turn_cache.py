@@ -21,6 +21,8 @@ order); tests/test_turn_cache.py compares them.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -34,6 +36,18 @@ def cache_rows_selectable(cache) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
+class Start(NamedTuple):
+    """A call's first forward from the kept cache (``TurnCache.start``)."""
+
+    inputs: torch.Tensor  # (B, S) each row's new tokens, left-padded among themselves
+    attention_mask: torch.Tensor  # (B, L + S) the kept columns a row reuses, then its new tokens
+    position_ids: torch.Tensor  # (B, S) counting a row's own tokens only
+    cache: object  # the kept cache, its rows those the call's rows continue
+    next_position: torch.Tensor  # (B, 1) each row's first position after its context
+    holds: torch.Tensor  # (B, L + S) bool: the columns holding a row's tokens
+    contexts: list  # each row's context, its tokens
+
+
 class TurnCache:
     """One rollout's kept cache (module docstring): ``start`` a call from it, ``keep`` what a call
     leaves."""
@@ -45,11 +59,11 @@ class TurnCache:
         self.rows_of: dict[tuple[int, tuple[int, ...]], int] = {}  # (length, ids) -> row
         self.keyword = "past_key_values"  # the name a forward takes its cache by (generation.cache_of)
 
-    def keep(self, cache, valid: torch.Tensor, ids: list[list[int]]) -> None:
+    def keep(self, keyword: str, cache, valid: torch.Tensor, ids: list[list[int]]) -> None:
         if not cache_rows_selectable(cache):
             self.cache = None
             return
-        self.cache, self.valid = cache, valid.bool()
+        self.keyword, self.cache, self.valid = keyword, cache, valid.bool()
         self.ids = [tuple(row) for row in ids]
         self.rows_of = {(len(row), row): i for i, row in enumerate(self.ids)}
 
@@ -64,10 +78,9 @@ class TurnCache:
                 return row, min(length, len(context) - 1)
         return -1, 0
 
-    def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pad_token_id: int):
-        """The first forward's inputs for a call on left-padded ``prompt_ids``: (inputs, attention
-        mask, position ids, the cache to start from, each row's first position after its context,
-        the columns holding tokens), or None where no row begins with a kept one (read it all)."""
+    def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pad_token_id: int) -> Start | None:
+        """The first forward of a call on left-padded ``prompt_ids`` from the kept cache, or None
+        where no row begins with a kept one (the call reads everything)."""
         if self.cache is None:
             return None
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
@@ -89,5 +102,5 @@ class TurnCache:
         positions = (reused[:, None] + torch.cumsum(new_mask, dim=1) - 1).clamp(min=0)
         attention_mask = torch.cat([past_valid.to(prompt_mask.dtype), new_mask.to(prompt_mask.dtype)], dim=1)
         cache, self.cache = self.cache, None  # the call grows it; what it leaves is kept again
-        return inputs, attention_mask, positions, cache, reused[:, None] + new_mask.sum(dim=1, keepdim=True), \
-            attention_mask.bool(), contexts
+        return Start(inputs, attention_mask, positions, cache, reused[:, None] + new_mask.sum(dim=1, keepdim=True),
+                     attention_mask.bool(), contexts)
