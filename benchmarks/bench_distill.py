@@ -14,6 +14,7 @@ solutions of chain_sum problems the students never see (distill_teacher.py), or 
 
     make smollm2                                      # once: the base SmolLM2-135M-Instruct as a folder
     python benchmarks/bench_distill.py --seeds 0 1    # the worked-solution teacher, then every arm, both seeds
+                                                      # (a finished arm is kept: run it again to go on; --rerun redoes)
     python benchmarks/bench_distill.py --teacher-only # the worked-solution teacher alone, and its held-out accuracy
     python benchmarks/bench_distill.py --teacher-from grpo --arms grpo distill   # issue 49's comparison
     python benchmarks/bench_distill.py --teacher runs/chain_sum/checkpoints/actor   # a teacher already trained
@@ -126,6 +127,8 @@ def main() -> None:
                              "1 the sum of those to come")
     parser.add_argument("--smoke", action="store_true", help="a tiny model of the built-in task, a few iterations")
     parser.add_argument("--report-only", action="store_true", help="the results from the finished runs only")
+    parser.add_argument("--rerun", action="store_true", help="run again the arms that have finished (by default "
+                        "a finished arm is kept, so a stopped comparison goes on where it stopped)")
     parser.add_argument("--num-threads", type=int, default=0)
     parser.add_argument("--note", default="idle machine")
     args = parser.parse_args()
@@ -167,7 +170,7 @@ def main() -> None:
             if arm == "grpo" and seed == 0 and args.teacher_from == "grpo" and not args.teacher and not args.iterations:
                 run_out = teacher_run  # the same run: the README's recipe, seed 0, from the same start
             elif arm == "sft-samples":
-                if not args.report_only:
+                if not args.report_only and (args.rerun or not (run_out.parent / f"{run_out.name}.json").is_file()):
                     print(f"{arm}, seed {seed}", flush=True)
                     sampling = off_policy_student(teacher, recipe, model, run_out, seed, iterations, args, log)
                     (run_out.parent / f"{run_out.name}.json").write_text(json.dumps(sampling) + "\n")
@@ -175,7 +178,7 @@ def main() -> None:
                 if record_file.is_file():
                     runs[arm].append({"seed": seed, **json.loads(record_file.read_text())})
                 continue
-            elif not args.report_only:
+            elif not args.report_only and (args.rerun or not (run_out / "summary.json").is_file()):
                 print(f"{arm}, seed {seed}", flush=True)
                 arm_iterations = (args.distill_iterations if arm != "grpo" else None) or iterations
                 run_in_child({**recipe, **settings[arm], "model": model, "seed": seed, "out": str(run_out),
