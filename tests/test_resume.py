@@ -207,10 +207,12 @@ def test_a_killed_run_resumes_to_the_weights_of_a_straight_run(stage, tmp_path):
     assert logged_steps(killed) == logged_steps(tmp_path / "straight")
 
 
-@pytest.mark.parametrize("mode", [[], ["--lora", "--lora-r", 4]], ids=["full", "lora"])
+@pytest.mark.parametrize("mode", [[], ["--lora", "--lora-r", 4], ["--lr-target-kl", 1e-3]],
+                         ids=["full", "lora", "adapted-lr"])
 def test_a_killed_ppo_run_resumes_to_the_weights_of_a_straight_run(zoo, mode, tmp_path):
     """The same for PPO, full model (value head) and LoRA, killed as it starts its second
-    checkpoint (iteration 4; checkpoints every 2 iterations)."""
+    checkpoint (iteration 4; checkpoints every 2 iterations); and with the actor's lr adapted at
+    each step (--lr-target-kl), which goes on from the lr the checkpoint holds."""
     reward = zoo["root"] / "ppo_rlhf_test_rewards.py"  # by path: the killed run is another process
     args = ["ppo", "--model", zoo["llama"], "--prompts", zoo["prompts"], "--reward-fn", f"{reward}:length_score",
             "--iterations", 30, "--batch-size", 4, "--mini-batch-size", 2, "--ppo-epochs", 1, "--max-new-tokens", 4,
@@ -219,6 +221,6 @@ def test_a_killed_ppo_run_resumes_to_the_weights_of_a_straight_run(zoo, mode, tm
     kill_at_second_checkpoint(args, killed)
     run([*args, "--out", tmp_path / "straight"])
     run([*args, "--out", killed, "--resume"])
-    weights = "checkpoints/actor/" + ("adapter_model.safetensors" if mode else "model.safetensors")
+    weights = "checkpoints/actor/" + ("adapter_model.safetensors" if "--lora" in mode else "model.safetensors")
     same_tensors(tmp_path / "straight" / weights, killed / weights)
     assert logged_steps(killed) == logged_steps(tmp_path / "straight") == list(range(1, 31))

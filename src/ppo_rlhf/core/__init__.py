@@ -3,6 +3,7 @@
 Nothing here knows about models, tokenizers or files; every function takes and returns tensors.
 """
 
+from ppo_rlhf.core.adaptive_lr import KLAdaptiveLR
 from ppo_rlhf.core.advantages import (
     GROUP_METHODS,
     group_advantages,
@@ -43,6 +44,7 @@ from ppo_rlhf.core.offpolicy import IS_CORRECTIONS, engine_importance_weights, m
 
 __all__ = [
     "AdaptiveKLController",
+    "KLAdaptiveLR",
     "FixedKLController",
     "GROUP_METHODS",
     "IS_CORRECTIONS",

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ppo_rlhf.config import ConfigError, checked_config
-from ppo_rlhf.core import AdaptiveKLController, FixedKLController
+from ppo_rlhf.core import AdaptiveKLController, FixedKLController, KLAdaptiveLR
 from ppo_rlhf.core.normalize import RunningMoments
 from ppo_rlhf.data import DataError, environment_prompt, prompt_check, row_complaint
 from ppo_rlhf.distributed import gather_rows, max_across_processes, rank, world_size
@@ -190,6 +190,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
             AdaptiveKLController(config.kl_coef, config.target_kl, config.kl_horizon)
             if config.target_kl is not None else FixedKLController(config.kl_coef)
         )
+        # --lr-target-kl: the actor's lr follows how far each step moves the policy (core/adaptive_lr.py).
+        self.lr_control = None if config.lr_target_kl is None else KLAdaptiveLR(config.lr, config.lr_target_kl)
         self.score_moments = RunningMoments()
         # Several processes: each rolls out its own part of the batch and trains on its slice of
         # every minibatch; every process draws the same minibatches from this generator.
@@ -372,6 +374,8 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
             "guard": self.guard.state_dict(),
             "minibatch_rng": self.minibatch_rng.get_state(),
         }
+        if self.lr_control is not None:
+            state["lr_control"] = self.lr_control.state_dict()
         return state  # the weights are saved beside it (trainers/ppo_loop.py, trained_modules)
 
     def push_weights(self, metrics: dict[str, float]) -> None:
@@ -402,5 +406,7 @@ class PPOTrainer(RolloutStage, ForwardPasses, AdvantageStage, PolicyUpdate, Iter
             self.guard.load_state_dict(state["guard"])
         if "minibatch_rng" in state:
             self.minibatch_rng.set_state(state["minibatch_rng"])
+        if self.lr_control is not None and "lr_control" in state:
+            self.lr_control.load_state_dict(state["lr_control"])
         if state.get("value_head") is not None and isinstance(self.critic, SharedHeadCritic):
             self.critic.value_head.load_state_dict(state["value_head"])  # a checkpoint from before critic folders

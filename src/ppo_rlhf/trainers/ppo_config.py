@@ -258,6 +258,12 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never", range=above(0),
                                          group=UPDATE)
+    lr_target_kl: float | None = option(None, "adapt the actor's lr at each step so the update moves the policy by "
+                                              "about this approx_kl from the one that sampled the batch (rsl_rl's "
+                                              "'adaptive' schedule; docs/design.md, \"A learning rate that follows "
+                                              "the update\"): x sqrt(target / kl) when outside [target/2, 2 target], "
+                                              "at most x2 or /2 a step, within [lr/100, lr x 100]; empty: lr fixed",
+                                        range=above(0), group=UPDATE)
     weight_decay: float = option(0.0, "AdamW weight decay", range=at_least(0), group=UPDATE)
     adam_eps: float = option(1e-8, "AdamW epsilon; larger values damp the full-size steps Adam takes on parameters "
                                    "whose gradients are tiny noise", range=above(0), group=UPDATE)
@@ -397,6 +403,9 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
             raise ConfigError(f"invalid value for 'kl_estimator': {self.kl_estimator!r} with kl_in "
                               f"{self.kl_in!r}; {error}") from None
         # Options that would do nothing in the mode chosen are refused by name (docs/design.md, "Configuration").
+        check(self.lr_target_kl is None or self.ppo_epochs * (self.batch_size // self.mini_batch_size) >= 2,
+              "lr_target_kl", "left out with one optimizer step an iteration (the policy's move is measured at the "
+              "steps after the first: raise --ppo-epochs or lower --mini-batch-size)", self.lr_target_kl)
         check(self.target_kl is None or self.kl_coef > 0, "target_kl",
               "left out with kl_coef 0 (the adaptive controller scales kl_coef, and 0 stays 0)", self.target_kl)
         check(self.critic_model is None or self.critic == "separate", "critic_model",

@@ -346,9 +346,11 @@ class PPOLoop:
         """This run where the checkpoint left it; returns the summary's progress."""
         saved = checkpoints.restore(self.trained_modules(), self.optimizer, self.accelerator)
         self.load_state_dict(saved["trainer"])  # the optimizer's state: restored above, with the weights
-        # The learning rates are the ones asked now (a resume may change them), not the saved ones.
+        # The learning rates are the ones asked now (a resume may change them), not the saved ones;
+        # an adapted lr (--lr-target-kl) goes on from where the update left it.
         actor_group, critic_group = self.optimizer.param_groups
-        actor_group["lr"], critic_group["lr"] = self.config.lr, self.config.critic_lr or self.config.lr
+        actor_group["lr"] = self.config.lr if self.lr_control is None else self.lr_control.lr
+        critic_group["lr"] = self.config.critic_lr or self.config.lr
         prompt_rng.set_state(saved["prompt_rng"])
         self.prompt_cursor.position = saved.get("prompt_cursor", 0)  # a checkpoint from before --prompt-order: 0
         sample_rng = saved["sample_rng_by_process"][rank()]  # the world size was checked at start

@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 from ppo_rlhf.config import flag_name, recipe_line
+from ppo_rlhf.core.adaptive_lr import BAND, MAX_FACTOR
 from ppo_rlhf.models.lora import ALL_LINEAR_AND_OUTPUT, LoraOptions, output_layer_tied
 from ppo_rlhf.trainers.estimators import teacher_in_score
 from ppo_rlhf.trainers.ppo_config import GSPO_CLIP, PPOConfig
@@ -77,7 +78,8 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
         + _engine(config, trainer.actor, trainer.generator),
         *([episode_line(config, environments)] if environments is not None else []),
         f"update:    {config.ppo_epochs} epochs x {minibatches} minibatches of {config.mini_batch_size}, "
-        f"lr {config.lr:g}" + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
+        f"lr {config.lr:g}" + _lr_control(trainer.lr_control)
+        + (f" (critic {config.critic_lr or config.lr:g})" if trainer.critic is not None else "")
         + f"; advantages: {config.estimator}, loss {config.loss_aggregation}" + _entropy_term(config),
         *(["old log-probs: read off the update's forward pass (one step per batch: the weights that sampled "
            "it; no pass of their own)"] if trainer.old_logprobs_from_update else []),
@@ -281,3 +283,13 @@ def _engine(config, actor=None, generator=None) -> str:
         return (f"; engine vllm-server at {servers} in {name} (weights pushed after each update, {probe}; {timing}; "
                 f"{weights})")
     return f"; engine vllm in {name} (weights synced before each rollout and {probe}; {weights})"
+
+
+def _lr_control(control) -> str:
+    """--lr-target-kl: how the actor's lr moves (core/adaptive_lr.py)."""
+    if control is None:
+        return ""
+    return (f" adapted at each step after the first toward approx_kl {control.target:g} from the sampling policy "
+            f"(x sqrt(target / kl) outside [{control.target / BAND:g}, {control.target * BAND:g}], at most "
+            f"x{MAX_FACTOR:g} or /{MAX_FACTOR:g} a step, within [{control.low:g}, {control.high:g}])")
+

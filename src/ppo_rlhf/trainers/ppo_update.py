@@ -57,9 +57,11 @@ class PolicyUpdate:
         # global RNG differs between processes: each samples its own rollouts).
         minibatches = [mb for _ in range(config.ppo_epochs)
                        for mb in torch.randperm(batch_size, generator=self.minibatch_rng).split(config.mini_batch_size)]
-        for mb_index in minibatches:
+        for position, mb_index in enumerate(minibatches):
             mb_index = mb_index.to(self.device)
             step_stats = self.accumulate_gradients(experience, mb_index, warming_up)
+            if step_stats is not None and position > 0 and not warming_up:
+                self.adapt_lr(step_stats["approx_kl"])
             if step_stats is None or self.moved_too_far(step_stats["approx_kl"], warming_up):
                 self.optimizer.zero_grad(set_to_none=True)
                 break  # the policy has moved far enough from the one that collected the batch
@@ -78,6 +80,8 @@ class PolicyUpdate:
             experience.kl = sum_across_processes(experience.kl)
         stats = {key: value / max(n_steps, 1) for key, value in totals.items()}
         stats["update_steps"] = n_steps
+        if self.lr_control is not None:
+            stats["lr"] = self.lr_control.lr
         stats["skipped_steps"] = self.guard.skipped
         return stats
 
@@ -236,6 +240,13 @@ class PolicyUpdate:
         """This iteration's entropy coefficient: --entropy-coef, ramped in over --entropy-warmup iterations."""
         warmup = self.config.entropy_warmup
         return self.config.entropy_coef * (min(1.0, (self.iteration + 1) / warmup) if warmup else 1.0)
+
+    def adapt_lr(self, approx_kl: torch.Tensor) -> None:
+        """--lr-target-kl: the actor's lr for this step and after, from how far the steps before it
+        moved the policy (this minibatch's approx_kl, measured before its step; the first step of
+        an update is not measured: its policy is the one that sampled the batch)."""
+        if self.lr_control is not None:
+            self.optimizer.param_groups[0]["lr"] = self.lr_control.update(float(approx_kl))
 
     def moved_too_far(self, approx_kl: torch.Tensor, warming_up: bool) -> bool:
         """--max-approx-kl: the update stops once a minibatch's approx_kl passes it."""
