@@ -210,8 +210,9 @@ def train_command(args) -> dict:
               "peak_rss_gib": peak_gib and round(peak_gib, 2),
               "warm_up": curve[0]["success"], "last_within_budget": within[-1], "last": curve[-1],
               "iteration_seconds": round(sum(m["time/iteration"] for m in trained) / max(len(trained), 1), 1),
-              "training": [{key: round(m[key], 4) for key in ("step", "score", "kl", "entropy", "approx_kl",
-                                                                "episode/turns", "tools/calls", "tools/errors")
+              "training": [{key: m[key] if key == "step" else float(f"{m[key]:.4g}") for key in ("step", "score", "kl", "entropy", "approx_kl",
+                                                                "clipfrac", "lr", "episode/turns", "tools/calls",
+                                                                "tools/errors")
                             if key in m} for m in trained],
               "faults": rollout_faults(args.task, run)}
     result["gain_points"] = round(100 * (result["last_within_budget"]["success"] - result["warm_up"]), 1)
@@ -260,7 +261,9 @@ def report(args, result: dict) -> None:
                   f"iteration" + (f"; peak RSS {result['peak_rss_gib']} GiB." if result.get("peak_rss_gib") else ".") + (f" Reported from the run's folder as far as it went: {len(result['training'])} "
                                    f"of --iterations {args.iterations} trained." if args.report_only else ""), "", "Training, iteration by iteration: " + "; ".join(
                       f"{m['step']}: success {m.get('score', 0):.2f}, KL {m.get('kl', 0):.3f}, entropy "
-                      f"{m.get('entropy', 0):.3f}, {m.get('tools/calls', 0):.1f} calls" for m in result["training"])]
+                      f"{m.get('entropy', 0):.3f}, approx_kl {m.get('approx_kl', 0):.1e}"
+                      + (f", lr {m['lr']:.1e}" if "lr" in m else "") + f", {m.get('tools/calls', 0):.1f} calls"
+                      for m in result["training"])]
         if result.get("faults"):
             lines += ["", *fault_table("training iteration", [(str(f["iteration"]), f) for f in result["faults"]])]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
