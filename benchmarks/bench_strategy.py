@@ -53,6 +53,10 @@ TASKS = {
 # A turn is a call (~25 tokens) or the final answer (~15).
 EPISODE = ["--chat-template-file", TEMPLATE, "--max-new-tokens", 40, "--max-length", 1024]
 
+# Each training iteration's figures in the results (4 significant digits).
+TRAINING_KEYS = ("step", "score", "kl", "entropy", "approx_kl", "clipfrac", "lr", "episode/turns", "tools/calls",
+                 "tools/errors")
+
 # The warm-up: the docs' recipe (`sft --recipe agents-warm-up`: 16 steps of 8 conversations at lr
 # 1e-4, the whole model) on traces of random legal play (agents_strategy's), as a user would.
 WARM_UP = {"traces": 256}
@@ -210,10 +214,8 @@ def train_command(args) -> dict:
               "peak_rss_gib": peak_gib and round(peak_gib, 2),
               "warm_up": curve[0]["success"], "last_within_budget": within[-1], "last": curve[-1],
               "iteration_seconds": round(sum(m["time/iteration"] for m in trained) / max(len(trained), 1), 1),
-              "training": [{key: m[key] if key == "step" else float(f"{m[key]:.4g}") for key in ("step", "score", "kl", "entropy", "approx_kl",
-                                                                "clipfrac", "lr", "episode/turns", "tools/calls",
-                                                                "tools/errors")
-                            if key in m} for m in trained],
+              "training": [{key: m[key] if key == "step" else float(f"{m[key]:.4g}") for key in TRAINING_KEYS if key in m}
+                           for m in trained],
               "faults": rollout_faults(args.task, run)}
     result["gain_points"] = round(100 * (result["last_within_budget"]["success"] - result["warm_up"]), 1)
     print({k: result[k] for k in ("warm_up", "last_within_budget", "gain_points", "iteration_seconds")}, flush=True)
