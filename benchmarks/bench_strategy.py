@@ -214,8 +214,8 @@ def train_command(args) -> dict:
               "peak_rss_gib": peak_gib and round(peak_gib, 2),
               "warm_up": curve[0]["success"], "last_within_budget": within[-1], "last": curve[-1],
               "iteration_seconds": round(sum(m["time/iteration"] for m in trained) / max(len(trained), 1), 1),
-              "training": [{key: m[key] if key == "step" else float(f"{m[key]:.4g}") for key in TRAINING_KEYS if key in m}
-                           for m in trained],
+              "training": [{key: m[key] if key == "step" else float(f"{m[key]:.4g}")
+                            for key in TRAINING_KEYS if key in m} for m in trained],
               "faults": rollout_faults(args.task, run)}
     result["gain_points"] = round(100 * (result["last_within_budget"]["success"] - result["warm_up"]), 1)
     print({k: result[k] for k in ("warm_up", "last_within_budget", "gain_points", "iteration_seconds")}, flush=True)
@@ -246,8 +246,9 @@ def report(args, result: dict) -> None:
         recipe = " ".join(["sft --recipe agents-warm-up", *args.sft_flags])
         lines += [f"Warm-up: {args.traces} traces of random legal play, `{recipe}`.", "",
                   "| held-out play | success | turns | calls | seconds (the eval command) |", "|---|---|---|---|---|"]
+        plays = (("greedy", result["greedy"]), ("sampled at 0.7", result["sampled_0.7"]))
         lines += [f"| {k} | {v['success']:.3f} | {v.get('episode/turns', 0):.2f} | {v.get('tools/calls', 0):.2f} | "
-                  f"{v['seconds']:.1f} |" for k, v in (("greedy", result["greedy"]), ("sampled at 0.7", result["sampled_0.7"]))]
+                  f"{v['seconds']:.1f} |" for k, v in plays]
         lines += ["", *fault_table("held-out play", [("greedy", result["greedy"]["faults"]),
                                                      ("sampled at 0.7", result["sampled_0.7"]["faults"])])]
     else:
@@ -259,9 +260,7 @@ def report(args, result: dict) -> None:
                   f"| {within['iteration']} | {within['seconds']:.0f} |",
                   f"| last evaluation | {result['last']['success']:.3f} | {result['last']['iteration']} | "
                   f"{result['last']['seconds']:.0f} |", "",
-                  f"Gain within the budget: {result['gain_points']:+.1f} points; {result['iteration_seconds']} s an "
-                  f"iteration" + (f"; peak RSS {result['peak_rss_gib']} GiB." if result.get("peak_rss_gib") else ".") + (f" Reported from the run's folder as far as it went: {len(result['training'])} "
-                                   f"of --iterations {args.iterations} trained." if args.report_only else ""), "", "Training, iteration by iteration: " + "; ".join(
+                  gain_line(args, result), "", "Training, iteration by iteration: " + "; ".join(
                       f"{m['step']}: success {m.get('score', 0):.2f}, KL {m.get('kl', 0):.3f}, entropy "
                       f"{m.get('entropy', 0):.3f}, approx_kl {m.get('approx_kl', 0):.1e}"
                       + (f", lr {m['lr']:.1e}" if "lr" in m else "") + f", {m.get('tools/calls', 0):.1f} calls"
@@ -270,6 +269,15 @@ def report(args, result: dict) -> None:
             lines += ["", *fault_table("training iteration", [(str(f["iteration"]), f) for f in result["faults"]])]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def gain_line(args, result: dict) -> str:
+    line = (f"Gain within the budget: {result['gain_points']:+.1f} points; {result['iteration_seconds']} s an "
+            f"iteration" + (f"; peak RSS {result['peak_rss_gib']} GiB." if result.get("peak_rss_gib") else "."))
+    if args.report_only:
+        line += (f" Reported from the run's folder as far as it went: {len(result['training'])} of --iterations "
+                 f"{args.iterations} trained.")
+    return line
 
 
 def fault_table(what: str, rows: list[tuple[str, dict]]) -> list[str]:
