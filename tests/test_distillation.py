@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from ppo_rlhf.config import ConfigError, build_config
-from ppo_rlhf.core import reward_to_go, shaped_rewards, teacher_reverse_kl
+from ppo_rlhf.core import aggregate_loss, full_kl, reward_to_go, shaped_rewards, teacher_reverse_kl
 from ppo_rlhf.models import load_causal_lm
 from ppo_rlhf.rollout.passes import PassPlan, response_stats
 from ppo_rlhf.trainers.estimators import ESTIMATORS, score_advantages
@@ -183,3 +183,61 @@ def test_a_distillation_run_logs_the_reverse_kl_and_says_what_the_reward_is(zoo,
     assert "warning: every response" not in out  # a score of 0 is no flat reward under a teacher
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["score"] == 0.0 and r["teacher/reverse_kl"] != 0.0 for r in records)
+
+
+# ------------------------------------------------------------------ --teacher-in loss (GKD's divergence)
+def test_teacher_in_loss_trains_on_the_exact_reverse_kl_and_adds_no_reward(zoo, tmp_path):
+    """--teacher-in loss: the rollout's rewards hold no teacher term (its reverse KL is still
+    logged), and the update's gradient is teacher_coef x the gradient of the exact reverse KL over
+    the vocabulary, token-mean over the batch, on the student's own samples."""
+    trainer = PPOTrainer(small_config(zoo, tmp_path, estimator="reinforce++", teacher_in="loss",
+                                      reward_weights=[0.0], samples_per_prompt=1))
+    experience, metrics = trainer.make_experience(trainer.run_parts.train_rows[:4])
+    mask, sequences = experience.mask, experience.sequences
+    assert metrics["teacher/reverse_kl"] != 0.0
+    assert experience.rewards.abs().max() == 0 and experience.advantages.abs().max() == 0  # weight 0, no teacher term
+    granite = load_causal_lm(zoo["granite"])
+    plan = PassPlan(pad_token_id=trainer.tokenizer.pad_token_id)
+    with torch.no_grad():
+        teacher_logits = response_stats(granite, sequences, plan).logits
+    trainer.actor.train()
+    student_logits = response_stats(trainer.actor, sequences, plan).logits
+    expected = 0.5 * aggregate_loss(full_kl(student_logits, teacher_logits), mask, "token-mean")
+    wanted = torch.autograd.grad(expected, [p for p in trainer.actor.parameters() if p.requires_grad])
+    stats = trainer.accumulate_gradients(experience, torch.arange(4), warming_up=False)
+    assert 0.5 * stats["teacher_loss"].item() == pytest.approx(expected.item(), rel=1e-5)
+    got = [p.grad for p in trainer.actor.parameters() if p.requires_grad]
+    for a, b in zip(got, wanted):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_the_exact_kl_between_two_output_paths_is_the_kl_of_their_logits(zoo):
+    """A teacher of its own may keep the model's own logits where the policy takes the fused output
+    layer (or the other way): the KL at the masked positions is the same either way."""
+    from ppo_rlhf.rollout.passes import full_kl_between
+    from ppo_rlhf.rollout.sequences import Sequences
+
+    llama, granite = load_causal_lm(zoo["llama"]), load_causal_lm(zoo["granite"])
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, 60, (2, 5), generator=generator)
+    response_ids = torch.randint(3, 60, (2, 4), generator=generator)
+    sequences = Sequences(prompt_ids, torch.ones_like(prompt_ids), response_ids,
+                          torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    own, fused = PassPlan(pad_token_id=0), PassPlan(pad_token_id=0, fused=True)
+    with torch.no_grad():
+        both_own = full_kl_between(response_stats(llama, sequences, own), response_stats(granite, sequences, own),
+                                   sequences.loss_mask)
+        for policy_plan, other_plan in ((own, fused), (fused, own)):
+            mixed = full_kl_between(response_stats(llama, sequences, policy_plan),
+                                    response_stats(granite, sequences, other_plan), sequences.loss_mask)
+            torch.testing.assert_close(mixed * sequences.loss_mask, both_own * sequences.loss_mask, atol=1e-5, rtol=1e-5)
+    assert (both_own * sequences.loss_mask).sum() > 0
+
+
+def test_teacher_in_loss_is_refused_without_a_teacher_and_said_in_the_plan(zoo, tmp_path):
+    from ppo_rlhf.trainers.ppo_plan import teacher_reward
+
+    with pytest.raises(ConfigError, match="'teacher_in'.*left out without --teacher"):
+        small_config(zoo, tmp_path, teacher=None, teacher_coef=None, teacher_in="loss")
+    line = teacher_reward(small_config(zoo, tmp_path, teacher_in="loss"))
+    assert line.startswith("0.5 x the exact reverse KL to the teacher over the vocabulary") and "in the loss" in line

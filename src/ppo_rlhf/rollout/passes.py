@@ -67,10 +67,19 @@ def response_stats(model, sequences: Sequences, plan: PassPlan, entropy: bool = 
 
 
 def full_kl_between(stats: ResponseStats, ref_stats: ResponseStats, mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) exact KL(policy || reference) over the vocabulary (``--kl-estimator full``)."""
-    if stats.logits is not None:  # both passes ran one plan: both have logits, or neither
+    """(B, T) exact KL(policy || other) over the vocabulary (``--kl-estimator full``, ``--teacher-in
+    loss``).  The reference runs the policy's plan; a teacher of its own may keep another output
+    path (its plan is checked on it), and then its side's logits are made whole at the masked
+    positions."""
+    if stats.logits is not None and ref_stats.logits is not None:
         return full_kl(stats.logits, ref_stats.logits)
-    return full_kl_stats(stats.head, stats.hidden, ref_stats.head, ref_stats.hidden, mask)
+    if stats.logits is None and ref_stats.logits is None:
+        return full_kl_stats(stats.head, stats.hidden, ref_stats.head, ref_stats.hidden, mask)
+    selected = mask.bool()
+    logits, ref_logits = (s.logits[selected] if s.logits is not None else s.head.logits(s.hidden[selected])
+                          for s in (stats, ref_stats))
+    per_position = full_kl(logits, ref_logits.detach())
+    return per_position.new_zeros(mask.shape).masked_scatter(selected, per_position)
 
 
 # Rounding alone: ~1e-6 in float32, ~1e-2 in bf16; a wrong mask or position moves log-probs by ~1.

@@ -107,6 +107,8 @@ class AdvantageStage:
         ``teacher/reverse_kl``, the KL summed over a response, averaged over the batch."""
         reverse_kl = teacher_reverse_kl(logprobs, teacher_logprobs, mask)  # (B, T)
         metrics["teacher/reverse_kl"] = reverse_kl.sum(dim=1).mean().item()
+        if self.config.teacher_in == "loss":  # the update's loss holds the teacher's KL (PolicyUpdate.teacher_loss)
+            return scores, token_rewards
         teacher_rewards = -self.config.teacher_coef * reverse_kl
         if teacher_in_score(self.config.estimator):
             return scores + teacher_rewards.sum(dim=1), token_rewards

@@ -135,6 +135,13 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
                                               f"log teacher), in the score's units; gae, reinforce++ and remax take it "
                                               f"per token, the group estimators summed over the response into its "
                                               f"score (empty: {TEACHER_COEF:g})", range=above(0), group=REWARD)
+    teacher_in: str = option("reward", "--teacher: where its reverse KL goes.  reward: -teacher_coef * (log pi - log "
+                                       "teacher) on each token the student sampled, through PPO's score-function "
+                                       "update (Thinking Machines' on-policy distillation); loss: teacher_coef x the "
+                                       "exact reverse KL over the vocabulary at every position of the student's "
+                                       "samples, differentiated directly (GKD's on-policy divergence), which also "
+                                       "moves tokens the student never samples", choices=("reward", "loss"),
+                             group=REWARD)
 
     # --- rollout
     batch_size: int = option(64, "sequences per PPO iteration (rollout batch): batch_size / samples_per_prompt "
@@ -449,6 +456,7 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
         equal scores still differs in what the teacher makes of each token."""
         if self.teacher is None:
             check(self.teacher_coef is None, "teacher_coef", "left out without --teacher", self.teacher_coef)
+            check(self.teacher_in == "reward", "teacher_in", "left out without --teacher", self.teacher_in)
             return
         if self.teacher_coef is None:  # resolved here, so config.yaml records the value used
             self.teacher_coef = TEACHER_COEF

@@ -125,7 +125,12 @@ class ForwardPasses:
         runs on the actor's checked plan, a model of its own on a plan checked on it."""
         if self.teacher.model is None:  # LoRA: the teacher adapter on the shared base
             with active_adapter(self.actor, TEACHER):
-                return response_stats(self.actor, sequences, self.checked_pass_plan(sequences))
+                stats = response_stats(self.actor, sequences, self.checked_pass_plan(sequences))
+                if self.config.teacher_in == "loss" and stats.head is not None and hasattr(stats.head.layer, "lora_A"):
+                    # An output layer that carries the adapters reads the active one: the teacher's
+                    # logits are made now (--teacher-in loss reads them after the switch back).
+                    stats.logits = stats.head.logits(stats.hidden)
+                return stats
         if self._teacher_plan is None:  # another model than the actor: the faster passes checked on it
             with torch.no_grad():
                 self._teacher_plan, warnings = checked_plan(self.teacher.model, sequences, self.wanted_pass_plan)

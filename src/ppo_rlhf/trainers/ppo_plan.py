@@ -94,6 +94,9 @@ def plan_lines(config: PPOConfig, roles, trainer, n_prompts: int) -> list[str]:
 
 def teacher_reward(config: PPOConfig) -> str:
     """What on-policy distillation adds to the reward, and where the estimator takes it."""
+    if config.teacher_in == "loss":
+        return (f"{config.teacher_coef:g} x the exact reverse KL to the teacher over the vocabulary at each position "
+                f"the model wrote, in the loss (on-policy distillation, GKD's divergence); no reward of its own")
     where = ("summed over each response into its score, before the group baseline" if teacher_in_score(config.estimator)
              else "per token, in the reward-to-go" + (" and the critic's returns" if config.estimator == "gae" else ""))
     return f"{config.teacher_coef:g} x -(log pi - log teacher) on each token the model wrote (on-policy distillation), {where}"

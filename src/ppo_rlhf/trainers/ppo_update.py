@@ -67,7 +67,8 @@ class PolicyUpdate:
                 break  # the policy has moved far enough from the one that collected the batch
             sum_gradients(self.trainable_parameters)
             grad_norm = plain(self.accelerator.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm))
-            loss = sum(step_stats[key] for key in ("pg_loss", "vf_loss", "kl_loss", "entropy") if key in step_stats)
+            loss = sum(step_stats[key] for key in ("pg_loss", "vf_loss", "kl_loss", "teacher_loss", "entropy")
+                       if key in step_stats)
             if not self.guard.step(self.optimizer, self.iteration + 1, self.accelerator, loss=loss, grad_norm=grad_norm):
                 continue  # skipped: its statistics are not the update's
             # Statistics averaged over every minibatch of the update, not just the last one.
@@ -123,7 +124,7 @@ class PolicyUpdate:
                 if self.moved_too_far(approx_kl, warming_up):
                     return None
             stats.update(self.backward(mb, response.hidden, actor_loss, token_share))
-            shares = {"pg_loss": policy_share, "kl_loss": policy_share}
+            shares = {"pg_loss": policy_share, "kl_loss": policy_share, "teacher_loss": policy_share}
             for key, value in stats.items():
                 weighted = value * shares.get(key, token_share)
                 totals[key] = weighted if key not in totals else totals[key] + weighted
@@ -162,6 +163,10 @@ class PolicyUpdate:
             kl_loss, per_token_kl = self.kl_loss(response, mb)
             stats["kl_loss"] = kl_loss.detach()
             loss = loss + self.kl_controller.value * policy_share * kl_loss
+        if self.teacher is not None and config.teacher_in == "loss":
+            teacher_loss = self.teacher_loss(response, mb)
+            stats["teacher_loss"] = teacher_loss.detach()
+            loss = loss + config.teacher_coef * policy_share * teacher_loss
         if self.old_logprobs_from_update:  # the rollout's KL, as old_and_reference would have logged it
             if per_token_kl is None:
                 per_token_kl = kl_penalty(mb.logprobs, mb.ref_logprobs, config.kl_estimator_used)
@@ -196,6 +201,16 @@ class PolicyUpdate:
         else:
             per_token = kl_penalty(stats.logprobs, mb.ref_logprobs, estimator)
         return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens), per_token
+
+    def teacher_loss(self, stats: ResponseStats, mb: Experience) -> torch.Tensor:
+        """--teacher-in loss: the exact reverse KL(policy || teacher) over the vocabulary at each
+        response position of the minibatch (the teacher's pass run here, without a gradient),
+        aggregated as the policy loss is and differentiated directly (docs/design.md, "On-policy
+        distillation")."""
+        with torch.no_grad():
+            teacher_stats = self.teacher_stats(mb.sequences)
+        per_token = full_kl_between(stats, teacher_stats, mb.mask)
+        return aggregate_loss(per_token, mb.mask, self.config.loss_aggregation, self.config.max_new_tokens)
 
     def is_weights(self, mb: Experience) -> torch.Tensor | None:
         """--is-correction: the importance weights of the engine's samples, from pi_old / pi_engine per
