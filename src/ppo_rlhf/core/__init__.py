@@ -44,10 +44,10 @@ from ppo_rlhf.core.offpolicy import IS_CORRECTIONS, engine_importance_weights, m
 
 __all__ = [
     "AdaptiveKLController",
-    "KLAdaptiveLR",
     "FixedKLController",
     "GROUP_METHODS",
     "IS_CORRECTIONS",
+    "KLAdaptiveLR",
     "KL_ESTIMATORS",
     "KL_PLACEMENTS",
     "LOSS_AGGREGATIONS",

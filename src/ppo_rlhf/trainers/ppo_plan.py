@@ -295,4 +295,3 @@ def _lr_control(control) -> str:
     return (f" adapted at each step after the first toward approx_kl {control.target:g} from the sampling policy "
             f"(x sqrt(target / kl) outside [{control.target / BAND:g}, {control.target * BAND:g}], at most "
             f"x{MAX_FACTOR:g} or /{MAX_FACTOR:g} a step, within [{control.low:g}, {control.high:g}])")
-
