@@ -23,13 +23,15 @@ import math
 MAX_FACTOR = 2.0
 # Within this factor of the target, the lr is left as it is.
 BAND = 2.0
+# The lr stays within this factor of the one given, either way.
+SPAN = 100.0
 
 
 class KLAdaptiveLR:
     """The lr of an update whose steps should each leave the policy about ``target`` approx_kl
     from the one that sampled the batch; ``span``: the lr stays within [lr / span, lr * span]."""
 
-    def __init__(self, lr: float, target: float, span: float = 100.0):
+    def __init__(self, lr: float, target: float, span: float = SPAN):
         if lr <= 0 or target <= 0 or span < 1:
             raise ValueError(f"need lr > 0, target > 0 and span >= 1, got {lr}, {target}, {span}")
         self.lr = lr

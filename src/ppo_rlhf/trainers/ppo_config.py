@@ -9,6 +9,7 @@ from ppo_rlhf.config import (HARDWARE, KL, MODEL_DATA, REWARD, ROLLOUT, RUN, SEE
                              THREADS, UPDATE, ConfigError, above, any_number, at_least, between, check, option)
 from ppo_rlhf.core import (KL_ESTIMATORS, KL_PLACEMENTS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                            RATIO_LEVELS, check_kl_placement)
+from ppo_rlhf.core.adaptive_lr import BAND, MAX_FACTOR, SPAN
 from ppo_rlhf.core.offpolicy import default_cap
 from ppo_rlhf.data import hold_data_objects
 from ppo_rlhf.envs.options import EnvironmentOptions
@@ -265,11 +266,12 @@ class PPOConfig(RewardOptions, RunFolderOptions, ReportOptions, LoraOptions, Har
     max_approx_kl: float | None = option(None, "end an iteration's update early once a minibatch's approx_kl "
                                                "(rollout policy -> current) exceeds this; empty: never", range=above(0),
                                          group=UPDATE)
-    lr_target_kl: float | None = option(None, "adapt the actor's lr at each step so the update moves the policy by "
-                                              "about this approx_kl from the one that sampled the batch (rsl_rl's "
-                                              "'adaptive' schedule; docs/design.md, \"A learning rate that follows "
-                                              "the update\"): x sqrt(target / kl) when outside [target/2, 2 target], "
-                                              "at most x2 or /2 a step, within [lr/100, lr x 100]; empty: lr fixed",
+    lr_target_kl: float | None = option(None, f"adapt the actor's lr at each step so the update moves the policy by "
+                                              f"about this approx_kl from the one that sampled the batch (rsl_rl's "
+                                              f"'adaptive' schedule; docs/design.md, \"A learning rate that follows "
+                                              f"the update\"): x sqrt(target / kl) when outside [target/{BAND:g}, "
+                                              f"{BAND:g} target], at most x{MAX_FACTOR:g} or /{MAX_FACTOR:g} a step, "
+                                              f"within [lr/{SPAN:g}, lr x {SPAN:g}]; empty: lr fixed",
                                         range=above(0), group=UPDATE)
     weight_decay: float = option(0.0, "AdamW weight decay", range=at_least(0), group=UPDATE)
     adam_eps: float = option(1e-8, "AdamW epsilon; larger values damp the full-size steps Adam takes on parameters "
